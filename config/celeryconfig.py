@@ -1,0 +1,108 @@
+"""Celery configuration: queues, routes, priorities and delivery settings, from Settings.
+
+Priority numbers mean opposite things on the two brokers: on Redis 0 is the highest and an
+unset priority counts as 0, on RabbitMQ the highest number wins. Callers speak in tiers
+(`high`, `normal`, `low`) and :func:`broker_priority` turns a tier into the broker's number.
+"""
+from __future__ import annotations
+
+from celery import Celery
+from kombu import Exchange, Queue
+
+from .settings import PRIORITIES, Settings
+
+EXCHANGE = "whisperq"
+TRANSCRIBE_QUEUE = "whisperq.transcribe"
+
+# Redis: `queue_order_strategy=priority` keeps one list per step and pops the lowest step first.
+REDIS_PRIORITY_STEPS = [0, 3, 6, 9]
+REDIS_PRIORITIES = {"high": 0, "normal": 3, "low": 6}
+# RabbitMQ: queues are declared with x-max-priority; a higher number is delivered first.
+AMQP_MAX_PRIORITY = 9
+AMQP_PRIORITIES = {"high": 9, "normal": 5, "low": 1}
+
+
+def is_redis(broker_url: str) -> bool:
+    return broker_url.split("://", 1)[0].lower() in ("redis", "rediss", "redis+socket")
+
+
+def broker_priority(tier: str, broker_url: str) -> int:
+    """The broker's message priority for a tier (`high`, `normal` or `low`)."""
+    if tier not in PRIORITIES:
+        raise ValueError(f"priority {tier!r} is not one of: {', '.join(PRIORITIES)}")
+    table = REDIS_PRIORITIES if is_redis(broker_url) else AMQP_PRIORITIES
+    return table[tier]
+
+
+def visibility_timeout(settings: Settings) -> int:
+    """Seconds Redis waits before handing an unacked message out again.
+
+    It must exceed the longest job plus its wait in a worker's prefetch buffer, or a long
+    job is delivered twice. Whisper on CPU runs well under real time, so the longest
+    allowed audio plus an hour covers any job that is still alive.
+    """
+    return int(settings.max_audio_seconds + 3600)
+
+
+def celery_config(settings: Settings) -> dict:
+    broker = settings.celery_broker_url()
+    redis = is_redis(broker)
+    queue = Queue(
+        TRANSCRIBE_QUEUE,
+        Exchange(EXCHANGE, type="direct", durable=True),
+        routing_key="transcribe",
+        durable=True,
+        queue_arguments={"x-max-priority": AMQP_MAX_PRIORITY},
+    )
+    transport_options: dict = {}
+    if redis:
+        transport_options.update(
+            visibility_timeout=visibility_timeout(settings),
+            queue_order_strategy="priority",
+            priority_steps=REDIS_PRIORITY_STEPS,
+            sep=":",
+        )
+    else:
+        transport_options.update(confirm_publish=True)
+    return dict(
+        broker_url=broker,
+        result_backend=settings.celery_result_backend(),
+        broker_transport_options=transport_options,
+        result_backend_transport_options=dict(transport_options) if redis else {},
+        broker_connection_retry_on_startup=True,
+        broker_connection_max_retries=10,
+        broker_connection_timeout=5,
+        # JSON only: messages carry ids and references, never audio or pickled objects.
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        result_accept_content=["json"],
+        # At-least-once: ack after the work is stored; a killed worker's job is redelivered.
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        worker_cancel_long_running_tasks_on_connection_loss=True,
+        task_queues=(queue,),
+        task_default_queue=TRANSCRIBE_QUEUE,
+        task_default_exchange=EXCHANGE,
+        task_default_routing_key="transcribe",
+        task_routes={"whisperq.transcribe": {"queue": TRANSCRIBE_QUEUE, "routing_key": "transcribe"}},
+        task_default_priority=broker_priority("normal", broker),
+        task_queue_max_priority=AMQP_MAX_PRIORITY,
+        task_track_started=True,
+        task_send_sent_event=True,
+        worker_send_task_events=True,
+        result_extended=True,
+        result_expires=7 * 24 * 3600,
+        worker_concurrency=settings.worker_concurrency,
+        worker_max_memory_per_child=None,
+        timezone="UTC",
+        enable_utc=True,
+    )
+
+
+def make_celery(settings: Settings) -> Celery:
+    """A Celery app for these settings. Connects to nothing until first used."""
+    app = Celery("whisperq")
+    app.config_from_object(celery_config(settings))
+    return app

@@ -1,0 +1,191 @@
+"""Settings read from the environment, validated once at start.
+
+Every process (web, worker, CLI) builds one :class:`Settings` from the same variables,
+so a bad value stops the process at start with a message that names the variable,
+instead of failing on the first job.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Mapping
+
+from .languages import LANGUAGES
+
+ENGINES = ("faster-whisper",)
+DEVICES = ("auto", "cpu", "cuda")
+COMPUTE_TYPES = ("auto", "default", "int8", "int8_float16", "int8_float32", "int16", "float16", "bfloat16", "float32")
+PRIORITIES = ("high", "normal", "low")
+
+
+class ConfigError(ValueError):
+    """A setting is missing or malformed; the message names the variable and how to fix it."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    data_dir: Path
+    broker_url: str | None
+    result_backend: str | None
+    database_url: str
+    host: str
+    port: int
+    flower_port: int
+    engine: str
+    model_path: str | None
+    device: str
+    compute_type: str
+    beam_size: int
+    cpu_threads: int
+    max_upload_mb: int
+    max_audio_seconds: float
+    default_language: str | None
+    worker_concurrency: int
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides) -> "Settings":
+        env = _Env(os.environ if environ is None else environ)
+        data_dir = Path(env.str("WHISPERQ_DATA_DIR", "./var")).expanduser().resolve()
+        values = dict(
+            data_dir=data_dir,
+            broker_url=env.url("CELERY_BROKER_URL", None, schemes=BROKER_SCHEMES),
+            result_backend=env.str("CELERY_RESULT_BACKEND", None),
+            database_url=env.url(
+                "DATABASE_URL", f"sqlite:///{data_dir / 'whisperq.db'}", schemes=DATABASE_SCHEMES
+            ),
+            host=env.str("HOST", "127.0.0.1"),
+            port=env.int("PORT", 8000, low=1, high=65535),
+            flower_port=env.int("FLOWER_PORT", 5555, low=1, high=65535),
+            engine=env.choice("WHISPERQ_ENGINE", "faster-whisper", ENGINES),
+            model_path=env.str("WHISPERQ_MODEL", None),
+            device=env.choice("WHISPERQ_DEVICE", "auto", DEVICES),
+            compute_type=env.choice("WHISPERQ_COMPUTE_TYPE", "auto", COMPUTE_TYPES),
+            beam_size=env.int("WHISPERQ_BEAM_SIZE", 5, low=1, high=20),
+            cpu_threads=env.int("WHISPERQ_CPU_THREADS", 0, low=0, high=1024),
+            max_upload_mb=env.int("WHISPERQ_MAX_UPLOAD_MB", 200, low=1, high=10_000),
+            max_audio_seconds=env.float("WHISPERQ_MAX_AUDIO_SECONDS", 4 * 3600.0, low=1.0),
+            default_language=env.language("WHISPERQ_DEFAULT_LANGUAGE", None),
+            worker_concurrency=env.int("WHISPERQ_WORKER_CONCURRENCY", 1, low=1, high=256),
+        )
+        values.update(overrides)
+        settings = cls(**values)
+        if settings.model_path is not None and not Path(settings.model_path).is_dir():
+            raise ConfigError(
+                f"WHISPERQ_MODEL={settings.model_path!r} is not a directory: point it at a "
+                "CTranslate2 Whisper model directory (with model.bin), or unset it to use the bundled tiny.en"
+            )
+        return settings
+
+    @property
+    def max_upload_bytes(self) -> int:
+        return self.max_upload_mb * 1024 * 1024
+
+    @property
+    def audio_dir(self) -> Path:
+        return self.data_dir / "audio"
+
+    def celery_broker_url(self) -> str:
+        if not self.broker_url:
+            raise ConfigError(
+                "CELERY_BROKER_URL is not set: start the service with `make run` (which starts an "
+                "embedded Redis), or set it to redis://HOST:6379/0 or amqp://USER:PASS@HOST:5672//"
+            )
+        return self.broker_url
+
+    def celery_result_backend(self) -> str:
+        if self.result_backend:
+            return self.result_backend
+        broker = self.celery_broker_url()
+        return broker if broker.startswith(("redis", "rediss")) else "rpc://"
+
+    def describe(self) -> dict[str, str]:
+        """Settings as strings with passwords masked, for logs and `whisperq config`."""
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = _mask(str(value)) if value is not None else ""
+        return out
+
+
+BROKER_SCHEMES = ("redis", "rediss", "redis+socket", "amqp", "amqps", "pyamqp", "memory")
+DATABASE_SCHEMES = ("sqlite", "postgresql", "postgresql+psycopg", "postgresql+psycopg2", "postgres")
+
+
+def _mask(text: str) -> str:
+    if "://" in text and "@" in text:
+        scheme, rest = text.split("://", 1)
+        creds, host = rest.rsplit("@", 1)
+        if ":" in creds:
+            creds = creds.split(":", 1)[0] + ":***"
+        return f"{scheme}://{creds}@{host}"
+    return text
+
+
+class _Env:
+    """Typed reads of environment variables; every error names the variable."""
+
+    def __init__(self, environ: Mapping[str, str]):
+        self.environ = environ
+
+    def raw(self, name: str) -> str | None:
+        value = self.environ.get(name)
+        if value is None or value.strip() == "":
+            return None
+        return value.strip()
+
+    def str(self, name: str, default):
+        value = self.raw(name)
+        return default if value is None else value
+
+    def int(self, name: str, default: int, low: int, high: int) -> int:
+        value = self.raw(name)
+        if value is None:
+            return default
+        try:
+            number = int(value)
+        except ValueError:
+            raise ConfigError(f"{name}={value!r} is not a whole number; set it to an integer from {low} to {high}")
+        if not low <= number <= high:
+            raise ConfigError(f"{name}={number} is out of range; set it to an integer from {low} to {high}")
+        return number
+
+    def float(self, name: str, default: float, low: float) -> float:
+        value = self.raw(name)
+        if value is None:
+            return default
+        try:
+            number = float(value)
+        except ValueError:
+            raise ConfigError(f"{name}={value!r} is not a number; set it to a number of at least {low}")
+        if not number >= low:
+            raise ConfigError(f"{name}={number} is too small; set it to a number of at least {low}")
+        return number
+
+    def choice(self, name: str, default: str, choices: tuple[str, ...]) -> str:
+        value = self.raw(name)
+        if value is None:
+            return default
+        if value.lower() not in choices:
+            raise ConfigError(f"{name}={value!r} is not one of: {', '.join(choices)}")
+        return value.lower()
+
+    def url(self, name: str, default, schemes: tuple[str, ...]):
+        value = self.raw(name)
+        if value is None:
+            return default
+        scheme = value.split("://", 1)[0].lower() if "://" in value else ""
+        if scheme not in schemes:
+            raise ConfigError(
+                f"{name} has scheme {scheme or '(none)'!r}; use a URL starting with one of: "
+                + ", ".join(f"{s}://" for s in schemes)
+            )
+        return value
+
+    def language(self, name: str, default):
+        value = self.raw(name)
+        if value is None:
+            return default
+        if value.lower() not in LANGUAGES:
+            raise ConfigError(f"{name}={value!r} is not a Whisper language code (such as en, de, fr)")
+        return value.lower()

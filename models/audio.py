@@ -1,0 +1,75 @@
+"""Audio probing and decoding (PyAV/FFmpeg): is it audio, how long is it, the samples."""
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass
+from pathlib import Path
+
+import av
+import numpy as np
+
+from .errors import AudioTooLong, UnsupportedAudio
+
+SAMPLE_RATE = 16000
+
+
+@dataclass(frozen=True)
+class AudioInfo:
+    duration: float
+    codec: str
+    sample_rate: int
+    channels: int
+
+
+def probe(path: str | Path, max_seconds: float | None = None) -> AudioInfo:
+    """Decode the whole file once to prove it is audio and to measure its true length.
+
+    Container headers lie (truncated uploads, streams without a duration), so the samples
+    are counted. Raises UnsupportedAudio or AudioTooLong with a message for the client.
+    """
+    samples = 0
+    try:
+        with av.open(str(path), mode="r", metadata_errors="ignore") as container:
+            if not container.streams.audio:
+                raise UnsupportedAudio("the file has no audio stream; upload audio such as WAV, FLAC, MP3, Ogg/Opus or M4A")
+            stream = container.streams.audio[0]
+            rate = stream.codec_context.sample_rate or stream.rate or 0
+            codec = stream.codec_context.name
+            channels = stream.codec_context.channels if hasattr(stream.codec_context, "channels") else 0
+            for frame in container.decode(stream):
+                samples += frame.samples
+                rate = frame.sample_rate or rate
+                if max_seconds is not None and rate and samples / rate > max_seconds:
+                    raise AudioTooLong(
+                        f"the audio is longer than the limit of {max_seconds:.0f} s; split it into shorter files"
+                    )
+    except (UnsupportedAudio, AudioTooLong):
+        raise
+    except Exception as exc:  # FFmpeg says "Invalid data found", "End of file", ...
+        raise UnsupportedAudio(
+            f"the file could not be decoded as audio ({_reason(exc)}); upload audio such as WAV, FLAC, MP3, Ogg/Opus or M4A"
+        ) from exc
+    if not samples or not rate:
+        raise UnsupportedAudio("the file contains no audio samples; upload a recording that is not empty")
+    return AudioInfo(duration=samples / rate, codec=codec, sample_rate=rate, channels=channels)
+
+
+def decode(path: str | Path) -> np.ndarray:
+    """The audio as float32 mono at 16 kHz, the model's input."""
+    from faster_whisper.audio import decode_audio
+
+    try:
+        audio = decode_audio(str(path), sampling_rate=SAMPLE_RATE)
+    except Exception as exc:
+        raise UnsupportedAudio(f"the audio could not be decoded ({_reason(exc)})") from exc
+    finally:
+        gc.collect()
+    if audio.size == 0:
+        raise UnsupportedAudio("the file contains no audio samples")
+    return audio
+
+
+def _reason(exc: Exception) -> str:
+    text = (getattr(exc, "strerror", None) or str(exc)).strip() or type(exc).__name__
+    # FFmpeg errors repeat the file path; the client does not need our paths.
+    return text.split(":", 1)[0][:200] if "/" in text else text[:200]

@@ -1,0 +1,76 @@
+"""Database engine and sessions: SQLite (WAL) by default, PostgreSQL in production."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from sqlalchemy import create_engine, event
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+def _sqlite_pragmas(dbapi_connection, _record) -> None:
+    # WAL lets the web process read while a worker writes; busy_timeout waits out a
+    # writer instead of failing with "database is locked".
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA busy_timeout=10000")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
+class Database:
+    """One engine and session factory per process, created lazily after any fork."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self._engine: Engine | None = None
+        self._sessions: sessionmaker[Session] | None = None
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            if self.url.startswith("sqlite"):
+                path = self.url.split("///", 1)[-1]
+                if path and path != ":memory:":
+                    Path(path).parent.mkdir(parents=True, exist_ok=True)
+                engine = create_engine(self.url, connect_args={"timeout": 10})
+                event.listen(engine, "connect", _sqlite_pragmas)
+            else:
+                engine = create_engine(self.url, pool_pre_ping=True, pool_size=5, max_overflow=5)
+            self._engine = engine
+            self._sessions = sessionmaker(engine, expire_on_commit=False)
+        return self._engine
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """A session that commits on success and rolls back on error."""
+        self.engine  # noqa: B018 - creates the factory
+        assert self._sessions is not None
+        with self._sessions() as session:
+            try:
+                yield session
+                session.commit()
+            except BaseException:
+                session.rollback()
+                raise
+
+    def create_all(self) -> None:
+        from . import job  # noqa: F401 - registers the tables
+
+        Base.metadata.create_all(self.engine)
+
+    def ping(self) -> None:
+        with self.engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+
+    def dispose(self) -> None:
+        """Drop pooled connections, e.g. in a child after fork."""
+        if self._engine is not None:
+            self._engine.dispose()

@@ -1,0 +1,49 @@
+"""The error hierarchy. Each message says what is wrong and how to fix it."""
+from __future__ import annotations
+
+
+class WhisperqError(Exception):
+    """Base class of the service's own errors."""
+
+    code = "error"
+    http_status = 500
+
+
+class InvalidRequest(WhisperqError):
+    """The request itself is wrong (a field, an option): the client must change it."""
+
+    code = "invalid_request"
+    http_status = 400
+
+
+class UnsupportedAudio(WhisperqError):
+    """The upload is not audio that can be decoded. Permanent: retrying cannot help."""
+
+    code = "unsupported_audio"
+    http_status = 415
+
+
+class AudioTooLong(WhisperqError):
+    code = "audio_too_long"
+    http_status = 413
+
+
+class JobNotFound(WhisperqError):
+    code = "not_found"
+    http_status = 404
+
+
+class JobNotReady(WhisperqError):
+    code = "not_ready"
+    http_status = 409
+
+
+class BrokerUnavailable(WhisperqError):
+    code = "broker_unavailable"
+    http_status = 503
+
+
+class PermanentJobError(WhisperqError):
+    """A job that can never succeed (bad audio, missing file): fail it at once, no retry."""
+
+    code = "permanent_failure"

@@ -1,0 +1,45 @@
+"""The per-process wiring of settings, database and storage."""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from config import Settings
+
+from .db import Database
+from .storage import LocalStorage
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    db: Database = field(init=False)
+    storage: LocalStorage = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.db = Database(self.settings.database_url)
+        self.storage = LocalStorage(self.settings.data_dir)
+
+
+_runtime: Runtime | None = None
+_lock = threading.Lock()
+
+
+def get_runtime() -> Runtime:
+    """This process's runtime, from the environment (workers and `transcribe.delay` callers)."""
+    global _runtime
+    if _runtime is None:
+        with _lock:
+            if _runtime is None:
+                runtime = Runtime(Settings.from_env())
+                runtime.db.create_all()
+                _runtime = runtime
+    return _runtime
+
+
+def reset_runtime() -> None:
+    """Forget the runtime (after fork, or when tests change the environment)."""
+    global _runtime
+    if _runtime is not None:
+        _runtime.db.dispose()
+    _runtime = None

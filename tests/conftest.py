@@ -1,0 +1,160 @@
+"""Fixtures: settings on a private data dir, the app, a real broker and a real worker.
+
+With no CELERY_BROKER_URL the suite starts the embedded Redis, as `make run` does; point
+CELERY_BROKER_URL at Redis or RabbitMQ (and DATABASE_URL at PostgreSQL) to run it there.
+A test that needs a service it cannot reach is skipped, or fails when REQUIRE_SERVICES=1.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+REQUIRE_SERVICES = os.environ.get("REQUIRE_SERVICES") == "1"
+
+_state: dict = {}
+
+
+def pytest_configure(config) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="whisperq-test-"))
+    _state["tmp"] = tmp
+    os.environ["WHISPERQ_DATA_DIR"] = str(tmp / "data")
+    if not os.environ.get("CELERY_BROKER_URL"):
+        from config.embedded import EmbeddedRedis
+
+        broker = EmbeddedRedis(tmp / "redis")
+        os.environ["CELERY_BROKER_URL"] = broker.start()
+        _state["embedded"] = broker
+
+
+def pytest_unconfigure(config) -> None:
+    broker = _state.pop("embedded", None)
+    if broker is not None:
+        broker.stop()
+    shutil.rmtree(_state.pop("tmp", ""), ignore_errors=True)
+
+
+def need_service(reason: str) -> None:
+    if REQUIRE_SERVICES:
+        pytest.fail(f"required service unavailable: {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def settings():
+    from config import Settings
+
+    return Settings.from_env()
+
+
+@pytest.fixture(scope="session")
+def celery_app(settings):
+    from tasks import celery_app
+
+    try:
+        with celery_app.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=2, timeout=5)
+    except Exception as exc:
+        need_service(f"broker {settings.describe()['broker_url']} unreachable: {exc}")
+    return celery_app
+
+
+@pytest.fixture(scope="session")
+def database(settings):
+    from models.db import Database
+
+    db = Database(settings.database_url)
+    try:
+        db.create_all()
+    except Exception as exc:
+        need_service(f"database {settings.describe()['database_url']} unreachable: {exc}")
+    return db
+
+
+@pytest.fixture()
+def app(settings, database):
+    from web import create_app
+
+    return create_app({"SETTINGS": settings, "TESTING": True})
+
+
+@pytest.fixture()
+def client(app):
+    return app.test_client()
+
+
+@pytest.fixture()
+def runner(app):
+    return app.test_cli_runner()
+
+
+@pytest.fixture()
+def published():
+    """Task messages this process publishes, as (headers, body) pairs."""
+    from celery.signals import before_task_publish
+
+    seen: list = []
+
+    def record(sender=None, headers=None, body=None, **_kw):
+        seen.append((headers, body))
+
+    before_task_publish.connect(record, weak=False)
+    yield seen
+    before_task_publish.disconnect(record)
+
+
+class Worker:
+    def __init__(self, proc: subprocess.Popen, name: str, log: Path):
+        self.proc, self.name, self.log = proc, name, log
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def start_worker(celery_app, tmp: Path, name: str, extra_env: dict | None = None) -> Worker:
+    from config import TRANSCRIBE_QUEUE
+
+    log = tmp / f"{name}.log"
+    env = dict(os.environ, **(extra_env or {}))
+    node = f"{name}@%h"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "tasks.worker", "worker", "--pool", "prefork", "--concurrency", "1",
+         "--queues", TRANSCRIBE_QUEUE, "--hostname", node, "--without-mingle", "--without-gossip", "--loglevel", "INFO", "-E"],
+        cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+    )
+    worker = Worker(proc, name, log)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"worker exited with {proc.returncode}:\n{worker.output()}")
+        replies = celery_app.control.ping(timeout=1.0)
+        if any(name in key for reply in replies for key in reply):
+            return worker
+    proc.kill()
+    raise RuntimeError(f"worker did not answer a ping within 90 s:\n{worker.output()}")
+
+
+def stop_worker(worker: Worker) -> None:
+    worker.proc.terminate()
+    try:
+        worker.proc.wait(30)
+    except subprocess.TimeoutExpired:
+        worker.proc.kill()
+        worker.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def worker(celery_app, database):
+    """One real worker process (prefork, like production) for the whole session."""
+    celery_app.control.purge()
+    w = start_worker(celery_app, _state["tmp"], f"test-{uuid.uuid4().hex[:6]}")
+    yield w
+    stop_worker(w)

@@ -1,0 +1,39 @@
+"""Helpers shared by the tests: fixture clips, word error rate, waiting for a job."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+CLIPS = {name: dict(meta, path=FIXTURES / name) for name, meta in json.loads((FIXTURES / "clips.json").read_text()).items()}
+
+
+def stored_files(settings) -> set[str]:
+    """Every file under the data dir's audio and tmp folders."""
+    found = set()
+    for sub in ("audio", "tmp"):
+        base = settings.data_dir / sub
+        if base.exists():
+            found |= {str(p) for p in base.rglob("*") if p.is_file()}
+    return found
+
+
+def normalise(text: str) -> list[str]:
+    return "".join(ch if ch.isalnum() or ch.isspace() else " " for ch in text.lower()).split()
+
+
+def word_error_rate(reference: str, hypothesis: str) -> float:
+    import jiwer
+
+    return jiwer.wer(" ".join(normalise(reference)), " ".join(normalise(hypothesis)))
+
+
+def wait_for_job(client, job_id: str, timeout: float = 120.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        resp = client.get(f"/v1/jobs/{job_id}")
+        if resp.status_code == 200 and resp.get_json()["status"] in ("COMPLETED", "FAILED"):
+            return resp.get_json()
+        time.sleep(0.2)
+    raise AssertionError(f"job {job_id} did not finish within {timeout} s: {client.get(f'/v1/jobs/{job_id}').get_json()}")

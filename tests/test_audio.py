@@ -1,0 +1,53 @@
+import pytest
+
+from helpers import CLIPS
+from models import audio
+from models.errors import AudioTooLong, UnsupportedAudio
+from models.storage import clean_filename, safe_suffix
+
+
+@pytest.mark.parametrize("name, seconds", [("fox.flac", 4.3), ("report.opus", 9.385)])
+def test_probe_measures_real_clips(name, seconds):
+    info = audio.probe(CLIPS[name]["path"])
+    assert info.duration == pytest.approx(seconds, abs=0.05)
+    assert info.sample_rate in (16000, 48000)
+
+
+def test_probe_refuses_text(tmp_path):
+    f = tmp_path / "notes.wav"
+    f.write_text("this is not audio at all " * 40)
+    with pytest.raises(UnsupportedAudio, match="could not be decoded as audio"):
+        audio.probe(f)
+
+
+def test_probe_refuses_truncated_header(tmp_path):
+    f = tmp_path / "cut.flac"
+    f.write_bytes(CLIPS["fox.flac"]["path"].read_bytes()[:40])
+    with pytest.raises(UnsupportedAudio):
+        audio.probe(f)
+
+
+def test_probe_enforces_the_length_limit():
+    with pytest.raises(AudioTooLong, match="longer than the limit of 2 s"):
+        audio.probe(CLIPS["fox.flac"]["path"], max_seconds=2)
+
+
+def test_decode_gives_16k_mono_float():
+    samples = audio.decode(CLIPS["fox.flac"]["path"])
+    assert samples.dtype.name == "float32"
+    assert len(samples) / audio.SAMPLE_RATE == pytest.approx(4.3, abs=0.05)
+
+
+@pytest.mark.parametrize(
+    "raw, clean",
+    [("../../etc/passwd", "passwd"), ("C:\\x\\talk.mp3", "talk.mp3"), ("a\x00b\x1b[31m.wav", "ab[31m.wav"),
+     ("", None), ("..", None), ("réunion ünï.flac", "réunion ünï.flac")],
+)
+def test_client_filenames_are_made_safe(raw, clean):
+    assert clean_filename(raw) == clean
+
+
+def test_only_plain_suffixes_are_kept():
+    assert safe_suffix("x.FLAC") == ".flac"
+    assert safe_suffix("x.tar;rm -rf") == ".bin"
+    assert safe_suffix(None) == ".bin"

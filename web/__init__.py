@@ -1,0 +1,39 @@
+"""The Flask app factory: JSON API, health checks and the upload page."""
+from __future__ import annotations
+
+import logging
+from typing import Any, Mapping
+
+from flask import Flask
+
+from config import Settings, make_celery
+from models.runtime import Runtime
+
+
+def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
+    """Build the app. `test_config` may carry a ready `SETTINGS` object and Flask keys."""
+    app = Flask(__name__)
+    test_config = dict(test_config or {})
+    settings: Settings = test_config.pop("SETTINGS", None) or Settings.from_env()
+    app.config.from_mapping(
+        MAX_CONTENT_LENGTH=settings.max_upload_bytes,
+        # Form fields other than the file are small; keep them from eating memory.
+        MAX_FORM_MEMORY_SIZE=64 * 1024,
+    )
+    app.config.update(test_config)
+    app.json.sort_keys = False  # keep job_id and status first, as documented
+
+    runtime = Runtime(settings)
+    runtime.db.create_all()
+    app.extensions["whisperq"] = runtime
+    app.extensions["celery"] = make_celery(settings)
+
+    from . import api, errors, health, pages
+
+    errors.init_app(app)
+    app.register_blueprint(api.bp)
+    app.register_blueprint(health.bp)
+    app.register_blueprint(pages.bp)
+    if not app.debug:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return app

@@ -1,0 +1,96 @@
+"""The `whisperq` command: run the whole service, check the configuration."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+
+from config import ConfigError, Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _settings() -> Settings:
+    try:
+        return Settings.from_env()
+    except ConfigError as exc:
+        raise click.ClickException(f"configuration error: {exc}") from exc
+
+
+@click.group()
+def cli() -> None:
+    """whisperq: self-hosted speech to text on a Celery queue."""
+
+
+@cli.command()
+@click.option("--procfile", default=str(ROOT / "Procfile"), show_default=True, help="Procfile to run.")
+def run(procfile: str) -> None:
+    """Start web, worker and Flower; with no CELERY_BROKER_URL, an embedded Redis too."""
+    settings = _settings()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    bindir = str(Path(sys.executable).parent)  # gunicorn, celery and honcho live beside Python
+    env = dict(os.environ, WHISPERQ_DATA_DIR=str(settings.data_dir), PATH=bindir + os.pathsep + os.environ.get("PATH", ""))
+    broker = None
+    if not settings.broker_url:
+        from config.embedded import EmbeddedRedis
+
+        broker = EmbeddedRedis(settings.data_dir / "redis")
+        try:
+            env["CELERY_BROKER_URL"] = broker.start()
+        except RuntimeError as exc:
+            raise click.ClickException(str(exc)) from exc
+        click.echo(f"embedded Redis broker on 127.0.0.1:{broker.port} (data in {broker.directory})")
+    Settings.from_env(env)  # the processes will read the same; fail here, not in three places
+    honcho = shutil.which("honcho", path=env["PATH"])
+    if honcho is None:
+        raise click.ClickException("honcho is not installed; run `make run` or pip install honcho")
+    click.echo(
+        f"\n  upload form  http://{settings.host}:{settings.port}/\n"
+        f"  API          http://{settings.host}:{settings.port}/v1/jobs\n"
+        f"  Flower       http://127.0.0.1:{settings.flower_port}/\n"
+        f"  data         {settings.data_dir}\n"
+    )
+    proc = None
+    try:
+        proc = subprocess.Popen([honcho, "start", "-f", procfile, "-d", str(ROOT), "-p", str(settings.port)], env=env)
+
+        def forward(signum, _frame):
+            # honcho stops its processes on SIGINT/SIGTERM; the broker is stopped after them.
+            proc.send_signal(signum)
+
+        signal.signal(signal.SIGTERM, forward)
+        signal.signal(signal.SIGINT, forward)
+        code = proc.wait()
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            proc.wait()
+        if broker is not None:
+            broker.stop()
+    sys.exit(code)
+
+
+@cli.command("config")
+def show_config() -> None:
+    """Print the settings in force (passwords masked); fails on a bad value."""
+    for key, value in _settings().describe().items():
+        click.echo(f"{key:20} {value}")
+
+
+@cli.command("init-db")
+def init_db() -> None:
+    """Create the database tables (web and workers also do this at start)."""
+    from models.db import Database
+
+    settings = _settings()
+    Database(settings.database_url).create_all()
+    click.echo(f"tables ready in {Settings.describe(settings)['database_url']}")
+
+
+def main() -> None:  # pragma: no cover
+    cli()

@@ -1,0 +1,49 @@
+"""Errors as JSON `{"error": {"code", "message"}}` for the API, as a page for the browser."""
+from __future__ import annotations
+
+import logging
+
+from flask import Flask, jsonify, make_response, render_template, request
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+
+from models.errors import WhisperqError
+
+log = logging.getLogger(__name__)
+
+
+def wants_json() -> bool:
+    return request.path.startswith("/v1/") or request.accept_mimetypes.best == "application/json"
+
+
+def error_response(status: int, code: str, message: str, headers: dict | None = None):
+    if wants_json():
+        resp = make_response(jsonify({"error": {"code": code, "message": message}}), status)
+    else:
+        resp = make_response(render_template("error.html", status=status, message=message), status)
+    resp.headers.update(headers or {})
+    return resp
+
+
+def init_app(app: Flask) -> None:
+    limit_mb = app.config["MAX_CONTENT_LENGTH"] // (1024 * 1024)
+
+    @app.errorhandler(WhisperqError)
+    def _service_error(exc: WhisperqError):
+        headers = {"Retry-After": "5"} if exc.http_status == 503 else None
+        return error_response(exc.http_status, exc.code, str(exc), headers)
+
+    @app.errorhandler(RequestEntityTooLarge)
+    def _too_large(exc):
+        return error_response(
+            413, "too_large", f"the upload is larger than the limit of {limit_mb} MB (WHISPERQ_MAX_UPLOAD_MB)"
+        )
+
+    @app.errorhandler(HTTPException)
+    def _http_error(exc: HTTPException):
+        code = (exc.name or "error").lower().replace(" ", "_")
+        return error_response(exc.code or 500, code, exc.description or exc.name)
+
+    @app.errorhandler(Exception)
+    def _unexpected(exc: Exception):
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return error_response(500, "internal_error", "the server hit an unexpected error; it has been logged")
