@@ -75,6 +75,8 @@ def publish(rt: Runtime, celery: Celery, job: Job) -> None:
             task_id=job.id,
             queue=TRANSCRIBE_QUEUE,
             priority=broker_priority(job.priority, celery.conf.broker_url),
+            # The job row holds the transcript; the result backend is for transcribe.delay().get().
+            ignore_result=True,
             retry=True,
             retry_policy={"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 1.0},
         )

@@ -1,0 +1,148 @@
+"""The API's contract: what it accepts, what it refuses, and that a refusal leaves nothing."""
+import dataclasses
+import io
+import time
+
+import pytest
+from sqlalchemy import func, select
+
+from helpers import CLIPS, stored_files
+from models.job import Job
+
+
+def job_count(database) -> int:
+    with database.session() as s:
+        return s.scalar(select(func.count()).select_from(Job))
+
+
+def upload(client, data: bytes | None = None, name: str = "clip.flac", **fields):
+    form = dict(fields)
+    if data is not None:
+        form["file"] = (io.BytesIO(data), name)
+    return client.post("/v1/jobs", data=form, content_type="multipart/form-data")
+
+
+FOX = CLIPS["fox.flac"]["path"].read_bytes()
+
+
+@pytest.mark.parametrize(
+    "kwargs, status, code, words",
+    [
+        (dict(), 400, "invalid_request", "multipart form field 'file'"),
+        (dict(data=FOX, name=""), 400, "invalid_request", "multipart form field 'file'"),
+        (dict(data=b""), 400, "invalid_request", "empty"),
+        (dict(data=b"hello, I am a text file\n" * 50, name="notes.wav"), 415, "unsupported_audio", "could not be decoded as audio"),
+        (dict(data=b"\x89PNG\r\n\x1a\n" + bytes(2000), name="pic.mp3"), 415, "unsupported_audio", "audio"),
+        (dict(data=FOX[:60]), 415, "unsupported_audio", "audio"),
+        (dict(data=FOX, language="klingon"), 400, "invalid_request", "language 'klingon'"),
+        (dict(data=FOX, language="de"), 400, "invalid_request", "English-only"),
+        (dict(data=FOX, priority="urgent"), 400, "invalid_request", "high, normal, low"),
+        (dict(data=FOX, task="summarise"), 400, "invalid_request", "transcribe, translate"),
+        (dict(data=FOX, task="translate"), 400, "invalid_request", "multilingual"),
+    ],
+)
+def test_bad_input_is_refused_and_leaves_nothing(client, settings, database, published, kwargs, status, code, words):
+    files_before, jobs_before = stored_files(settings), job_count(database)
+    resp = upload(client, **kwargs)
+    assert resp.status_code == status, resp.get_json()
+    body = resp.get_json()
+    assert body["error"]["code"] == code
+    assert words in body["error"]["message"]
+    assert stored_files(settings) == files_before
+    assert job_count(database) == jobs_before
+    assert published == []
+
+
+def test_oversized_upload_is_413(settings, database, published):
+    from web import create_app
+
+    small = create_app({"SETTINGS": dataclasses.replace(settings, max_upload_mb=1), "TESTING": True})
+    files_before, jobs_before = stored_files(settings), job_count(database)
+    resp = upload(small.test_client(), data=FOX * 14)  # about 1.1 MB
+    assert resp.status_code == 413
+    assert "WHISPERQ_MAX_UPLOAD_MB" in resp.get_json()["error"]["message"]
+    assert stored_files(settings) == files_before and job_count(database) == jobs_before
+    assert published == []
+
+
+def broken_broker_app(settings, monkeypatch):
+    from web import create_app
+
+    # Celery reads CELERY_BROKER_URL itself, ahead of its configuration: change both.
+    monkeypatch.setenv("CELERY_BROKER_URL", "redis://127.0.0.1:9/0")
+    monkeypatch.delenv("CELERY_RESULT_BACKEND", raising=False)
+    return create_app({"SETTINGS": dataclasses.replace(settings, broker_url="redis://127.0.0.1:9/0", result_backend=None), "TESTING": True})
+
+
+def test_unreachable_broker_is_503_and_withdraws_the_job(settings, database, published, monkeypatch):
+    down = broken_broker_app(settings, monkeypatch)
+    files_before, jobs_before = stored_files(settings), job_count(database)
+    started = time.monotonic()
+    resp = upload(down.test_client(), data=FOX)
+    assert resp.status_code == 503
+    assert resp.headers["Retry-After"]
+    assert resp.get_json()["error"]["code"] == "broker_unavailable"
+    assert time.monotonic() - started < 30  # bounded retries, not a hung request
+    assert stored_files(settings) == files_before and job_count(database) == jobs_before
+
+
+def test_accepted_upload_answers_202_and_publishes_only_references(client, settings, database, published, celery_app):
+    resp = upload(client, data=FOX, name="../../fox.flac", priority="high", language="en")
+    assert resp.status_code == 202
+    body = resp.get_json()
+    assert set(body) >= {"job_id", "status", "status_url", "created_at"}
+    assert body["status"] == "PENDING"
+    assert resp.headers["Location"] == body["status_url"]
+    assert body["status_url"].endswith(f"/v1/jobs/{body['job_id']}")
+
+    (headers, message), = published
+    assert headers["id"] == body["job_id"] and headers["task"] == "whisperq.transcribe"
+    args, kwargs, _embed = message
+    assert args == [f"audio/{body['job_id'][:2]}/{body['job_id']}.flac"]
+    assert kwargs == {"language": "en", "priority": "high", "task": "transcribe"}
+    assert len(str(message)) < 1000  # ids and references, never audio bytes
+
+    stored = settings.data_dir / args[0]
+    assert stored.read_bytes() == FOX
+    job = client.get(f"/v1/jobs/{body['job_id']}").get_json()
+    assert job["filename"] == "fox.flac" and job["priority"] == "high"
+    assert job["audio_duration"] == pytest.approx(4.3, abs=0.05)
+
+
+def test_unknown_job_is_404_json(client):
+    resp = client.get("/v1/jobs/00000000-0000-0000-0000-000000000000")
+    assert resp.status_code == 404
+    assert resp.get_json()["error"]["code"] == "not_found"
+    assert client.get("/v1/jobs/nope/transcript").status_code == 404
+
+
+def test_transcript_is_409_until_completed(client, database):
+    from models.job import new_job_id
+
+    job_id = new_job_id()
+    with database.session() as s:
+        s.add(Job(id=job_id, audio_ref="audio/x.flac", priority="normal"))
+    resp = client.get(f"/v1/jobs/{job_id}/transcript?format=srt")
+    assert resp.status_code == 409
+    assert "PENDING" in resp.get_json()["error"]["message"]
+    assert client.get(f"/v1/jobs/{job_id}/transcript?format=docx").status_code == 400
+
+
+def test_unknown_route_and_method_are_json(client):
+    assert client.get("/v1/nothing").get_json()["error"]["code"] == "not_found"
+    assert client.delete("/v1/jobs").status_code == 405
+
+
+def test_healthz_and_readyz(client):
+    assert client.get("/healthz").get_json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200, ready.get_json()
+    assert ready.get_json()["checks"] == {"database": "ok", "broker": "ok"}
+
+
+def test_readyz_names_the_broken_dependency(settings, database, monkeypatch):
+    down = broken_broker_app(settings, monkeypatch)
+    resp = down.test_client().get("/readyz")
+    assert resp.status_code == 503
+    assert resp.get_json()["checks"]["database"] == "ok"
+    assert resp.get_json()["checks"]["broker"].startswith("unreachable")
