@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from helpers import need_service
+
 ROOT = Path(__file__).resolve().parent.parent
-REQUIRE_SERVICES = os.environ.get("REQUIRE_SERVICES") == "1"
 
 _state: dict = {}
 
@@ -40,12 +41,6 @@ def pytest_unconfigure(config) -> None:
     if broker is not None:
         broker.stop()
     shutil.rmtree(_state.pop("tmp", ""), ignore_errors=True)
-
-
-def need_service(reason: str) -> None:
-    if REQUIRE_SERVICES:
-        pytest.fail(f"required service unavailable: {reason}")
-    pytest.skip(reason)
 
 
 @pytest.fixture(scope="session")

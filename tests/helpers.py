@@ -2,11 +2,23 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
+import pytest
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 CLIPS = {name: dict(meta, path=FIXTURES / name) for name, meta in json.loads((FIXTURES / "clips.json").read_text()).items()}
+
+REQUIRE_SERVICES = os.environ.get("REQUIRE_SERVICES") == "1"
+
+
+def need_service(reason: str) -> None:
+    """Skip a test whose service is missing, or fail it when REQUIRE_SERVICES=1 (CI)."""
+    if REQUIRE_SERVICES:
+        pytest.fail(f"required service unavailable: {reason}")
+    pytest.skip(reason)
 
 
 def stored_files(settings) -> set[str]:

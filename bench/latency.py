@@ -1,0 +1,89 @@
+"""Benchmark: upload-to-COMPLETED latency through the whole service, and the model's
+real-time factor, on this machine. Run with `make bench`; results go in the README.
+
+It starts `whisperq run` (embedded broker, gunicorn, one prefork worker, Flower) in a
+temporary data dir, submits the 9.4 s fixture clip one job at a time, and reports medians.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+CLIP = ROOT / "tests" / "fixtures" / "report.opus"
+RUNS = int(os.environ.get("BENCH_RUNS", "10"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def model_rtf() -> tuple[float, float, float]:
+    sys.path.insert(0, str(ROOT))
+    from config import Settings
+    from models import audio
+    from models.speech import FasterWhisperEngine, model_path
+
+    settings = Settings.from_env({})
+    started = time.perf_counter()
+    engine = FasterWhisperEngine(model_path(settings), beam_size=settings.beam_size)
+    load = time.perf_counter() - started
+    samples = audio.decode(CLIP)
+    seconds = len(samples) / audio.SAMPLE_RATE
+    times = []
+    for _ in range(RUNS):
+        t = time.perf_counter()
+        engine.transcribe(samples, language="en")
+        times.append(time.perf_counter() - t)
+    return load, seconds, statistics.median(times)
+
+
+def end_to_end() -> tuple[float, list[float]]:
+    tmp = Path(tempfile.mkdtemp(prefix="whisperq-bench-"))
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("CELERY_BROKER_URL", "DATABASE_URL")}
+    env.update(WHISPERQ_DATA_DIR=str(tmp), PORT=str(port), FLOWER_PORT=str(free_port()))
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "whisperq"), "run"], env=env,
+                            stdout=(tmp / "run.log").open("w"), stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(200):
+            try:
+                if requests.get(f"{base}/readyz", timeout=1).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            time.sleep(0.2)
+        latencies = []
+        for _ in range(RUNS + 1):
+            t = time.perf_counter()
+            with CLIP.open("rb") as fh:
+                url = requests.post(f"{base}/v1/jobs", files={"file": fh}, timeout=30).headers["Location"]
+            while (job := requests.get(url, timeout=5).json())["status"] not in ("COMPLETED", "FAILED"):
+                time.sleep(0.05)
+            assert job["status"] == "COMPLETED", job
+            latencies.append(time.perf_counter() - t)
+        return latencies[0], latencies[1:]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+
+
+if __name__ == "__main__":
+    load, seconds, median = model_rtf()
+    print(f"model: load {load:.2f} s; {seconds:.1f} s clip transcribed in {median:.2f} s (median of {RUNS}); "
+          f"real-time factor {median / seconds:.3f} ({seconds / median:.1f}x faster than real time)")
+    cold, warm = end_to_end()
+    print(f"upload -> COMPLETED, {seconds:.1f} s clip: first job (loads the model) {cold:.2f} s; "
+          f"then median {statistics.median(warm):.2f} s, min {min(warm):.2f} s, max {max(warm):.2f} s over {len(warm)} jobs")
