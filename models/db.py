@@ -1,6 +1,7 @@
 """Database engine and sessions: SQLite (WAL) by default, PostgreSQL in production."""
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -62,9 +63,20 @@ class Database:
                 raise
 
     def create_all(self) -> None:
+        """Create missing tables. Several processes may start at once: on PostgreSQL two
+        concurrent CREATE TABLEs collide, so a loser looks again and finds the tables."""
+        from sqlalchemy.exc import DBAPIError
+
         from . import job  # noqa: F401 - registers the tables
 
-        Base.metadata.create_all(self.engine)
+        for attempt in range(3):
+            try:
+                Base.metadata.create_all(self.engine)
+                return
+            except DBAPIError:
+                if attempt == 2:
+                    raise
+                time.sleep(0.5 * (attempt + 1))
 
     def ping(self) -> None:
         with self.engine.connect() as conn:

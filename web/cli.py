@@ -46,6 +46,9 @@ def run(procfile: str) -> None:
             raise click.ClickException(str(exc)) from exc
         click.echo(f"embedded Redis broker on 127.0.0.1:{broker.port} (data in {broker.directory})")
     Settings.from_env(env)  # the processes will read the same; fail here, not in three places
+    from models.db import Database
+
+    Database(settings.database_url).create_all()  # once, before three processes race for it
     honcho = shutil.which("honcho", path=env["PATH"])
     if honcho is None:
         raise click.ClickException("honcho is not installed; run `make run` or pip install honcho")
@@ -89,7 +92,7 @@ def init_db() -> None:
 
     settings = _settings()
     Database(settings.database_url).create_all()
-    click.echo(f"tables ready in {Settings.describe(settings)['database_url']}")
+    click.echo(f"tables ready in {settings.describe()['database_url']}")
 
 
 def main() -> None:  # pragma: no cover
