@@ -12,7 +12,12 @@ from kombu import Exchange, Queue
 from .settings import PRIORITIES, Settings
 
 EXCHANGE = "whisperq"
-TRANSCRIBE_QUEUE = "whisperq.transcribe"
+# One queue per pool, so each pool scales on its own: preparation is CPU-bound (decode,
+# resample, split), inference wants the accelerator, notification is I/O.
+PREPARE_QUEUE = "whisperq.prepare"
+INFERENCE_QUEUE = "whisperq.inference"
+NOTIFY_QUEUE = "whisperq.notify"
+QUEUES = {PREPARE_QUEUE: "prepare", INFERENCE_QUEUE: "inference", NOTIFY_QUEUE: "notify"}
 
 # Redis: `queue_order_strategy=priority` keeps one list per step and pops the lowest step first.
 REDIS_PRIORITY_STEPS = [0, 3, 6, 9]
@@ -37,22 +42,19 @@ def broker_priority(tier: str, broker_url: str) -> int:
 def visibility_timeout(settings: Settings) -> int:
     """Seconds Redis waits before handing an unacked message out again.
 
-    It must exceed the longest job plus its wait in a worker's prefetch buffer, or a long
-    job is delivered twice. Whisper on CPU runs well under real time, so the longest
-    allowed audio plus an hour covers any job that is still alive.
+    It must exceed the longest job's hard time limit plus its wait in a worker's prefetch
+    buffer, or a long job is delivered twice while it still runs.
     """
-    return int(settings.max_audio_seconds + 3600)
+    return int(settings.time_limit(settings.max_audio_seconds) + 3600)
 
 
 def celery_config(settings: Settings) -> dict:
     broker = settings.celery_broker_url()
     redis = is_redis(broker)
-    queue = Queue(
-        TRANSCRIBE_QUEUE,
-        Exchange(EXCHANGE, type="direct", durable=True),
-        routing_key="transcribe",
-        durable=True,
-        queue_arguments={"x-max-priority": AMQP_MAX_PRIORITY},
+    exchange = Exchange(EXCHANGE, type="direct", durable=True)
+    queues = tuple(
+        Queue(name, exchange, routing_key=key, durable=True, queue_arguments={"x-max-priority": AMQP_MAX_PRIORITY})
+        for name, key in QUEUES.items()
     )
     transport_options: dict = {}
     if redis:
@@ -82,11 +84,14 @@ def celery_config(settings: Settings) -> dict:
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
         worker_cancel_long_running_tasks_on_connection_loss=True,
-        task_queues=(queue,),
-        task_default_queue=TRANSCRIBE_QUEUE,
+        task_queues=queues,
+        task_default_queue=PREPARE_QUEUE,
         task_default_exchange=EXCHANGE,
-        task_default_routing_key="transcribe",
-        task_routes={"whisperq.transcribe": {"queue": TRANSCRIBE_QUEUE, "routing_key": "transcribe"}},
+        task_default_routing_key=QUEUES[PREPARE_QUEUE],
+        task_routes={
+            "whisperq.transcribe": {"queue": PREPARE_QUEUE, "routing_key": QUEUES[PREPARE_QUEUE]},
+            "whisperq.infer": {"queue": INFERENCE_QUEUE, "routing_key": QUEUES[INFERENCE_QUEUE]},
+        },
         task_default_priority=broker_priority("normal", broker),
         task_queue_max_priority=AMQP_MAX_PRIORITY,
         task_track_started=True,

@@ -42,6 +42,9 @@ class Settings:
     max_audio_seconds: float
     default_language: str | None
     worker_concurrency: int
+    batch_size: int
+    batch_wait_ms: int
+    inference_slots: int
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides) -> "Settings":
@@ -67,6 +70,9 @@ class Settings:
             max_audio_seconds=env.float("WHISPERQ_MAX_AUDIO_SECONDS", 4 * 3600.0, low=1.0),
             default_language=env.language("WHISPERQ_DEFAULT_LANGUAGE", None),
             worker_concurrency=env.int("WHISPERQ_WORKER_CONCURRENCY", 1, low=1, high=256),
+            batch_size=env.int("WHISPERQ_BATCH_SIZE", 8, low=1, high=256),
+            batch_wait_ms=env.int("WHISPERQ_BATCH_WAIT_MS", 50, low=0, high=60_000),
+            inference_slots=env.int("WHISPERQ_INFERENCE_SLOTS", 8, low=1, high=1024),
         )
         values.update(overrides)
         settings = cls(**values)
@@ -81,9 +87,10 @@ class Settings:
     def max_upload_bytes(self) -> int:
         return self.max_upload_mb * 1024 * 1024
 
-    @property
-    def audio_dir(self) -> Path:
-        return self.data_dir / "audio"
+    def time_limit(self, audio_seconds: float | None) -> float:
+        """Hard limit for one job, growing with its audio: the wait in the batcher behind
+        other jobs plus its own inference, with room for a slow CPU."""
+        return 300.0 + 2.0 * (audio_seconds if audio_seconds is not None else self.max_audio_seconds)
 
     def celery_broker_url(self) -> str:
         if not self.broker_url:

@@ -1,11 +1,10 @@
-"""Job operations: create from an upload, look up, and run a transcription exactly once.
+"""Job operations: create from an upload, look up, prepare, and finish exactly once.
 
 Tasks and views are thin wrappers around these functions; tests call them directly.
 """
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,8 @@ from . import audio as audio_io
 from .errors import InvalidRequest, JobNotFound, PermanentJobError, UnsupportedAudio
 from .job import Job, JobStatus, new_job_id
 from .runtime import Runtime
-from .speech import check_language, get_engine
+from .speech import check_language
+from .windows import split_windows
 
 log = logging.getLogger(__name__)
 
@@ -39,16 +39,8 @@ def create_job(
     try:
         with rt.db.session() as session:
             job = Job(
-                id=job_id,
-                status=JobStatus.PENDING.value,
-                task=task,
-                language=language,
-                priority=priority,
-                audio_ref=ref,
-                audio_owned=True,
-                filename=filename,
-                audio_duration=round(duration, 3),
-                attempts=0,
+                id=job_id, status=JobStatus.PENDING.value, task=task, language=language, priority=priority,
+                audio_ref=ref, audio_owned=True, filename=filename, audio_duration=round(duration, 3), attempts=0,
             )
             session.add(job)
     except BaseException:
@@ -84,15 +76,10 @@ def _claim(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any], wo
         if job is None:
             # Submitted with transcribe.delay(path): the task id is the job id.
             job = Job(
-                id=job_id,
-                status=JobStatus.PENDING.value,
-                task=options.get("task") or "transcribe",
-                language=options.get("language"),
-                priority=options.get("priority") or "normal",
-                audio_ref=audio_ref,
-                audio_owned=rt.storage.owns(audio_ref),
-                filename=Path(audio_ref).name if not rt.storage.owns(audio_ref) else None,
-                attempts=0,
+                id=job_id, status=JobStatus.PENDING.value, task=options.get("task") or "transcribe",
+                language=options.get("language"), priority=options.get("priority") or "normal",
+                audio_ref=audio_ref, audio_owned=rt.storage.owns(audio_ref),
+                filename=Path(audio_ref).name if not rt.storage.owns(audio_ref) else None, attempts=0,
             )
             session.add(job)
         if job.state is JobStatus.COMPLETED:
@@ -106,17 +93,17 @@ def _claim(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any], wo
         return job
 
 
-def run_job(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any] | None = None, worker: str | None = None) -> dict:
-    """Transcribe a job's audio and store the transcript; returns the result dict.
+def prepare_job(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any] | None = None,
+                worker: str | None = None) -> dict:
+    """Decode, resample to 16 kHz mono, measure and split into windows; store the samples.
 
-    Idempotent: a job that is already COMPLETED returns its stored result and runs nothing.
-    Permanent problems (undecodable audio, missing file, unsupported language) mark the job
-    FAILED and raise PermanentJobError.
+    Returns what the inference step needs — references and sample offsets, never audio —
+    or ``{"result": ...}`` when the job is already COMPLETED (a duplicate delivery).
+    Permanent problems mark the job FAILED and raise PermanentJobError.
     """
-    options = options or {}
-    claimed = _claim(rt, job_id, audio_ref, options, worker)
+    claimed = _claim(rt, job_id, audio_ref, options or {}, worker)
     if isinstance(claimed, dict):
-        return claimed
+        return {"job_id": job_id, "result": claimed}
     job = claimed
     try:
         if job.task not in TASKS:
@@ -125,30 +112,50 @@ def run_job(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any] | 
         path = rt.storage.path(job.audio_ref)
         if not path.is_file():
             raise PermanentJobError(f"the audio file {job.audio_ref!r} does not exist or is not readable by the worker")
-        started = time.perf_counter()
         samples = audio_io.decode(path)
-        transcript = get_engine(rt.settings).transcribe(samples, language=job.language, task=job.task)
-        elapsed = time.perf_counter() - started
     except (UnsupportedAudio, InvalidRequest, PermanentJobError) as exc:
-        _finish_failed(rt, job_id, str(exc))
+        fail_job(rt, job_id, str(exc))
         raise PermanentJobError(str(exc)) from exc
     except Exception as exc:
-        _finish_failed(rt, job_id, f"{type(exc).__name__}: {exc}")
+        fail_job(rt, job_id, f"{type(exc).__name__}: {exc}")
         raise
-    log.info(
-        "job %s transcribed: %.1f s of audio in %.2f s (real-time factor %.3f)",
-        job_id, transcript.duration, elapsed, elapsed / max(transcript.duration, 1e-6),
-    )
+    duration = len(samples) / audio_io.SAMPLE_RATE
+    windows = split_windows(samples)
+    ref = rt.storage.save_samples(job_id, samples)
+    with rt.db.session() as session:
+        stored = session.get(Job, job_id)
+        stored.audio_duration = round(duration, 3)
+    log.info("job %s prepared: %.1f s of audio in %d windows", job_id, duration, len(windows))
+    return {
+        "job_id": job_id,
+        "prepared": ref,
+        "duration": round(duration, 3),
+        "windows": [[w.start, w.end] for w in windows],
+        "language": job.language,
+        "task": job.task,
+        "priority": job.priority,
+    }
+
+
+def finished_result(rt: Runtime, job_id: str) -> dict | None:
+    """The stored transcript if the job is COMPLETED; raises if it FAILED; else None."""
+    job = get_job(rt, job_id)
+    if job.state is JobStatus.FAILED:
+        raise PermanentJobError(job.error or "the job has failed")
+    return job.result()
+
+
+def complete_job(rt: Runtime, job_id: str, data: dict[str, Any]) -> dict:
+    """Store the transcript once: a job another delivery already completed keeps its own."""
     with rt.db.session() as session:
         stored = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one()
         if stored.state is JobStatus.COMPLETED:
-            return stored.result()  # another delivery finished first: keep its transcript
-        data = transcript.to_dict()
+            return stored.result()
         stored.complete(data["text"], data["language"], data["segments"], data["duration"])
         return stored.result()
 
 
-def _finish_failed(rt: Runtime, job_id: str, reason: str) -> None:
+def fail_job(rt: Runtime, job_id: str, reason: str) -> None:
     with rt.db.session() as session:
         job = session.get(Job, job_id)
         if job is not None and not job.state.finished:

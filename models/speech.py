@@ -10,8 +10,9 @@ import threading
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
+from .audio import SAMPLE_RATE
 from .errors import InvalidRequest
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -35,6 +36,11 @@ class Transcript:
     language: str | None
     duration: float
     segments: tuple[Segment, ...] = field(default_factory=tuple)
+
+    @classmethod
+    def from_segments(cls, segments: Sequence[Segment], language: str | None, duration: float) -> "Transcript":
+        ordered = tuple(sorted(segments, key=lambda s: (s.start, s.end)))
+        return cls(" ".join(s.text for s in ordered if s.text), language, round(duration, 3), ordered)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -98,28 +104,84 @@ def resolve_device(device: str, compute_type: str) -> tuple[str, str]:
 
 
 class FasterWhisperEngine:
+    """faster-whisper (CTranslate2) run window by window, any number of windows per call.
+
+    A batch may hold windows of different jobs: each window is padded to 30 s and decoded
+    on its own, so a window's text does not depend on what else is in its batch.
+    """
+
     name = "faster-whisper"
 
     def __init__(self, path: str, device: str = "auto", compute_type: str = "auto", cpu_threads: int = 0, beam_size: int = 5):
-        from faster_whisper import WhisperModel
+        from faster_whisper import BatchedInferencePipeline, WhisperModel
 
         self.path = path
         self.device, self.compute_type = resolve_device(device, compute_type)
         self.beam_size = beam_size
-        self.model = WhisperModel(
-            path, device=self.device, compute_type=self.compute_type, cpu_threads=cpu_threads
-        )
+        self.model = WhisperModel(path, device=self.device, compute_type=self.compute_type, cpu_threads=cpu_threads)
+        self.pipeline = BatchedInferencePipeline(self.model)
         self.multilingual = self.model.model.is_multilingual
+        self._tokenizers: dict[tuple[str, str], Any] = {}
 
-    def transcribe(self, audio: "np.ndarray", language: str | None = None, task: str = "transcribe") -> Transcript:
-        if not self.multilingual:
-            language = "en"
-        segments, info = self.model.transcribe(
-            audio, language=language, task=task, beam_size=self.beam_size, condition_on_previous_text=False
+    def _tokenizer(self, language: str, task: str):
+        from faster_whisper.tokenizer import Tokenizer
+
+        key = (language, task)
+        if key not in self._tokenizers:
+            self._tokenizers[key] = Tokenizer(self.model.hf_tokenizer, self.multilingual, task=task, language=language)
+        return self._tokenizers[key]
+
+    def _options(self, tokenizer):
+        from faster_whisper.transcribe import TranscriptionOptions, get_suppressed_tokens
+
+        return TranscriptionOptions(
+            beam_size=self.beam_size, best_of=5, patience=1.0, length_penalty=1.0, repetition_penalty=1.0,
+            no_repeat_ngram_size=0, log_prob_threshold=-1.0, no_speech_threshold=0.6,
+            compression_ratio_threshold=2.4, temperatures=[0.0], initial_prompt=None, prefix=None,
+            suppress_blank=True, suppress_tokens=get_suppressed_tokens(tokenizer, [-1]),
+            prepend_punctuations="\"'“¿([{-", append_punctuations="\"'.。,，!！?？:：”)]}、",
+            max_new_tokens=None, hotwords=None, word_timestamps=False, hallucination_silence_threshold=None,
+            condition_on_previous_text=False, clip_timestamps=[], prompt_reset_on_temperature=0.5,
+            multilingual=False, without_timestamps=False, max_initial_timestamp=0.0,
         )
-        segs = tuple(Segment(round(s.start, 3), round(s.end, 3), s.text.strip()) for s in segments)
-        text = " ".join(s.text for s in segs if s.text)
-        return Transcript(text=text, language=info.language, duration=round(info.duration, 3), segments=segs)
+
+    def language_of(self, chunk: "np.ndarray", language: str | None) -> str:
+        """The language to decode a job in: the requested one, else detected on its first window."""
+        if not self.multilingual:
+            return "en"
+        if language:
+            return language
+        detected, _prob, _all = self.model.detect_language(chunk)
+        return detected
+
+    def transcribe_batch(
+        self, chunks: Sequence["np.ndarray"], offsets: Sequence[float], language: str, task: str = "transcribe"
+    ) -> list[list[Segment]]:
+        """One inference call over several windows; segments per window, times offset."""
+        import numpy as np
+        from faster_whisper.audio import pad_or_trim
+
+        tokenizer = self._tokenizer(language, task)
+        features = np.stack([pad_or_trim(self.model.feature_extractor(c)[..., :-1]) for c in chunks])
+        metadata = [{"offset": float(o), "duration": len(c) / SAMPLE_RATE} for c, o in zip(chunks, offsets)]
+        outputs = self.pipeline.forward(features, tokenizer, metadata, self._options(tokenizer))
+        return [
+            [Segment(round(s["start"], 3), round(s["end"], 3), s["text"].strip()) for s in out if s["text"].strip()]
+            for out in outputs
+        ]
+
+    def transcribe(self, audio: "np.ndarray", language: str | None = None, task: str = "transcribe", batch_size: int = 1) -> Transcript:
+        """A whole recording in this process, `batch_size` windows per call."""
+        from .windows import split_windows
+
+        windows = split_windows(audio)
+        segments: list[Segment] = []
+        lang = self.language_of(audio[windows[0].start:windows[0].end], language) if windows else (language or "en")
+        for i in range(0, len(windows), batch_size):
+            group = windows[i:i + batch_size]
+            for segs in self.transcribe_batch([audio[w.start:w.end] for w in group], [w.offset for w in group], lang, task):
+                segments.extend(segs)
+        return Transcript.from_segments(segments, lang, len(audio) / SAMPLE_RATE)
 
 
 _engine: SpeechEngine | None = None

@@ -75,3 +75,22 @@ class LocalStorage:
     def delete(self, ref: str) -> None:
         if self.owns(ref):
             self.path(ref).unlink(missing_ok=True)
+
+    def save_samples(self, job_id: str, samples) -> str:
+        """Prepared audio (16 kHz mono) as 16-bit PCM in a .npy file; returns its reference."""
+        import numpy as np
+
+        ref = f"prepared/{job_id[:2]}/{job_id}.npy"
+        dest = self.root / ref
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        pcm = np.clip(np.round(samples * 32768.0), -32768, 32767).astype(np.int16)
+        tmp = dest.with_suffix(".tmp")
+        with open(tmp, "wb") as fh:
+            np.save(fh, pcm)
+        os.replace(tmp, dest)
+        return ref
+
+    def load_samples(self, ref: str):
+        import numpy as np
+
+        return np.load(self.path(ref)).astype(np.float32) / 32768.0

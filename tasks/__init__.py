@@ -1,5 +1,5 @@
 """The Celery app and the tasks. Tasks import no web code."""
 from .app import celery_app
-from .transcribe import transcribe
+from .transcribe import infer, transcribe
 
-__all__ = ["celery_app", "transcribe"]
+__all__ = ["celery_app", "transcribe", "infer"]

@@ -1,4 +1,4 @@
-"""`whisperq.transcribe`: load the job, run it through models/, store, then ack.
+"""`whisperq.transcribe` (preparation pool) hands over to `whisperq.infer` (inference pool).
 
 Internal services may call it directly::
 
@@ -7,7 +7,8 @@ Internal services may call it directly::
     r.get(timeout=600)  # {"job_id": r.id, "text": ..., "segments": [...], ...}
 
 The path must be readable by the workers. The task id is the job id, so the job is
-visible at /v1/jobs/<r.id> once a worker has picked it up.
+visible at /v1/jobs/<r.id> once a worker has picked it up. Preparation replaces itself
+with the inference task under the same id, so `r.get()` waits for the transcript.
 """
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ import socket
 
 from celery import Task, shared_task
 
-from config import PRIORITIES, LANGUAGES, broker_priority
-from models.jobs import TASKS, run_job
+from config import INFERENCE_QUEUE, LANGUAGES, PRIORITIES, broker_priority
+from models.inference import get_batcher, infer_job
+from models.jobs import TASKS, prepare_job
 from models.runtime import get_runtime
 
 log = logging.getLogger(__name__)
@@ -46,16 +48,21 @@ class TranscribeTask(Task):
         return super().apply_async(args, kwargs, **options)
 
 
-@shared_task(
-    name="whisperq.transcribe",
-    bind=True,
-    base=TranscribeTask,
-    acks_late=True,
-    reject_on_worker_lost=True,
-)
+@shared_task(name="whisperq.transcribe", bind=True, base=TranscribeTask, acks_late=True, reject_on_worker_lost=True)
 def transcribe(self, audio: str, language: str | None = None, priority: str = "normal", task: str = "transcribe") -> dict:
     job_id = self.request.id
     worker = self.request.hostname or socket.gethostname()
-    log.info("job %s: start (attempt on %s)", job_id, worker)
     options = {"language": language, "priority": priority, "task": task}
-    return run_job(get_runtime(), job_id, audio, options, worker=worker)
+    prepared = prepare_job(get_runtime(), job_id, audio, options, worker=worker)
+    if "result" in prepared:
+        return prepared["result"]
+    tier = prepared["priority"]
+    return self.replace(
+        infer.s(prepared).set(queue=INFERENCE_QUEUE, priority=broker_priority(tier, self.app.conf.broker_url))
+    )
+
+
+@shared_task(name="whisperq.infer", bind=True, acks_late=True, reject_on_worker_lost=True)
+def infer(self, prepared: dict) -> dict:
+    rt = get_runtime()
+    return infer_job(rt, prepared, get_batcher(rt))

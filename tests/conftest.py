@@ -114,15 +114,13 @@ class Worker:
         return self.log.read_text(errors="replace")
 
 
-def start_worker(celery_app, tmp: Path, name: str, extra_env: dict | None = None) -> Worker:
-    from config import TRANSCRIBE_QUEUE
-
+def start_worker(celery_app, tmp: Path, name: str, queue: str, pool: str = "prefork", concurrency: int = 1,
+                 extra_env: dict | None = None) -> Worker:
     log = tmp / f"{name}.log"
     env = dict(os.environ, **(extra_env or {}))
-    node = f"{name}@%h"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "tasks.worker", "worker", "--pool", "prefork", "--concurrency", "1",
-         "--queues", TRANSCRIBE_QUEUE, "--hostname", node, "--without-mingle", "--without-gossip", "--loglevel", "INFO", "-E"],
+        [sys.executable, "-m", "celery", "-A", "tasks.worker", "worker", "--pool", pool, "--concurrency", str(concurrency),
+         "--queues", queue, "--hostname", f"{name}@%h", "--without-mingle", "--without-gossip", "--loglevel", "INFO", "-E"],
         cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
     )
     worker = Worker(proc, name, log)
@@ -131,7 +129,7 @@ def start_worker(celery_app, tmp: Path, name: str, extra_env: dict | None = None
         if proc.poll() is not None:
             raise RuntimeError(f"worker exited with {proc.returncode}:\n{worker.output()}")
         replies = celery_app.control.ping(timeout=1.0)
-        if any(name in key for reply in replies for key in reply):
+        if any(key.startswith(f"{name}@") for reply in replies for key in reply):
             return worker
     proc.kill()
     raise RuntimeError(f"worker did not answer a ping within 90 s:\n{worker.output()}")
@@ -146,10 +144,30 @@ def stop_worker(worker: Worker) -> None:
         worker.proc.wait()
 
 
+class Pools:
+    """The preparation and inference workers, as the Procfile runs them."""
+
+    def __init__(self, prepare: Worker, inference: Worker):
+        self.prepare, self.inference = prepare, inference
+
+    def output(self) -> str:
+        return self.prepare.output() + self.inference.output()
+
+
 @pytest.fixture(scope="session")
 def worker(celery_app, database):
-    """One real worker process (prefork, like production) for the whole session."""
+    """Real worker processes for the whole session: a prefork preparation worker and a
+    threads-pool inference worker with its batcher, as in the Procfile."""
+    from config import INFERENCE_QUEUE, PREPARE_QUEUE
+
     celery_app.control.purge()
-    w = start_worker(celery_app, _state["tmp"], f"test-{uuid.uuid4().hex[:6]}")
-    yield w
-    stop_worker(w)
+    tag = uuid.uuid4().hex[:6]
+    prepare = start_worker(celery_app, _state["tmp"], f"prepare-{tag}", PREPARE_QUEUE)
+    try:
+        inference = start_worker(celery_app, _state["tmp"], f"inference-{tag}", INFERENCE_QUEUE, pool="threads", concurrency=8)
+    except BaseException:
+        stop_worker(prepare)
+        raise
+    yield Pools(prepare, inference)
+    stop_worker(inference)
+    stop_worker(prepare)

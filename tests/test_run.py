@@ -63,7 +63,8 @@ def test_run_starts_the_whole_service_on_the_embedded_broker(tmp_path):
         workers = wait_until(
             lambda: requests.get(f"http://127.0.0.1:{flower}/workers?json=1", timeout=5).json()["data"], 30, "flower", proc, log
         )
-        assert any(w["hostname"].startswith("transcribe@") for w in workers)
+        names = {w["hostname"].split("@")[0] for w in workers}
+        assert {"prepare", "inference"} <= names, names
         tasks = wait_until(
             lambda: requests.get(
                 f"http://127.0.0.1:{flower}/tasks/datatable",

@@ -7,7 +7,7 @@ from typing import Mapping
 from celery import Celery
 from werkzeug.datastructures import FileStorage
 
-from config import LANGUAGES, PRIORITIES, TRANSCRIBE_QUEUE, broker_priority
+from config import LANGUAGES, PRIORITIES, PREPARE_QUEUE, broker_priority
 from models import audio as audio_io
 from models.errors import BrokerUnavailable, InvalidRequest
 from models.job import Job
@@ -73,7 +73,7 @@ def publish(rt: Runtime, celery: Celery, job: Job) -> None:
             args=[job.audio_ref],
             kwargs={"language": job.language, "priority": job.priority, "task": job.task},
             task_id=job.id,
-            queue=TRANSCRIBE_QUEUE,
+            queue=PREPARE_QUEUE,
             priority=broker_priority(job.priority, celery.conf.broker_url),
             # The job row holds the transcript; the result backend is for transcribe.delay().get().
             ignore_result=True,

@@ -1,0 +1,95 @@
+"""Inference in a worker process: one engine, one batcher, many jobs at once.
+
+The inference pool runs Celery's threads pool: each thread holds one job, submits its
+windows to the process's batcher and waits; the batcher's single thread feeds the model.
+Celery enforces time limits only in the prefork and gevent pools, so the wait here has
+its own deadline, scaled by the job's audio duration.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+from .audio import SAMPLE_RATE
+from .batching import Batcher
+from .errors import PermanentJobError, WhisperqError
+from .jobs import complete_job, fail_job, finished_result
+from .runtime import Runtime
+from .speech import Transcript, get_engine
+
+log = logging.getLogger(__name__)
+
+
+class JobTimeLimitExceeded(WhisperqError):
+    code = "time_limit"
+
+
+_batcher: Batcher | None = None
+_lock = threading.Lock()
+
+
+def get_batcher(rt: Runtime) -> Batcher:
+    """The process's batcher; the model loads in its thread on the first batch."""
+    global _batcher
+    if _batcher is None:
+        with _lock:
+            if _batcher is None:
+                settings = rt.settings
+
+                def run_batch(key, payloads):
+                    language, task = key
+                    engine = get_engine(settings)
+                    return engine.transcribe_batch([p[0] for p in payloads], [p[1] for p in payloads], language, task)
+
+                _batcher = Batcher(run_batch, max_batch=settings.batch_size, max_wait=settings.batch_wait_ms / 1000)
+    return _batcher
+
+
+def batcher_stats() -> dict[str, Any]:
+    return _batcher.stats() if _batcher is not None else {"batches": 0, "windows": 0, "pending": 0, "recent_sizes": []}
+
+
+def infer_job(rt: Runtime, prepared: dict[str, Any], batcher: Batcher) -> dict:
+    """Transcribe a prepared job through the batcher and store its transcript, once."""
+    job_id = prepared["job_id"]
+    if "result" in prepared:
+        return prepared["result"]
+    done = finished_result(rt, job_id)
+    if done is not None:
+        log.info("job %s already COMPLETED; duplicate delivery ignored", job_id)
+        return done
+    duration = float(prepared["duration"])
+    futures = []
+    try:
+        samples = rt.storage.load_samples(prepared["prepared"])
+        chunks = [(samples[s:e], s / SAMPLE_RATE) for s, e in prepared["windows"]]
+        language = prepared.get("language")
+        if chunks:
+            language = get_engine(rt.settings).language_of(chunks[0][0], language)
+        language = language or "en"
+        futures = batcher.submit((language, prepared.get("task") or "transcribe"), chunks,
+                                 priority=prepared.get("priority") or "normal", job_id=job_id)
+        deadline = time.monotonic() + rt.settings.time_limit(duration)
+        segments = []
+        for fut in futures:
+            segments.extend(fut.result(timeout=max(0.0, deadline - time.monotonic())))
+    except FutureTimeout:
+        batcher.cancel(futures)
+        reason = f"the job passed its time limit of {rt.settings.time_limit(duration):.0f} s"
+        fail_job(rt, job_id, reason)
+        raise JobTimeLimitExceeded(reason) from None
+    except FileNotFoundError as exc:
+        fail_job(rt, job_id, "the prepared audio is missing; submit the job again")
+        raise PermanentJobError("the prepared audio is missing") from exc
+    except Exception as exc:
+        batcher.cancel(futures)
+        fail_job(rt, job_id, f"{type(exc).__name__}: {exc}")
+        raise
+    transcript = Transcript.from_segments(segments, language, duration)
+    result = complete_job(rt, job_id, transcript.to_dict())
+    rt.storage.delete(prepared["prepared"])
+    log.info("job %s completed: %.1f s of audio, %d windows", job_id, duration, len(futures))
+    return result
