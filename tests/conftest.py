@@ -13,6 +13,7 @@ import sys
 import tempfile
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -109,6 +110,7 @@ def published():
 class Worker:
     def __init__(self, proc: subprocess.Popen, name: str, log: Path):
         self.proc, self.name, self.log = proc, name, log
+        self.node = ""
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
@@ -129,7 +131,9 @@ def start_worker(celery_app, tmp: Path, name: str, queue: str, pool: str = "pref
         if proc.poll() is not None:
             raise RuntimeError(f"worker exited with {proc.returncode}:\n{worker.output()}")
         replies = celery_app.control.ping(timeout=1.0)
-        if any(key.startswith(f"{name}@") for reply in replies for key in reply):
+        nodes = [key for reply in replies for key in reply if key.startswith(f"{name}@")]
+        if nodes:
+            worker.node = nodes[0]
             return worker
     proc.kill()
     raise RuntimeError(f"worker did not answer a ping within 90 s:\n{worker.output()}")
@@ -152,6 +156,24 @@ class Pools:
 
     def output(self) -> str:
         return self.prepare.output() + self.inference.output()
+
+    @contextmanager
+    def paused(self, celery_app):
+        """Stop both pools consuming, so a backlog can be queued, then let them go."""
+        from config import INFERENCE_QUEUE, PREPARE_QUEUE
+
+        pairs = [(PREPARE_QUEUE, self.prepare.node), (INFERENCE_QUEUE, self.inference.node)]
+        for queue, node in pairs:
+            celery_app.control.cancel_consumer(queue, destination=[node], reply=True, timeout=5)
+        try:
+            yield
+        finally:
+            for queue, node in pairs:
+                celery_app.control.add_consumer(queue, destination=[node], reply=True, timeout=5)
+
+    def batch_sizes(self, celery_app) -> list[int]:
+        reply = celery_app.control.inspect(destination=[self.inference.node], timeout=5)._request("batcher_stats") or {}
+        return reply.get(self.inference.node, {}).get("recent_sizes", [])
 
 
 @pytest.fixture(scope="session")

@@ -49,3 +49,31 @@ def wait_for_job(client, job_id: str, timeout: float = 120.0) -> dict:
             return resp.get_json()
         time.sleep(0.2)
     raise AssertionError(f"job {job_id} did not finish within {timeout} s: {client.get(f'/v1/jobs/{job_id}').get_json()}")
+
+
+def long_recording(repeats: int = 3):
+    """About 15 s × `repeats` of speech with pauses, longer than one 30 s window; and its text."""
+    import numpy as np
+
+    from models import audio
+
+    report, fox = audio.decode(CLIPS["report.opus"]["path"]), audio.decode(CLIPS["fox.flac"]["path"])
+    pause, short = np.zeros(16000, dtype=np.float32), np.zeros(8000, dtype=np.float32)
+    samples = np.concatenate([report, pause, fox, short] * repeats)
+    text = " ".join([CLIPS["report.opus"]["text"], CLIPS["fox.flac"]["text"]] * repeats)
+    return samples, text
+
+
+def write_wav(path: Path, samples) -> Path:
+    """16 kHz mono 16-bit WAV from float samples."""
+    import wave
+
+    import numpy as np
+
+    pcm = np.clip(np.round(samples * 32767), -32768, 32767).astype("<i2")
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes(pcm.tobytes())
+    return path

@@ -146,3 +146,18 @@ def test_readyz_names_the_broken_dependency(settings, database, monkeypatch):
     assert resp.status_code == 503
     assert resp.get_json()["checks"]["database"] == "ok"
     assert resp.get_json()["checks"]["broker"].startswith("unreachable")
+
+
+def test_a_large_upload_is_accepted(client, tmp_path, published):
+    import numpy as np
+
+    from helpers import write_wav
+    from models import audio
+
+    fox = audio.decode(CLIPS["fox.flac"]["path"])
+    path = write_wav(tmp_path / "big.wav", np.concatenate([np.zeros(16000 * 300, dtype=np.float32), fox]))
+    assert path.stat().st_size > 9 * 1024 * 1024
+    resp = client.post("/v1/jobs", data={"file": (io.BytesIO(path.read_bytes()), "big.wav"), "priority": "low"},
+                       content_type="multipart/form-data")
+    assert resp.status_code == 202, resp.get_json()
+    assert client.get(resp.headers["Location"]).get_json()["audio_duration"] == pytest.approx(304.3, abs=0.1)

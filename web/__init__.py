@@ -17,8 +17,9 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     settings: Settings = test_config.pop("SETTINGS", None) or Settings.from_env()
     app.config.from_mapping(
         MAX_CONTENT_LENGTH=settings.max_upload_bytes,
-        # Form fields other than the file are small; keep them from eating memory.
-        MAX_FORM_MEMORY_SIZE=64 * 1024,
+        # Text fields are small; cap what they may hold in memory. Werkzeug counts its
+        # read buffer (64 KiB chunks) against this too, so it must stay well above that.
+        MAX_FORM_MEMORY_SIZE=1024 * 1024,
     )
     app.config.update(test_config)
     app.json.sort_keys = False  # keep job_id and status first, as documented

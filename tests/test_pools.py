@@ -1,0 +1,78 @@
+"""Priority, batching and failure isolation through real pools on the real broker."""
+import io
+import time
+
+import pytest
+
+from helpers import CLIPS, long_recording, wait_for_job, word_error_rate, write_wav
+
+pytestmark = pytest.mark.integration
+
+
+def submit(client, name: str, **fields) -> str:
+    resp = client.post("/v1/jobs", data={"file": (io.BytesIO(CLIPS[name]["path"].read_bytes()), name), **fields},
+                       content_type="multipart/form-data")
+    assert resp.status_code == 202, resp.get_json()
+    return resp.get_json()["job_id"]
+
+
+def test_a_high_job_overtakes_a_backlog_of_low_ones(client, worker, celery_app):
+    with worker.paused(celery_app):
+        lows = [submit(client, "fox.flac", priority="low") for _ in range(40)]
+        high = submit(client, "fox.flac", priority="high")
+    jobs = {job_id: wait_for_job(client, job_id, timeout=600) for job_id in lows + [high]}
+    assert all(j["status"] == "COMPLETED" for j in jobs.values())
+    high_done = jobs[high]["finished_at"]
+    after = sum(1 for job_id in lows if jobs[job_id]["finished_at"] > high_done)
+    assert after >= 30, f"only {after} of 40 low jobs finished after the high one"
+
+
+def test_jobs_queued_together_are_batched_and_read_as_they_do_alone(client, worker, celery_app):
+    from models import audio
+    from models.speech import FasterWhisperEngine, bundled_model_path
+
+    names = ["fox.flac", "report.opus"] * 4
+    before = len(worker.batch_sizes(celery_app))
+    with worker.paused(celery_app):
+        ids = [submit(client, name, language="en") for name in names]
+    jobs = [wait_for_job(client, job_id, timeout=300) for job_id in ids]
+    assert all(j["status"] == "COMPLETED" for j in jobs), jobs
+    sizes = worker.batch_sizes(celery_app)[before:]
+    assert sizes and max(sizes) > 1, f"batch sizes seen: {sizes}"
+
+    reference = FasterWhisperEngine(bundled_model_path(), device="cpu")
+    alone = {name: reference.transcribe(audio.decode(CLIPS[name]["path"]), language="en", batch_size=1).to_dict()
+             for name in set(names)}
+    for name, job in zip(names, jobs):
+        assert job["result"]["text"] == alone[name]["text"]
+        assert job["result"]["segments"] == alone[name]["segments"]
+
+
+def test_a_failing_job_fails_alone(client, worker, celery_app, tmp_path):
+    from tasks import transcribe
+
+    bad = tmp_path / "broken.flac"
+    bad.write_bytes(b"fLaC" + bytes(500))
+    with worker.paused(celery_app):
+        good = [submit(client, "fox.flac") for _ in range(3)]
+        failing = transcribe.delay(str(bad))
+        missing = transcribe.delay(str(tmp_path / "gone.flac"))
+        good += [submit(client, "report.opus") for _ in range(3)]
+    jobs = [wait_for_job(client, job_id) for job_id in good]
+    assert [j["status"] for j in jobs] == ["COMPLETED"] * 6
+    for r in (failing, missing):
+        with pytest.raises(Exception):
+            r.get(timeout=60)
+        assert client.get(f"/v1/jobs/{r.id}").get_json()["status"] == "FAILED"
+
+
+def test_long_audio_joins_batches_as_windows(client, worker, tmp_path):
+    samples, text = long_recording()
+    path = write_wav(tmp_path / "long.wav", samples)
+    resp = client.post("/v1/jobs", data={"file": (io.BytesIO(path.read_bytes()), "long.wav")}, content_type="multipart/form-data")
+    assert resp.status_code == 202, resp.get_json()
+    job = wait_for_job(client, resp.get_json()["job_id"], timeout=300)
+    assert job["status"] == "COMPLETED", job
+    assert job["audio_duration"] == pytest.approx(len(samples) / 16000, abs=0.05)
+    assert job["result"]["segments"][-1]["end"] > 30
+    assert word_error_rate(text, job["result"]["text"]) <= 0.15
