@@ -22,6 +22,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)
+	$(BIN)/python bench/batching.py
 	$(BIN)/python bench/latency.py
 
 clean:

@@ -99,7 +99,6 @@ def celery_config(settings: Settings) -> dict:
         worker_send_task_events=True,
         result_extended=True,
         result_expires=7 * 24 * 3600,
-        worker_concurrency=settings.worker_concurrency,
         worker_max_memory_per_child=None,
         timezone="UTC",
         enable_utc=True,

@@ -41,7 +41,6 @@ class Settings:
     max_upload_mb: int
     max_audio_seconds: float
     default_language: str | None
-    worker_concurrency: int
     batch_size: int
     batch_wait_ms: int
     inference_slots: int
@@ -69,7 +68,6 @@ class Settings:
             max_upload_mb=env.int("WHISPERQ_MAX_UPLOAD_MB", 200, low=1, high=10_000),
             max_audio_seconds=env.float("WHISPERQ_MAX_AUDIO_SECONDS", 4 * 3600.0, low=1.0),
             default_language=env.language("WHISPERQ_DEFAULT_LANGUAGE", None),
-            worker_concurrency=env.int("WHISPERQ_WORKER_CONCURRENCY", 1, low=1, high=256),
             batch_size=env.int("WHISPERQ_BATCH_SIZE", 8, low=1, high=256),
             batch_wait_ms=env.int("WHISPERQ_BATCH_WAIT_MS", 50, low=0, high=60_000),
             inference_slots=env.int("WHISPERQ_INFERENCE_SLOTS", 8, low=1, high=1024),

@@ -158,11 +158,12 @@ class Pools:
         return self.prepare.output() + self.inference.output()
 
     @contextmanager
-    def paused(self, celery_app):
-        """Stop both pools consuming, so a backlog can be queued, then let them go."""
+    def paused(self, celery_app, pools=("prepare", "inference")):
+        """Stop pools consuming, so a backlog can be queued, then let them go."""
         from config import INFERENCE_QUEUE, PREPARE_QUEUE
 
-        pairs = [(PREPARE_QUEUE, self.prepare.node), (INFERENCE_QUEUE, self.inference.node)]
+        pairs = [(q, w.node) for pool, q, w in (("prepare", PREPARE_QUEUE, self.prepare),
+                                               ("inference", INFERENCE_QUEUE, self.inference)) if pool in pools]
         for queue, node in pairs:
             celery_app.control.cancel_consumer(queue, destination=[node], reply=True, timeout=5)
         try:
@@ -170,6 +171,11 @@ class Pools:
         finally:
             for queue, node in pairs:
                 celery_app.control.add_consumer(queue, destination=[node], reply=True, timeout=5)
+
+    def prepared(self, celery_app) -> int:
+        """How many transcribe tasks the prepare worker has run."""
+        stats = celery_app.control.inspect(destination=[self.prepare.node], timeout=5).stats() or {}
+        return stats.get(self.prepare.node, {}).get("total", {}).get("whisperq.transcribe", 0)
 
     def batch_sizes(self, celery_app) -> list[int]:
         reply = celery_app.control.inspect(destination=[self.inference.node], timeout=5)._request("batcher_stats") or {}

@@ -33,8 +33,13 @@ def test_jobs_queued_together_are_batched_and_read_as_they_do_alone(client, work
 
     names = ["fox.flac", "report.opus"] * 4
     before = len(worker.batch_sizes(celery_app))
-    with worker.paused(celery_app):
+    prepared = worker.prepared(celery_app)
+    # Hold inference until all eight are prepared, so they wait in its queue together.
+    with worker.paused(celery_app, pools=("inference",)):
         ids = [submit(client, name, language="en") for name in names]
+        deadline = time.monotonic() + 120
+        while worker.prepared(celery_app) < prepared + len(ids) and time.monotonic() < deadline:
+            time.sleep(0.2)
     jobs = [wait_for_job(client, job_id, timeout=300) for job_id in ids]
     assert all(j["status"] == "COMPLETED" for j in jobs), jobs
     sizes = worker.batch_sizes(celery_app)[before:]
