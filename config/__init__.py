@@ -1,7 +1,17 @@
 """Configuration: one Settings object from the environment, and Celery's configuration."""
-from .celeryconfig import INFERENCE_QUEUE, NOTIFY_QUEUE, PREPARE_QUEUE, broker_priority, celery_config, make_celery
+from .celeryconfig import (
+    INFERENCE_QUEUE,
+    NOTIFY_QUEUE,
+    PREPARE_QUEUE,
+    broker_priority,
+    celery_config,
+    make_celery,
+    publish_transcribe,
+)
 from .languages import LANGUAGES
 from .settings import PRIORITIES, ConfigError, Settings
 
-__all__ = ["Settings", "ConfigError", "PRIORITIES", "LANGUAGES", "celery_config", "broker_priority", "make_celery", "PREPARE_QUEUE",
-           "INFERENCE_QUEUE", "NOTIFY_QUEUE"]
+__all__ = [
+    "Settings", "ConfigError", "PRIORITIES", "LANGUAGES", "celery_config", "broker_priority", "make_celery",
+    "publish_transcribe", "PREPARE_QUEUE", "INFERENCE_QUEUE", "NOTIFY_QUEUE",
+]

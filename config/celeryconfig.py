@@ -18,6 +18,10 @@ PREPARE_QUEUE = "whisperq.prepare"
 INFERENCE_QUEUE = "whisperq.inference"
 NOTIFY_QUEUE = "whisperq.notify"
 QUEUES = {PREPARE_QUEUE: "prepare", INFERENCE_QUEUE: "inference", NOTIFY_QUEUE: "notify"}
+# RabbitMQ: a message rejected for good (a job out of attempts) goes to this exchange and
+# waits in this queue for an operator, beside the job's row in the dead-letter store.
+DEAD_LETTER_EXCHANGE = "whisperq.dead"
+DEAD_LETTER_QUEUE = "whisperq.dead"
 
 # Redis: `queue_order_strategy=priority` keeps one list per step and pops the lowest step first.
 REDIS_PRIORITY_STEPS = [0, 3, 6, 9]
@@ -53,7 +57,8 @@ def celery_config(settings: Settings) -> dict:
     redis = is_redis(broker)
     exchange = Exchange(EXCHANGE, type="direct", durable=True)
     queues = tuple(
-        Queue(name, exchange, routing_key=key, durable=True, queue_arguments={"x-max-priority": AMQP_MAX_PRIORITY})
+        Queue(name, exchange, routing_key=key, durable=True,
+              queue_arguments={"x-max-priority": AMQP_MAX_PRIORITY, "x-dead-letter-exchange": DEAD_LETTER_EXCHANGE})
         for name, key in QUEUES.items()
     )
     transport_options: dict = {}
@@ -84,6 +89,10 @@ def celery_config(settings: Settings) -> dict:
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
         worker_cancel_long_running_tasks_on_connection_loss=True,
+        # After a broker restart Celery lowers the prefetch count by the tasks still
+        # running and raises it as they ack; a threads-pool worker's tasks cannot ack on
+        # the new connection, and it was seen to stop consuming for good. Keep the count.
+        worker_enable_prefetch_count_reduction=False,
         task_queues=queues,
         task_default_queue=PREPARE_QUEUE,
         task_default_exchange=EXCHANGE,
@@ -91,6 +100,14 @@ def celery_config(settings: Settings) -> dict:
         task_routes={
             "whisperq.transcribe": {"queue": PREPARE_QUEUE, "routing_key": QUEUES[PREPARE_QUEUE]},
             "whisperq.infer": {"queue": INFERENCE_QUEUE, "routing_key": QUEUES[INFERENCE_QUEUE]},
+            "whisperq.sweep": {"queue": PREPARE_QUEUE, "routing_key": QUEUES[PREPARE_QUEUE]},
+        },
+        beat_schedule={
+            "whisperq-sweep": {
+                "task": "whisperq.sweep",
+                "schedule": settings.sweep_interval_seconds,
+                "options": {"expires": settings.sweep_interval_seconds, "priority": broker_priority("high", broker)},
+            },
         },
         task_default_priority=broker_priority("normal", broker),
         task_queue_max_priority=AMQP_MAX_PRIORITY,
@@ -109,4 +126,40 @@ def make_celery(settings: Settings) -> Celery:
     """A Celery app for these settings. Connects to nothing until first used."""
     app = Celery("whisperq")
     app.config_from_object(celery_config(settings))
+    app.conf.whisperq_settings = settings
     return app
+
+
+def publish_transcribe(app: Celery, job, countdown: float | None = None, reply_to: str | None = None,
+                       ignore_result: bool = False) -> None:
+    """Send a job's transcribe message: its id and audio reference only, never audio.
+
+    Preparation runs in the prefork pool, where Celery enforces time limits; they grow
+    with the audio's length (unknown for transcribe.delay(path): the longest allowed)."""
+    settings: Settings = app.conf.whisperq_settings
+    hard = settings.prepare_time_limit(job.audio_duration)
+    app.send_task(
+        "whisperq.transcribe",
+        args=[job.audio_ref],
+        kwargs={"language": job.language, "priority": job.priority, "task": job.task},
+        task_id=job.id,
+        queue=PREPARE_QUEUE,
+        priority=broker_priority(job.priority, app.conf.broker_url),
+        countdown=countdown,
+        reply_to=reply_to,
+        ignore_result=ignore_result,
+        time_limit=hard,
+        soft_time_limit=hard * 0.8,
+        retry=True,
+        retry_policy={"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 1.0},
+    )
+
+
+def declare_dead_letter_queue(app: Celery) -> None:
+    """On RabbitMQ, make sure the dead-letter exchange and its queue exist."""
+    if is_redis(app.conf.broker_url):
+        return
+    exchange = Exchange(DEAD_LETTER_EXCHANGE, type="fanout", durable=True)
+    queue = Queue(DEAD_LETTER_QUEUE, exchange, durable=True)
+    with app.connection_for_write() as conn:
+        queue(conn.default_channel).declare()

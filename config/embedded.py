@@ -55,7 +55,7 @@ class EmbeddedRedis:
                 "stop it first, or set WHISPERQ_DATA_DIR to another directory"
             ) from None
         self.port = self.port or _free_port()
-        self.password = secrets.token_urlsafe(24)
+        self.password = self.password or secrets.token_urlsafe(24)
         conf = self.directory / "redis.conf"
         conf.write_text(
             "\n".join(
@@ -113,6 +113,11 @@ class EmbeddedRedis:
         if self._lock_file is not None:
             self._lock_file.close()
             self._lock_file = None
+
+    def restart(self) -> None:
+        """Stop and start again on the same port and password, as clients expect."""
+        self.stop()
+        self.start()
 
     def __enter__(self) -> "EmbeddedRedis":
         self.start()

@@ -44,6 +44,12 @@ class Settings:
     batch_size: int
     batch_wait_ms: int
     inference_slots: int
+    max_attempts: int
+    retry_base_seconds: float
+    retry_max_seconds: float
+    job_ttl_seconds: float
+    sweep_interval_seconds: float
+    admin_token: str | None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides) -> "Settings":
@@ -71,6 +77,12 @@ class Settings:
             batch_size=env.int("WHISPERQ_BATCH_SIZE", 8, low=1, high=256),
             batch_wait_ms=env.int("WHISPERQ_BATCH_WAIT_MS", 50, low=0, high=60_000),
             inference_slots=env.int("WHISPERQ_INFERENCE_SLOTS", 8, low=1, high=1024),
+            max_attempts=env.int("WHISPERQ_MAX_ATTEMPTS", 3, low=1, high=100),
+            retry_base_seconds=env.float("WHISPERQ_RETRY_BASE_SECONDS", 2.0, low=0.0),
+            retry_max_seconds=env.float("WHISPERQ_RETRY_MAX_SECONDS", 300.0, low=0.0),
+            job_ttl_seconds=env.float("WHISPERQ_JOB_TTL", 24 * 3600.0, low=1.0),
+            sweep_interval_seconds=env.float("WHISPERQ_SWEEP_INTERVAL", 30.0, low=1.0),
+            admin_token=env.str("WHISPERQ_ADMIN_TOKEN", None),
         )
         values.update(overrides)
         settings = cls(**values)
@@ -84,6 +96,17 @@ class Settings:
     @property
     def max_upload_bytes(self) -> int:
         return self.max_upload_mb * 1024 * 1024
+
+    def retry_delay(self, attempt: int) -> float:
+        """Exponential backoff with full jitter: uniform in [0, min(cap, base * 2^(n-1))]."""
+        import random
+
+        ceiling = min(self.retry_max_seconds, self.retry_base_seconds * 2 ** max(0, attempt - 1))
+        return random.uniform(0, ceiling)
+
+    def prepare_time_limit(self, audio_seconds: float | None) -> float:
+        """Hard limit for decoding and splitting: far faster than real time on any CPU."""
+        return 120.0 + 0.25 * (audio_seconds if audio_seconds is not None else self.max_audio_seconds)
 
     def time_limit(self, audio_seconds: float | None) -> float:
         """Hard limit for one job, growing with its audio: the wait in the batcher behind
@@ -102,13 +125,19 @@ class Settings:
         if self.result_backend:
             return self.result_backend
         broker = self.celery_broker_url()
-        return broker if broker.startswith(("redis", "rediss")) else "rpc://"
+        if broker.startswith(("redis", "rediss")):
+            return broker
+        # RabbitMQ: keep results in the database. The rpc:// backend sends a result to the
+        # publisher's reply queue, which a retry or a requeue from another process loses.
+        return "db+" + self.database_url
 
     def describe(self) -> dict[str, str]:
         """Settings as strings with passwords masked, for logs and `whisperq config`."""
         out = {}
         for f in fields(self):
             value = getattr(self, f.name)
+            if f.name == "admin_token" and value:
+                value = "***"
             out[f.name] = _mask(str(value)) if value is not None else ""
         return out
 

@@ -8,9 +8,22 @@ from pathlib import Path
 import av
 import numpy as np
 
-from .errors import AudioTooLong, UnsupportedAudio
+from .errors import AudioTooLong, SilentAudio, UnsupportedAudio
 
 SAMPLE_RATE = 16000
+SILENCE = 10 ** (-60 / 20)  # peak amplitude below -60 dBFS: nothing to hear
+
+
+def _peak(frame) -> float:
+    """Peak amplitude of a decoded frame, 0..1 whatever its sample format."""
+    data = frame.to_ndarray()
+    if data.dtype.kind == "f":
+        return float(np.abs(data).max(initial=0.0))
+    info = np.iinfo(data.dtype)
+    if data.dtype.kind == "u":
+        mid = (int(info.max) + 1) / 2
+        return float(np.abs(data.astype(np.float64) - mid).max(initial=0.0) / mid)
+    return float(np.abs(data.astype(np.float64)).max(initial=0.0) / -int(info.min))
 
 
 @dataclass(frozen=True)
@@ -28,6 +41,7 @@ def probe(path: str | Path, max_seconds: float | None = None) -> AudioInfo:
     are counted. Raises UnsupportedAudio or AudioTooLong with a message for the client.
     """
     samples = 0
+    peak = 0.0
     try:
         with av.open(str(path), mode="r", metadata_errors="ignore") as container:
             if not container.streams.audio:
@@ -38,6 +52,8 @@ def probe(path: str | Path, max_seconds: float | None = None) -> AudioInfo:
             channels = stream.codec_context.channels if hasattr(stream.codec_context, "channels") else 0
             for frame in container.decode(stream):
                 samples += frame.samples
+                if peak < SILENCE:
+                    peak = max(peak, _peak(frame))
                 rate = frame.sample_rate or rate
                 if max_seconds is not None and rate and samples / rate > max_seconds:
                     raise AudioTooLong(
@@ -51,6 +67,8 @@ def probe(path: str | Path, max_seconds: float | None = None) -> AudioInfo:
         ) from exc
     if not samples or not rate:
         raise UnsupportedAudio("the file contains no audio samples; upload a recording that is not empty")
+    if peak < SILENCE:
+        raise SilentAudio("the audio is silent (nothing louder than -60 dBFS); upload a recording with speech in it")
     return AudioInfo(duration=samples / rate, codec=codec, sample_rate=rate, channels=channels)
 
 

@@ -67,16 +67,31 @@ class Database:
         concurrent CREATE TABLEs collide, so a loser looks again and finds the tables."""
         from sqlalchemy.exc import DBAPIError
 
-        from . import job  # noqa: F401 - registers the tables
+        from . import deadletter, idempotency, job  # noqa: F401 - registers the tables
 
         for attempt in range(3):
             try:
                 Base.metadata.create_all(self.engine)
+                self._add_missing_columns()
                 return
             except DBAPIError:
                 if attempt == 2:
                     raise
                 time.sleep(0.5 * (attempt + 1))
+
+    def _add_missing_columns(self) -> None:
+        """Bring tables made by an earlier version up to date: new columns are nullable,
+        so adding them is all an upgrade needs."""
+        from sqlalchemy import inspect
+
+        inspector = inspect(self.engine)
+        with self.engine.begin() as conn:
+            for table in Base.metadata.sorted_tables:
+                present = {c["name"] for c in inspector.get_columns(table.name)}
+                for column in table.columns:
+                    if column.name not in present and column.nullable:
+                        kind = column.type.compile(dialect=self.engine.dialect)
+                        conn.exec_driver_sql(f'ALTER TABLE {table.name} ADD COLUMN "{column.name}" {kind}')
 
     def ping(self) -> None:
         with self.engine.connect() as conn:

@@ -23,6 +23,13 @@ class UnsupportedAudio(WhisperqError):
     http_status = 415
 
 
+class SilentAudio(UnsupportedAudio):
+    """Decodable, but nothing in it to transcribe."""
+
+    code = "silent_audio"
+    http_status = 422
+
+
 class AudioTooLong(WhisperqError):
     code = "audio_too_long"
     http_status = 413
@@ -43,7 +50,50 @@ class BrokerUnavailable(WhisperqError):
     http_status = 503
 
 
+class TransientJobError(WhisperqError):
+    """A job that may succeed later (storage or broker hiccup, out of memory, time-out):
+    retried with backoff up to WHISPERQ_MAX_ATTEMPTS, then dead-lettered."""
+
+    code = "transient_failure"
+
+
+class JobTimeLimitExceeded(TransientJobError):
+    code = "time_limit"
+
+
+class JobExpired(WhisperqError):
+    """The job was not started within WHISPERQ_JOB_TTL; it is EXPIRED and never runs."""
+
+    code = "expired"
+
+
+class AttemptsExhausted(WhisperqError):
+    """The job used up its attempts and is in the dead-letter store."""
+
+    code = "dead_lettered"
+
+
 class PermanentJobError(WhisperqError):
     """A job that can never succeed (bad audio, missing file): fail it at once, no retry."""
 
     code = "permanent_failure"
+
+
+class IdempotencyConflict(WhisperqError):
+    code = "idempotency_conflict"
+    http_status = 409
+
+
+class UnsupportedMediaType(WhisperqError):
+    code = "unsupported_media_type"
+    http_status = 415
+
+
+class Unauthorized(WhisperqError):
+    code = "unauthorized"
+    http_status = 401
+
+
+class Forbidden(WhisperqError):
+    code = "forbidden"
+    http_status = 403

@@ -15,16 +15,12 @@ from typing import Any
 
 from .audio import SAMPLE_RATE
 from .batching import Batcher
-from .errors import PermanentJobError, WhisperqError
-from .jobs import complete_job, fail_job, finished_result
+from .errors import JobTimeLimitExceeded, TransientJobError
+from .jobs import begin_inference, complete_job
 from .runtime import Runtime
 from .speech import Transcript, get_engine
 
 log = logging.getLogger(__name__)
-
-
-class JobTimeLimitExceeded(WhisperqError):
-    code = "time_limit"
 
 
 _batcher: Batcher | None = None
@@ -52,44 +48,50 @@ def batcher_stats() -> dict[str, Any]:
     return _batcher.stats() if _batcher is not None else {"batches": 0, "windows": 0, "pending": 0, "recent_sizes": []}
 
 
-def infer_job(rt: Runtime, prepared: dict[str, Any], batcher: Batcher) -> dict:
-    """Transcribe a prepared job through the batcher and store its transcript, once."""
+def infer_job(rt: Runtime, prepared: dict[str, Any], batcher: Batcher, worker: str | None = None,
+              worker_id: str | None = None) -> dict:
+    """Transcribe a prepared job through the batcher and store its transcript, once.
+
+    Raises TransientJobError (time limit, prepared audio gone) or whatever the engine
+    raised; the task decides between a retry and the dead-letter store.
+    """
     job_id = prepared["job_id"]
     if "result" in prepared:
         return prepared["result"]
-    done = finished_result(rt, job_id)
+    done = begin_inference(rt, job_id, worker, worker_id)
     if done is not None:
         log.info("job %s already COMPLETED; duplicate delivery ignored", job_id)
         return done
     duration = float(prepared["duration"])
+    limit = rt.settings.time_limit(duration)
     futures = []
     try:
         samples = rt.storage.load_samples(prepared["prepared"])
-        chunks = [(samples[s:e], s / SAMPLE_RATE) for s, e in prepared["windows"]]
+    except FileNotFoundError as exc:
+        raise TransientJobError("the prepared audio is missing; the job will be prepared again") from exc
+    chunks = [(samples[s:e], s / SAMPLE_RATE) for s, e in prepared["windows"]]
+    try:
         language = prepared.get("language")
         if chunks:
             language = get_engine(rt.settings).language_of(chunks[0][0], language)
         language = language or "en"
         futures = batcher.submit((language, prepared.get("task") or "transcribe"), chunks,
                                  priority=prepared.get("priority") or "normal", job_id=job_id)
-        deadline = time.monotonic() + rt.settings.time_limit(duration)
+        deadline = time.monotonic() + limit
         segments = []
         for fut in futures:
             segments.extend(fut.result(timeout=max(0.0, deadline - time.monotonic())))
     except FutureTimeout:
         batcher.cancel(futures)
-        reason = f"the job passed its time limit of {rt.settings.time_limit(duration):.0f} s"
-        fail_job(rt, job_id, reason)
-        raise JobTimeLimitExceeded(reason) from None
-    except FileNotFoundError as exc:
-        fail_job(rt, job_id, "the prepared audio is missing; submit the job again")
-        raise PermanentJobError("the prepared audio is missing") from exc
-    except Exception as exc:
+        raise JobTimeLimitExceeded(f"the job passed its time limit of {limit:.0f} s") from None
+    except BaseException:
         batcher.cancel(futures)
-        fail_job(rt, job_id, f"{type(exc).__name__}: {exc}")
         raise
     transcript = Transcript.from_segments(segments, language, duration)
-    result = complete_job(rt, job_id, transcript.to_dict())
+    result, stored = complete_job(rt, job_id, transcript.to_dict())
     rt.storage.delete(prepared["prepared"])
-    log.info("job %s completed: %.1f s of audio, %d windows", job_id, duration, len(futures))
+    if stored:
+        log.info("job %s: transcript stored (%.1f s of audio, %d windows)", job_id, duration, len(futures))
+    else:
+        log.info("job %s: transcript already stored by another delivery; kept that one", job_id)
     return result

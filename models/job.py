@@ -43,10 +43,11 @@ class JobStatus(str, enum.Enum):
     PROCESSING = "PROCESSING"
     COMPLETED = "COMPLETED"
     FAILED = "FAILED"
+    EXPIRED = "EXPIRED"
 
     @property
     def finished(self) -> bool:
-        return self in (JobStatus.COMPLETED, JobStatus.FAILED)
+        return self in (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.EXPIRED)
 
 
 class InvalidTransition(RuntimeError):
@@ -54,12 +55,15 @@ class InvalidTransition(RuntimeError):
 
 
 # Which status may follow which. PROCESSING -> PROCESSING is a redelivery after a crash;
-# PROCESSING -> PENDING is a retry that goes back to the queue.
+# PROCESSING -> PENDING is a retry that goes back to the queue; FAILED -> PENDING is an
+# operator's replay from the dead-letter queue; PENDING -> COMPLETED is a worker the
+# sweeper wrongly gave up on finishing after all (its transcript is as good as any).
 TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
-    JobStatus.PENDING: frozenset({JobStatus.PROCESSING, JobStatus.FAILED}),
+    JobStatus.PENDING: frozenset({JobStatus.PROCESSING, JobStatus.FAILED, JobStatus.EXPIRED, JobStatus.COMPLETED}),
     JobStatus.PROCESSING: frozenset({JobStatus.PROCESSING, JobStatus.PENDING, JobStatus.COMPLETED, JobStatus.FAILED}),
     JobStatus.COMPLETED: frozenset(),
-    JobStatus.FAILED: frozenset(),
+    JobStatus.FAILED: frozenset({JobStatus.PENDING}),
+    JobStatus.EXPIRED: frozenset(),
 }
 
 
@@ -89,6 +93,15 @@ class Job(Base):
     result_language: Mapped[str | None] = mapped_column(String(8))
     result_segments: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
     processing_seconds: Mapped[float | None] = mapped_column(Float)
+    # Where a PROCESSING job is: "prepare", "queued" (for inference) or "infer"; and which
+    # worker process holds its message.
+    stage: Mapped[str | None] = mapped_column(String(16))
+    worker_id: Mapped[str | None] = mapped_column(String(64), index=True)
+    next_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # When a worker reserved its message (its worker_id says which).
+    held_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # When it last entered the queue (creation or replay): the time-to-live counts from here.
+    queued_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
     @property
     def state(self) -> JobStatus:
@@ -99,12 +112,40 @@ class Job(Base):
             raise InvalidTransition(f"job {self.id} cannot go from {self.status} to {new.value}")
         self.status = new.value
 
-    def start(self, worker: str | None = None) -> None:
+    def start(self, worker: str | None = None, worker_id: str | None = None) -> None:
+        """An attempt begins (first delivery, retry, or redelivery after a crash)."""
         self._move(JobStatus.PROCESSING)
         self.attempts = (self.attempts or 0) + 1
         self.started_at = utcnow()
         self.worker = worker
+        self.worker_id = worker_id
+        self.stage = "prepare"
+        self.next_attempt_at = None
+
+    def retry_later(self, reason: str, when: datetime) -> None:
+        self._move(JobStatus.PENDING)
+        self.error = reason
+        self.stage = None
+        self.worker_id = None
+        self.next_attempt_at = when
+
+    def waiting_since(self) -> datetime:
+        return self.queued_at or self.created_at
+
+    def expire(self) -> None:
+        self._move(JobStatus.EXPIRED)
+        self.error = "the job was not started within its time-to-live (WHISPERQ_JOB_TTL)"
+        self.finished_at = utcnow()
+
+    def reset_for_replay(self) -> None:
+        self._move(JobStatus.PENDING)
+        self.queued_at = utcnow()
+        self.attempts = 0
         self.error = None
+        self.finished_at = None
+        self.stage = None
+        self.worker_id = None
+        self.next_attempt_at = None
 
     def complete(self, text: str, language: str | None, segments: list[dict[str, Any]], duration: float | None) -> None:
         self._move(JobStatus.COMPLETED)
@@ -114,6 +155,7 @@ class Job(Base):
         if duration is not None:
             self.audio_duration = duration
         self.finished_at = utcnow()
+        self.stage = None
         if self.started_at is not None:
             self.processing_seconds = (self.finished_at - self.started_at).total_seconds()
 
@@ -121,6 +163,7 @@ class Job(Base):
         self._move(JobStatus.FAILED)
         self.error = reason
         self.finished_at = utcnow()
+        self.stage = None
 
     def result(self) -> dict[str, Any] | None:
         """The transcript as a dict, or None while the job is not COMPLETED."""
@@ -150,6 +193,8 @@ class Job(Base):
             "started_at": iso(self.started_at),
             "finished_at": iso(self.finished_at),
             "attempts": self.attempts,
+            "stage": self.stage,
+            "next_attempt_at": iso(self.next_attempt_at),
             "error": self.error,
             "result": self.result(),
         }

@@ -5,14 +5,23 @@ Tasks and views are thin wrappers around these functions; tests call them direct
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from . import audio as audio_io
-from .errors import InvalidRequest, JobNotFound, PermanentJobError, UnsupportedAudio
-from .job import Job, JobStatus, new_job_id
+from .errors import (
+    AttemptsExhausted,
+    InvalidRequest,
+    JobExpired,
+    JobNotFound,
+    PermanentJobError,
+    TransientJobError,
+    UnsupportedAudio,
+)
+from .job import Job, JobStatus, new_job_id, utcnow
 from .runtime import Runtime
 from .speech import check_language
 from .windows import split_windows
@@ -69,8 +78,15 @@ def discard_job(rt: Runtime, job_id: str) -> None:
             session.delete(job)
 
 
-def _claim(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any], worker: str | None) -> Job | dict:
-    """Mark the job PROCESSING; return the stored result instead if it is already done."""
+def _claim(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any], worker: str | None,
+           worker_id: str | None) -> Job | dict:
+    """Begin an attempt: mark the job PROCESSING and count it.
+
+    Returns the stored result instead when the job is already COMPLETED (a duplicate
+    delivery). Raises JobExpired for a job past its time-to-live, PermanentJobError for a
+    FAILED one, and AttemptsExhausted when a redelivery finds no attempts left (a job
+    whose workers keep dying is a poison job: it goes to the dead-letter store).
+    """
     with rt.db.session() as session:
         job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one_or_none()
         if job is None:
@@ -80,28 +96,50 @@ def _claim(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any], wo
                 language=options.get("language"), priority=options.get("priority") or "normal",
                 audio_ref=audio_ref, audio_owned=rt.storage.owns(audio_ref),
                 filename=Path(audio_ref).name if not rt.storage.owns(audio_ref) else None, attempts=0,
+                created_at=utcnow(),
             )
             session.add(job)
         if job.state is JobStatus.COMPLETED:
             log.info("job %s already COMPLETED; duplicate delivery ignored", job_id)
             return job.result()
+        if job.state is JobStatus.EXPIRED:
+            raise JobExpired(job.error or "the job expired")
         if job.state is JobStatus.FAILED:
             raise PermanentJobError(job.error or "the job has failed")
-        job.start(worker)
+        ttl = timedelta(seconds=rt.settings.job_ttl_seconds)
+        if job.state is JobStatus.PENDING and not job.attempts and job.waiting_since() < utcnow() - ttl:
+            job.expire()
+            expired = job.error
+        else:
+            expired = None
+    if expired is not None:  # raised after the session has committed the EXPIRED state
+        raise JobExpired(expired)
+    with rt.db.session() as session:
+        job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one()
+        if job.state is JobStatus.COMPLETED:  # another delivery finished in between
+            return job.result()
+        if job.state.finished:
+            raise PermanentJobError(job.error or f"the job is {job.status}")
+        if job.attempts >= rt.settings.max_attempts:
+            raise AttemptsExhausted(
+                f"the job was started {job.attempts} times without finishing (its worker was lost each time)"
+            )
+        job.start(worker, worker_id)
         session.flush()
         session.expunge(job)
         return job
 
 
 def prepare_job(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any] | None = None,
-                worker: str | None = None) -> dict:
+                worker: str | None = None, worker_id: str | None = None) -> dict:
     """Decode, resample to 16 kHz mono, measure and split into windows; store the samples.
 
     Returns what the inference step needs — references and sample offsets, never audio —
     or ``{"result": ...}`` when the job is already COMPLETED (a duplicate delivery).
-    Permanent problems mark the job FAILED and raise PermanentJobError.
+    Permanent problems mark the job FAILED and raise PermanentJobError; transient ones
+    raise TransientJobError for the task to retry.
     """
-    claimed = _claim(rt, job_id, audio_ref, options or {}, worker)
+    claimed = _claim(rt, job_id, audio_ref, options or {}, worker, worker_id)
     if isinstance(claimed, dict):
         return {"job_id": job_id, "result": claimed}
     job = claimed
@@ -111,20 +149,20 @@ def prepare_job(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any
         check_language(rt.settings, job.language)
         path = rt.storage.path(job.audio_ref)
         if not path.is_file():
-            raise PermanentJobError(f"the audio file {job.audio_ref!r} does not exist or is not readable by the worker")
+            # Shared storage may not have caught up yet: worth another attempt.
+            raise TransientJobError(f"the audio file {job.audio_ref!r} does not exist or is not readable by the worker")
         samples = audio_io.decode(path)
     except (UnsupportedAudio, InvalidRequest, PermanentJobError) as exc:
         fail_job(rt, job_id, str(exc))
         raise PermanentJobError(str(exc)) from exc
-    except Exception as exc:
-        fail_job(rt, job_id, f"{type(exc).__name__}: {exc}")
-        raise
     duration = len(samples) / audio_io.SAMPLE_RATE
     windows = split_windows(samples)
     ref = rt.storage.save_samples(job_id, samples)
     with rt.db.session() as session:
         stored = session.get(Job, job_id)
         stored.audio_duration = round(duration, 3)
+        # Handed over: the inference message waits in its queue, held by no worker yet.
+        stored.stage, stored.worker_id = "queued", None
     log.info("job %s prepared: %.1f s of audio in %d windows", job_id, duration, len(windows))
     return {
         "job_id": job_id,
@@ -145,14 +183,71 @@ def finished_result(rt: Runtime, job_id: str) -> dict | None:
     return job.result()
 
 
-def complete_job(rt: Runtime, job_id: str, data: dict[str, Any]) -> dict:
-    """Store the transcript once: a job another delivery already completed keeps its own."""
+def complete_job(rt: Runtime, job_id: str, data: dict[str, Any]) -> tuple[dict, bool]:
+    """Store the transcript once: a job another delivery already completed keeps its own.
+    Returns the stored result and whether this call stored it."""
     with rt.db.session() as session:
         stored = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one()
         if stored.state is JobStatus.COMPLETED:
-            return stored.result()
+            return stored.result(), False
+        if stored.state.finished:
+            raise PermanentJobError(f"the job is {stored.status}; its transcript was not stored")
         stored.complete(data["text"], data["language"], data["segments"], data["duration"])
-        return stored.result()
+        return stored.result(), True
+
+
+def mark_held(rt: Runtime, job_id: str, worker_id: str | None) -> None:
+    """A worker has reserved this job's message: if that worker dies, the sweeper knows
+    the message is stuck in a dead worker's buffer, not waiting in the queue."""
+    if not worker_id:
+        return
+    with rt.db.session() as session:
+        session.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.status.in_([JobStatus.PENDING.value, JobStatus.PROCESSING.value]))
+            .values(worker_id=worker_id, held_at=utcnow())
+        )
+
+
+def begin_inference(rt: Runtime, job_id: str, worker: str | None, worker_id: str | None) -> dict | None:
+    """Mark the job as in inference; returns the stored result if it is already done.
+
+    A job found already in inference was being run by a worker that is gone (this is a
+    redelivery): that costs it an attempt, and the last one sends it to the dead letters.
+    """
+    with rt.db.session() as session:
+        job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one_or_none()
+        if job is None:
+            raise PermanentJobError(f"job {job_id} does not exist")
+        if job.state is JobStatus.COMPLETED:
+            return job.result()
+        if job.state.finished:
+            raise PermanentJobError(job.error or f"the job is {job.status}")
+        if job.stage == "infer":
+            if job.attempts >= rt.settings.max_attempts:
+                raise AttemptsExhausted(
+                    f"inference was started {job.attempts} times without finishing (its worker was lost each time)"
+                )
+            job.attempts += 1
+        if job.state is JobStatus.PENDING:
+            job.start(worker, worker_id)
+        job.stage, job.worker, job.worker_id = "infer", worker, worker_id
+        return None
+
+
+def schedule_retry(rt: Runtime, job_id: str, error: str) -> float | None:
+    """After a transient failure: the delay before the next attempt, or None when the
+    attempts are used up (the caller dead-letters the job)."""
+    with rt.db.session() as session:
+        job = session.get(Job, job_id)
+        if job is None or job.state.finished:
+            return None
+        if job.attempts >= rt.settings.max_attempts:
+            return None
+        delay = rt.settings.retry_delay(job.attempts)
+        job.retry_later(f"attempt {job.attempts} failed: {error}", utcnow() + timedelta(seconds=delay))
+    log.warning("job %s: attempt failed (%s); retrying in %.1f s", job_id, error, delay)
+    return delay
 
 
 def fail_job(rt: Runtime, job_id: str, reason: str) -> None:

@@ -52,10 +52,20 @@ class Transcript:
 
 
 class SpeechEngine(Protocol):
+    """What the inference pool needs of an engine: windows in, segments out, in batches."""
+
     name: str
     device: str
 
-    def transcribe(self, audio: "np.ndarray", language: str | None = None, task: str = "transcribe") -> Transcript:
+    def language_of(self, chunk: "np.ndarray", language: str | None) -> str:
+        ...
+
+    def transcribe_batch(
+        self, chunks: Sequence["np.ndarray"], offsets: Sequence[float], language: str, task: str = "transcribe"
+    ) -> list[list[Segment]]:
+        ...
+
+    def transcribe(self, audio: "np.ndarray", language: str | None = None, task: str = "transcribe", batch_size: int = 1) -> Transcript:
         ...
 
 

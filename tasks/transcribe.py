@@ -15,15 +15,31 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import traceback
 
 from celery import Task, shared_task
+from celery.exceptions import Ignore, Reject
 
-from config import INFERENCE_QUEUE, LANGUAGES, PRIORITIES, broker_priority
+from config import INFERENCE_QUEUE, LANGUAGES, PRIORITIES, broker_priority, publish_transcribe
+from models.deadletter import bury
+from models.errors import AttemptsExhausted, JobExpired, PermanentJobError, WhisperqError
 from models.inference import get_batcher, infer_job
-from models.jobs import TASKS, prepare_job
+from models.jobs import TASKS, get_job, prepare_job, schedule_retry
 from models.runtime import get_runtime
 
 log = logging.getLogger(__name__)
+
+
+def worker_id() -> str | None:
+    """This worker process's identity, set at worker start (see tasks.worker)."""
+    return os.environ.get("WHISPERQ_WORKER_ID")
+
+
+class JobDeadLettered(Reject):
+    """The job used up its attempts: its message is rejected for good."""
+
+    def __str__(self) -> str:
+        return str(self.reason)
 
 
 class TranscribeTask(Task):
@@ -48,21 +64,68 @@ class TranscribeTask(Task):
         return super().apply_async(args, kwargs, **options)
 
 
+def _after_failure(task: Task, job_id: str, exc: BaseException):
+    """Permanent: fail now. Transient: retry with backoff. Out of attempts: dead letters."""
+    if isinstance(exc, (PermanentJobError, JobExpired)):
+        raise exc
+    rt = get_runtime()
+    reason = str(exc) if isinstance(exc, WhisperqError) else f"{type(exc).__name__}: {exc}"
+    delay = None if isinstance(exc, AttemptsExhausted) else schedule_retry(rt, job_id, reason)
+    if delay is None:
+        bury(rt, job_id, task.name, reason, traceback.format_exc())
+        # Celery records the rejection as the task's failure, so r.get() raises it; on
+        # RabbitMQ the rejected message goes on to the dead-letter exchange.
+        raise JobDeadLettered(f"{reason} (the job is in the dead-letter queue)", requeue=False)
+    publish_transcribe(task.app, get_job(rt, job_id), countdown=delay, reply_to=task.request.reply_to)
+    raise Ignore()
+
+
 @shared_task(name="whisperq.transcribe", bind=True, base=TranscribeTask, acks_late=True, reject_on_worker_lost=True)
 def transcribe(self, audio: str, language: str | None = None, priority: str = "normal", task: str = "transcribe") -> dict:
     job_id = self.request.id
     worker = self.request.hostname or socket.gethostname()
     options = {"language": language, "priority": priority, "task": task}
-    prepared = prepare_job(get_runtime(), job_id, audio, options, worker=worker)
+    try:
+        prepared = prepare_job(get_runtime(), job_id, audio, options, worker=worker, worker_id=worker_id())
+    except Exception as exc:
+        return _after_failure(self, job_id, exc)
     if "result" in prepared:
         return prepared["result"]
     tier = prepared["priority"]
     return self.replace(
-        infer.s(prepared).set(queue=INFERENCE_QUEUE, priority=broker_priority(tier, self.app.conf.broker_url))
+        infer.s(prepared).set(queue=INFERENCE_QUEUE, priority=broker_priority(tier, self.app.conf.broker_url),
+                              reply_to=self.request.reply_to)
     )
 
 
 @shared_task(name="whisperq.infer", bind=True, acks_late=True, reject_on_worker_lost=True)
 def infer(self, prepared: dict) -> dict:
     rt = get_runtime()
-    return infer_job(rt, prepared, get_batcher(rt))
+    worker = self.request.hostname or socket.gethostname()
+    try:
+        return infer_job(rt, prepared, get_batcher(rt), worker=worker, worker_id=worker_id())
+    except Exception as exc:
+        return _after_failure(self, prepared["job_id"], exc)
+
+
+def holdings(app, timeout: float = 2.0) -> dict[str, set[str]]:
+    """Worker id -> the job ids it holds, for every worker that answers now."""
+    # A fresh connection each time: a pooled one may be stale after a broker restart.
+    with app.connection_for_write() as conn:
+        conn.ensure_connection(max_retries=3, interval_start=0.5, interval_step=0.5)
+        replies = app.control.broadcast("whisperq_holdings", reply=True, timeout=timeout, connection=conn) or []
+    out: dict[str, set[str]] = {}
+    for reply in replies:
+        for value in reply.values():
+            if isinstance(value, dict) and value.get("worker_id"):
+                out[value["worker_id"]] = set(value.get("held") or ())
+    return out
+
+
+@shared_task(name="whisperq.sweep", bind=True, ignore_result=True)
+def sweep(self) -> dict:
+    """Beat's periodic pass over stuck, orphaned and expired jobs (see models.sweeper)."""
+    from models.sweeper import sweep as run_sweep
+
+    report = run_sweep(get_runtime(), holdings(self.app), lambda job: publish_transcribe(self.app, job))
+    return {k: (len(v) if isinstance(v, list) else v) for k, v in vars(report).items()}

@@ -29,6 +29,9 @@ def pytest_configure(config) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="whisperq-test-"))
     _state["tmp"] = tmp
     os.environ["WHISPERQ_DATA_DIR"] = str(tmp / "data")
+    # Retries come quickly in tests; the defaults (2 s doubling, 3 attempts) stay otherwise.
+    os.environ.setdefault("WHISPERQ_RETRY_BASE_SECONDS", "0.5")
+    os.environ.setdefault("WHISPERQ_ADMIN_TOKEN", "test-admin-token")
     if not os.environ.get("CELERY_BROKER_URL"):
         from config.embedded import EmbeddedRedis
 
@@ -151,8 +154,47 @@ def stop_worker(worker: Worker) -> None:
 class Pools:
     """The preparation and inference workers, as the Procfile runs them."""
 
-    def __init__(self, prepare: Worker, inference: Worker):
-        self.prepare, self.inference = prepare, inference
+    def __init__(self, celery_app, tmp: Path, tag: str):
+        from config import INFERENCE_QUEUE, PREPARE_QUEUE
+
+        self.celery_app, self.tmp, self.tag, self.restarts = celery_app, tmp, tag, 0
+        self.prepare = start_worker(celery_app, tmp, f"prepare-{tag}", PREPARE_QUEUE)
+        try:
+            self.inference = self._start_inference()
+        except BaseException:
+            stop_worker(self.prepare)
+            raise
+
+    def _start_inference(self) -> Worker:
+        from config import INFERENCE_QUEUE
+
+        name = f"inference-{self.tag}" + (f"-{self.restarts}" if self.restarts else "")
+        return start_worker(self.celery_app, self.tmp, name, INFERENCE_QUEUE, pool="threads", concurrency=8)
+
+    def kill_inference(self) -> None:
+        """kill -9 the inference worker: no warm shutdown, no acks, no goodbyes."""
+        self.inference.proc.kill()
+        self.inference.proc.wait()
+
+    def restart_inference(self) -> None:
+        self.restarts += 1
+        self.inference = self._start_inference()
+
+    def stop(self) -> None:
+        stop_worker(self.inference)
+        stop_worker(self.prepare)
+
+    def sweep(self, grace_seconds: float = 0.0):
+        """One sweeper pass now, as beat would run it, without the start-up grace."""
+        from datetime import timedelta
+
+        from config import publish_transcribe
+        from models.runtime import get_runtime
+        from models.sweeper import sweep
+        from tasks.transcribe import holdings
+
+        return sweep(get_runtime(), holdings(self.celery_app), lambda job: publish_transcribe(self.celery_app, job),
+                     grace=timedelta(seconds=grace_seconds))
 
     def output(self) -> str:
         return self.prepare.output() + self.inference.output()
@@ -186,16 +228,7 @@ class Pools:
 def worker(celery_app, database):
     """Real worker processes for the whole session: a prefork preparation worker and a
     threads-pool inference worker with its batcher, as in the Procfile."""
-    from config import INFERENCE_QUEUE, PREPARE_QUEUE
-
     celery_app.control.purge()
-    tag = uuid.uuid4().hex[:6]
-    prepare = start_worker(celery_app, _state["tmp"], f"prepare-{tag}", PREPARE_QUEUE)
-    try:
-        inference = start_worker(celery_app, _state["tmp"], f"inference-{tag}", INFERENCE_QUEUE, pool="threads", concurrency=8)
-    except BaseException:
-        stop_worker(prepare)
-        raise
-    yield Pools(prepare, inference)
-    stop_worker(inference)
-    stop_worker(prepare)
+    pools = Pools(celery_app, _state["tmp"], uuid.uuid4().hex[:6])
+    yield pools
+    pools.stop()

@@ -25,6 +25,21 @@ def upload(client, data: bytes | None = None, name: str = "clip.flac", **fields)
 FOX = CLIPS["fox.flac"]["path"].read_bytes()
 
 
+def _silence() -> bytes:
+    import numpy as np
+
+    from helpers import write_wav
+
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        return write_wav(Path(d) / "s.wav", np.zeros(16000 * 3, dtype=np.float32)).read_bytes()
+
+
+SILENCE = _silence()
+
+
 @pytest.mark.parametrize(
     "kwargs, status, code, words",
     [
@@ -39,6 +54,12 @@ FOX = CLIPS["fox.flac"]["path"].read_bytes()
         (dict(data=FOX, priority="urgent"), 400, "invalid_request", "high, normal, low"),
         (dict(data=FOX, task="summarise"), 400, "invalid_request", "transcribe, translate"),
         (dict(data=FOX, task="translate"), 400, "invalid_request", "multilingual"),
+        (dict(data=FOX, speed="fast"), 400, "invalid_request", "unknown field(s) 'speed'"),
+        (dict(data=FOX, name="../../etc/passwd.flac"), 400, "invalid_request", "plain name"),
+        (dict(data=FOX, name="C:/Users/me/talk.flac"), 400, "invalid_request", "plain name"),
+        (dict(data=FOX, name="a\x1b[31mred.flac"), 400, "invalid_request", "control characters"),
+        (dict(data=FOX, name="x" * 300 + ".flac"), 400, "invalid_request", "longer than 255"),
+        (dict(data=SILENCE, name="quiet.wav"), 422, "silent_audio", "silent"),
     ],
 )
 def test_bad_input_is_refused_and_leaves_nothing(client, settings, database, published, kwargs, status, code, words):
@@ -87,7 +108,7 @@ def test_unreachable_broker_is_503_and_withdraws_the_job(settings, database, pub
 
 
 def test_accepted_upload_answers_202_and_publishes_only_references(client, settings, database, published, celery_app):
-    resp = upload(client, data=FOX, name="../../fox.flac", priority="high", language="en")
+    resp = upload(client, data=FOX, name="fox.flac", priority="high", language="en")
     assert resp.status_code == 202
     body = resp.get_json()
     assert set(body) >= {"job_id", "status", "status_url", "created_at"}
@@ -161,3 +182,76 @@ def test_a_large_upload_is_accepted(client, tmp_path, published):
                        content_type="multipart/form-data")
     assert resp.status_code == 202, resp.get_json()
     assert client.get(resp.headers["Location"]).get_json()["audio_duration"] == pytest.approx(304.3, abs=0.1)
+
+
+def raw_post(client, body: bytes, content_type: str, headers: dict | None = None):
+    return client.post("/v1/jobs", data=body, headers={"Content-Type": content_type, **(headers or {})})
+
+
+@pytest.mark.parametrize(
+    "body, content_type, status, words",
+    [
+        (b'{"file": "x"}', "application/json", 415, "multipart/form-data"),
+        (FOX, "audio/flac", 415, "multipart/form-data"),
+        (b"--xyz\r\nContent-Disposition: form-data; name=file\r\n\r\nabc", "multipart/form-data", 400, "no boundary"),
+        (b"this is not multipart at all", "multipart/form-data; boundary=xyz", 400, "multipart form field 'file'"),
+        (b"--xyz\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a\xff\xfe.flac\"\r\n\r\n" + FOX + b"\r\n--xyz--\r\n",
+         "multipart/form-data; boundary=xyz", 400, "UTF-8 file name"),
+    ],
+)
+def test_malformed_requests_are_refused_and_leave_nothing(client, settings, database, published, body, content_type, status, words):
+    files_before, jobs_before = stored_files(settings), job_count(database)
+    resp = raw_post(client, body, content_type)
+    assert resp.status_code == status, resp.get_data(as_text=True)
+    assert words in resp.get_json()["error"]["message"]
+    assert stored_files(settings) == files_before and job_count(database) == jobs_before
+    assert published == []
+    assert upload(client, data=FOX).status_code == 202  # and the service keeps serving
+
+
+def test_huge_headers_get_431(client, published):
+    resp = client.post("/v1/jobs", data={"file": (io.BytesIO(FOX), "fox.flac")}, content_type="multipart/form-data",
+                       headers={f"X-Pad-{i}": "p" * 1000 for i in range(20)})
+    assert resp.status_code == 431
+    assert "headers" in resp.get_json()["error"]["message"]
+    assert published == []
+
+
+def test_idempotency_key_returns_the_same_job(client, published, database):
+    key = {"Idempotency-Key": f"order-{time.time_ns()}"}
+    first = client.post("/v1/jobs", data={"file": (io.BytesIO(FOX), "fox.flac")}, content_type="multipart/form-data", headers=key)
+    assert first.status_code == 202
+    again = client.post("/v1/jobs", data={"file": (io.BytesIO(FOX), "fox.flac")}, content_type="multipart/form-data", headers=key)
+    assert again.status_code == 200
+    assert again.get_json()["job_id"] == first.get_json()["job_id"]
+    assert len(published) == 1
+    jobs = job_count(database)
+    other = client.post("/v1/jobs", data={"file": (io.BytesIO(FOX), "fox.flac"), "priority": "high"},
+                        content_type="multipart/form-data", headers=key)
+    assert other.status_code == 409
+    assert "different request" in other.get_json()["error"]["message"]
+    assert job_count(database) == jobs and len(published) == 1
+
+
+def test_idempotency_keys_are_kept_a_day(app, database):
+    from datetime import timedelta
+
+    from models import idempotency
+    from models.job import utcnow
+
+    rt = app.extensions["whisperq"]
+    idempotency.remember(rt, "old-key", "f1", "job-1")
+    idempotency.remember(rt, "new-key", "f2", "job-2")
+    with database.session() as s:
+        s.get(idempotency.IdempotencyKey, "old-key").created_at = utcnow() - timedelta(hours=25)
+        s.get(idempotency.IdempotencyKey, "new-key").created_at = utcnow() - timedelta(hours=23)
+    assert idempotency.lookup(rt, "new-key", "f2") == "job-2"
+    assert idempotency.lookup(rt, "old-key", "f1") is None
+    assert idempotency.forget_old(rt) >= 1
+    assert idempotency.lookup(rt, "new-key", "f2") == "job-2"
+
+
+def test_bad_idempotency_key_is_400(client):
+    resp = client.post("/v1/jobs", data={"file": (io.BytesIO(FOX), "fox.flac")}, content_type="multipart/form-data",
+                       headers={"Idempotency-Key": "x" * 300})
+    assert resp.status_code == 400 and "Idempotency-Key" in resp.get_json()["error"]["message"]

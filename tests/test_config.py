@@ -74,4 +74,4 @@ def test_celery_config_is_json_only_and_acks_late(tmp_path, broker):
     else:
         assert conf["broker_transport_options"]["confirm_publish"] is True
         assert conf["task_queues"][0].queue_arguments["x-max-priority"] == 9
-        assert conf["result_backend"] == "rpc://"
+        assert conf["result_backend"] == "db+" + s.database_url

@@ -4,10 +4,13 @@ from __future__ import annotations
 import logging
 from typing import Any, Mapping
 
-from flask import Flask
+from flask import Flask, request
 
 from config import Settings, make_celery
 from models.runtime import Runtime
+
+
+MAX_HEADER_BYTES = 16 * 1024
 
 
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
@@ -29,12 +32,24 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.extensions["whisperq"] = runtime
     app.extensions["celery"] = make_celery(settings)
 
-    from . import api, errors, health, pages
+    from . import admin, api, errors, health, pages
 
     errors.init_app(app)
     app.register_blueprint(api.bp)
+    app.register_blueprint(admin.bp)
     app.register_blueprint(health.bp)
     app.register_blueprint(pages.bp)
+    @app.before_request
+    def _limit_headers():
+        # gunicorn refuses a single header line over its limit with a plain-text 400;
+        # below that, many or large headers get a JSON answer here.
+        size = sum(len(k) + len(v) for k, v in request.headers.items())
+        if size > MAX_HEADER_BYTES:
+            return errors.error_response(
+                431, "headers_too_large", f"the request headers total {size} bytes; the limit is {MAX_HEADER_BYTES}"
+            )
+        return None
+
     if not app.debug:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return app

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, current_app, jsonify, request, url_for
 
-from models.errors import InvalidRequest, JobNotReady
+from models.errors import InvalidRequest, JobNotReady, UnsupportedMediaType
 from models.formats import FORMATS, MIME_TYPES, render
 from models.jobs import get_job
 from models.runtime import Runtime
@@ -19,7 +19,16 @@ def runtime() -> Runtime:
 
 @bp.post("/jobs")
 def create():
-    job = submit_upload(runtime(), current_app.extensions["celery"], request.files.get("file"), request.form)
+    if request.mimetype != "multipart/form-data":
+        raise UnsupportedMediaType(
+            f"send the audio as multipart/form-data with the file in field 'file' (got {request.mimetype or 'no Content-Type'})"
+        )
+    if "boundary" not in request.mimetype_params:
+        raise InvalidRequest("malformed multipart body: the Content-Type has no boundary")
+    job, created = submit_upload(
+        runtime(), current_app.extensions["celery"], request.files.get("file"), request.form,
+        files=request.files, idempotency_key=request.headers.get("Idempotency-Key"),
+    )
     status_url = url_for("api.show", job_id=job.id, _external=True)
     body = {
         "job_id": job.id,
@@ -28,7 +37,7 @@ def create():
         "transcript_url": url_for("api.transcript", job_id=job.id, _external=True),
         "created_at": job.to_dict()["created_at"],
     }
-    return jsonify(body), 202, {"Location": status_url}
+    return jsonify(body), 202 if created else 200, {"Location": status_url}
 
 
 @bp.get("/jobs/<job_id>")

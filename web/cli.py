@@ -1,6 +1,7 @@
 """The `whisperq` command: run the whole service, check the configuration."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -10,7 +11,8 @@ from pathlib import Path
 
 import click
 
-from config import ConfigError, Settings
+from config import ConfigError, Settings, make_celery
+from models.errors import WhisperqError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -93,6 +95,76 @@ def init_db() -> None:
     settings = _settings()
     Database(settings.database_url).create_all()
     click.echo(f"tables ready in {settings.describe()['database_url']}")
+
+
+def _runtime():
+    from models.runtime import Runtime
+
+    rt = Runtime(_settings())
+    rt.db.create_all()
+    return rt
+
+
+@cli.group()
+def dlq() -> None:
+    """The dead-letter queue: jobs that used up their attempts."""
+
+
+@dlq.command("list")
+@click.option("--limit", default=100, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def dlq_list(limit: int, as_json: bool) -> None:
+    """List dead-lettered jobs, newest first."""
+    from models.deadletter import list_dead
+
+    rows = list_dead(_runtime(), limit)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        click.echo("the dead-letter queue is empty")
+    for r in rows:
+        click.echo(f"{r['job_id']}  {r['failed_at']}  attempts={r['attempts']}  {r['error'][:100]}")
+
+
+@dlq.command("show")
+@click.argument("job_id")
+def dlq_show(job_id: str) -> None:
+    """Show one dead-lettered job with its traceback."""
+    from models.deadletter import get_dead
+
+    try:
+        click.echo(json.dumps(get_dead(_runtime(), job_id), indent=2))
+    except WhisperqError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@dlq.command("replay")
+@click.argument("job_ids", nargs=-1, required=True)
+def dlq_replay(job_ids: tuple[str, ...]) -> None:
+    """Queue dead-lettered jobs again, with their attempts reset."""
+    from models.deadletter import replay
+
+    rt = _runtime()
+    celery = make_celery(rt.settings)
+    for job_id in job_ids:
+        try:
+            replay(rt, celery, job_id)
+        except WhisperqError as exc:
+            raise click.ClickException(str(exc)) from exc
+        click.echo(f"{job_id} queued again")
+
+
+@dlq.command("purge")
+@click.argument("job_ids", nargs=-1)
+@click.option("--all", "purge_all", is_flag=True, help="Purge every dead letter.")
+def dlq_purge(job_ids: tuple[str, ...], purge_all: bool) -> None:
+    """Delete dead letters (the jobs stay FAILED)."""
+    from models.deadletter import purge
+
+    if not job_ids and not purge_all:
+        raise click.UsageError("name the job ids to purge, or pass --all")
+    click.echo(f"purged {purge(_runtime(), list(job_ids) or None)} dead letters")
 
 
 def main() -> None:  # pragma: no cover

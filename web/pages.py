@@ -36,8 +36,9 @@ def index():
 @bp.post("/")
 def upload():
     try:
-        job = submit_upload(
-            current_app.extensions["whisperq"], current_app.extensions["celery"], request.files.get("file"), request.form
+        job, _ = submit_upload(
+            current_app.extensions["whisperq"], current_app.extensions["celery"], request.files.get("file"),
+            request.form, files=request.files,
         )
     except WhisperqError as exc:
         return _form(str(exc), exc.http_status)

@@ -1,17 +1,21 @@
 """Accepting a submission: validate everything, store, record, publish — or leave nothing."""
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import unicodedata
 from typing import Mapping
 
 from celery import Celery
 from werkzeug.datastructures import FileStorage
 
-from config import LANGUAGES, PRIORITIES, PREPARE_QUEUE, broker_priority
+from config import LANGUAGES, PRIORITIES, publish_transcribe
 from models import audio as audio_io
 from models.errors import BrokerUnavailable, InvalidRequest
 from models.job import Job
-from models.jobs import TASKS, create_job, discard_job
+from models import idempotency
+from models.jobs import TASKS, create_job, discard_job, get_job
 from models.runtime import Runtime
 from models.speech import check_language, is_multilingual, model_path
 from models.storage import clean_filename, safe_suffix
@@ -40,15 +44,50 @@ def parse_options(form: Mapping[str, str], settings) -> dict[str, str | None]:
     return {"language": language, "priority": priority, "task": task}
 
 
-def submit_upload(rt: Runtime, celery: Celery, upload: FileStorage | None, form: Mapping[str, str]) -> Job:
-    """Validate, store, record the PENDING job, then publish. On any error nothing remains."""
+def check_fields(form: Mapping[str, str], files) -> None:
+    unknown = sorted((set(form) - set(FIELDS)) | (set(files) - {"file"}))
+    if unknown:
+        raise InvalidRequest(
+            f"unknown field(s) {', '.join(repr(u) for u in unknown)}; the fields are 'file', {', '.join(repr(f) for f in FIELDS)}"
+        )
+
+
+def check_filename(name: str) -> None:
+    """A client's file name is shown back to people: refuse what cannot be a plain name."""
+    if "\ufffd" in name:
+        raise InvalidRequest("the file name is not valid UTF-8; rename the file")
+    if any(unicodedata.category(ch) == "Cc" for ch in name):
+        raise InvalidRequest("the file name contains control characters; rename the file")
+    if "/" in name or "\\" in name or name.strip(". ") == "":
+        raise InvalidRequest("the file name must be a plain name, without directories or '..'")
+    if len(name) > 255:
+        raise InvalidRequest("the file name is longer than 255 characters; rename the file")
+
+
+def submit_upload(rt: Runtime, celery: Celery, upload: FileStorage | None, form: Mapping[str, str],
+                  files=None, idempotency_key: str | None = None) -> tuple[Job, bool]:
+    """Validate, store, record the PENDING job, then publish. On any error nothing remains.
+
+    Returns the job and whether it is new: a repeated Idempotency-Key with the same
+    request returns the job made the first time.
+    """
+    check_fields(form, files or {})
     options = parse_options(form, rt.settings)
     if upload is None or not upload.filename:
-        raise InvalidRequest("no audio file: send it as the multipart form field 'file'")
+        raise InvalidRequest("no audio file: send it as the multipart form field 'file', with a UTF-8 file name")
+    check_filename(upload.filename)
+    if idempotency_key is not None:
+        check_idempotency_key(idempotency_key)
     spooled = rt.storage.spool(upload.stream)
     try:
         if spooled.stat().st_size == 0:
             raise InvalidRequest("the uploaded file is empty; choose a file with audio in it")
+        fingerprint = _fingerprint(spooled, upload.filename, options)
+        if idempotency_key is not None:
+            earlier = idempotency.lookup(rt, idempotency_key, fingerprint)
+            if earlier is not None:
+                spooled.unlink(missing_ok=True)
+                return get_job(rt, earlier), False
         info = audio_io.probe(spooled, max_seconds=rt.settings.max_audio_seconds)
         job = create_job(
             rt,
@@ -61,25 +100,39 @@ def submit_upload(rt: Runtime, celery: Celery, upload: FileStorage | None, form:
     except BaseException:
         spooled.unlink(missing_ok=True)
         raise
-    publish(rt, celery, job)
-    return job
+    if idempotency_key is not None:
+        winner = idempotency.remember(rt, idempotency_key, fingerprint, job.id)
+        if winner != job.id:  # a concurrent request with the same key got there first
+            discard_job(rt, job.id)
+            return get_job(rt, winner), False
+    try:
+        publish(rt, celery, job)
+    except BrokerUnavailable:
+        if idempotency_key is not None:
+            idempotency.forget(rt, idempotency_key)
+        raise
+    return job, True
+
+
+def check_idempotency_key(key: str) -> None:
+    if not 1 <= len(key) <= idempotency.MAX_KEY_LENGTH or not key.isascii() or not key.isprintable():
+        raise InvalidRequest(f"Idempotency-Key must be 1 to {idempotency.MAX_KEY_LENGTH} printable ASCII characters")
+
+
+def _fingerprint(path, filename: str, options: dict) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1024 * 1024), b""):
+            digest.update(block)
+    digest.update(json.dumps([filename, options], sort_keys=True).encode())
+    return digest.hexdigest()
 
 
 def publish(rt: Runtime, celery: Celery, job: Job) -> None:
     """Send the job's message: its id and audio reference only, never audio bytes."""
     try:
-        celery.send_task(
-            "whisperq.transcribe",
-            args=[job.audio_ref],
-            kwargs={"language": job.language, "priority": job.priority, "task": job.task},
-            task_id=job.id,
-            queue=PREPARE_QUEUE,
-            priority=broker_priority(job.priority, celery.conf.broker_url),
-            # The job row holds the transcript; the result backend is for transcribe.delay().get().
-            ignore_result=True,
-            retry=True,
-            retry_policy={"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 1.0},
-        )
+        # The job row holds the transcript; the result backend is for transcribe.delay().get().
+        publish_transcribe(celery, job, ignore_result=True)
     except Exception as exc:
         log.error("job %s: publishing failed (%s); job withdrawn", job.id, exc)
         discard_job(rt, job.id)

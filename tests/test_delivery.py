@@ -1,0 +1,125 @@
+"""Delivery guarantees with real brokers, real worker processes and real audio:
+crashes lose nothing, duplicates do nothing twice, poison jobs end in the dead letters."""
+import io
+import os
+import shutil
+import subprocess
+import time
+
+import pytest
+from sqlalchemy import func, select
+
+from helpers import CLIPS, long_recording, wait_for_job, word_error_rate, write_wav
+
+pytestmark = pytest.mark.integration
+
+ADMIN = {"Authorization": f"Bearer {os.environ.get('WHISPERQ_ADMIN_TOKEN', '')}"}
+
+
+def submit(client, name: str = "fox.flac", **fields) -> str:
+    resp = client.post("/v1/jobs", data={"file": (io.BytesIO(CLIPS[name]["path"].read_bytes()), name), **fields},
+                       content_type="multipart/form-data")
+    assert resp.status_code == 202, resp.get_json()
+    return resp.get_json()["job_id"]
+
+
+def stored_lines(worker, job_id: str) -> int:
+    """How many times a worker stored this job's transcript (across restarts)."""
+    logs = "".join(p.read_text(errors="replace") for p in worker.tmp.glob("inference-*.log"))
+    return logs.count(f"job {job_id}: transcript stored")
+
+
+def wait_for_stage(client, job_id: str, stage: str, timeout: float = 60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = client.get(f"/v1/jobs/{job_id}").get_json()
+        if job["stage"] == stage or job["status"] in ("COMPLETED", "FAILED"):
+            return job
+        time.sleep(0.05)
+    raise AssertionError(f"job {job_id} never reached stage {stage}")
+
+
+def test_kill_9_of_the_inference_worker_mid_job_costs_one_attempt(client, worker, tmp_path):
+    samples, text = long_recording(repeats=4)
+    path = write_wav(tmp_path / "long.wav", samples)
+    resp = client.post("/v1/jobs", data={"file": (io.BytesIO(path.read_bytes()), "long.wav")},
+                       content_type="multipart/form-data")
+    job_id = resp.get_json()["job_id"]
+    assert wait_for_stage(client, job_id, "infer")["status"] == "PROCESSING"
+    time.sleep(0.5)  # the batcher is in the model now
+    worker.kill_inference()
+    worker.restart_inference()
+    worker.sweep()  # RabbitMQ has already redelivered; on Redis the sweeper puts it back
+    job = wait_for_job(client, job_id, timeout=300)
+    assert job["status"] == "COMPLETED", job
+    assert job["attempts"] == 2
+    assert word_error_rate(text, job["result"]["text"]) <= 0.15
+    time.sleep(2)  # a late duplicate would store now
+    assert stored_lines(worker, job_id) == 1
+
+
+def test_the_same_message_twice_gives_one_transcript(client, worker, celery_app, database):
+    from config import publish_transcribe
+    from models.job import Job
+    from models.jobs import get_job
+    from models.runtime import get_runtime
+
+    with worker.paused(celery_app):
+        job_id = submit(client)
+        publish_transcribe(celery_app, get_job(get_runtime(), job_id))  # the broker delivers it again
+    job = wait_for_job(client, job_id)
+    assert job["status"] == "COMPLETED"
+    time.sleep(3)
+    assert stored_lines(worker, job_id) == 1
+    with database.session() as s:
+        assert s.scalar(select(func.count()).select_from(Job).where(Job.id == job_id)) == 1
+    assert client.get(f"/v1/jobs/{job_id}").get_json()["result"] == job["result"]
+
+
+def test_a_poison_job_reaches_the_dead_letters_and_replays_once_fixed(client, worker, celery_app, tmp_path, settings):
+    from tasks import transcribe
+    from web.cli import cli
+
+    poison_path = tmp_path / "not-synced-yet.flac"
+    with worker.paused(celery_app):
+        good = [submit(client) for _ in range(10)]
+        poison = transcribe.delay(str(poison_path))
+        good += [submit(client) for _ in range(10)]
+    jobs = [wait_for_job(client, job_id, timeout=300) for job_id in good]
+    assert [j["status"] for j in jobs] == ["COMPLETED"] * 20
+
+    with pytest.raises(Exception, match="dead-letter"):
+        poison.get(timeout=120)
+    job = client.get(f"/v1/jobs/{poison.id}").get_json()
+    assert job["status"] == "FAILED" and job["attempts"] == settings.max_attempts
+    assert "does not exist" in job["error"]
+
+    listed = client.get("/v1/admin/dead-letters", headers=ADMIN).get_json()["dead_letters"]
+    dead = next(d for d in listed if d["job_id"] == poison.id)
+    assert dead["attempts"] == settings.max_attempts and "does not exist" in dead["error"]
+    detail = client.get(f"/v1/admin/dead-letters/{poison.id}", headers=ADMIN).get_json()
+    assert "Traceback" in detail["traceback"] and detail["worker"]
+    out = client.application.test_cli_runner().invoke(cli, ["dlq", "list"])
+    assert poison.id in out.output
+
+    if not celery_app.conf.broker_url.startswith("redis"):
+        from config.celeryconfig import DEAD_LETTER_QUEUE
+
+        with celery_app.connection_for_write() as conn:
+            _, count, _ = conn.default_channel.queue_declare(DEAD_LETTER_QUEUE, passive=True)
+        assert count >= 1  # RabbitMQ routed the rejected message through the dead-letter exchange
+
+    shutil.copy(CLIPS["fox.flac"]["path"], poison_path)  # the operator fixes the cause
+    resp = client.post(f"/v1/admin/dead-letters/{poison.id}/replay", headers=ADMIN)
+    assert resp.status_code == 202
+    job = wait_for_job(client, poison.id, timeout=120)
+    assert job["status"] == "COMPLETED" and job["attempts"] == 1
+    assert word_error_rate(CLIPS["fox.flac"]["text"], job["result"]["text"]) <= 0.2
+    assert client.get(f"/v1/admin/dead-letters/{poison.id}", headers=ADMIN).status_code == 404
+
+
+def test_admin_api_needs_the_token(client):
+    assert client.get("/v1/admin/dead-letters").status_code == 401
+    assert client.get("/v1/admin/dead-letters", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert client.get("/v1/admin/dead-letters/nope", headers=ADMIN).status_code == 404
+    assert client.post("/v1/admin/dead-letters/nope/replay", headers=ADMIN).status_code == 404
