@@ -155,7 +155,7 @@ class Pools:
     """The preparation and inference workers, as the Procfile runs them."""
 
     def __init__(self, celery_app, tmp: Path, tag: str):
-        from config import INFERENCE_QUEUE, PREPARE_QUEUE
+        from config import PREPARE_QUEUE
 
         self.celery_app, self.tmp, self.tag, self.restarts = celery_app, tmp, tag, 0
         self.prepare = start_worker(celery_app, tmp, f"prepare-{tag}", PREPARE_QUEUE)

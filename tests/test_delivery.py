@@ -3,7 +3,6 @@ crashes lose nothing, duplicates do nothing twice, poison jobs end in the dead l
 import io
 import os
 import shutil
-import subprocess
 import time
 
 import pytest
