@@ -26,7 +26,7 @@ class DeadLetter(Base):
     traceback: Mapped[str | None] = mapped_column(Text)
     attempts: Mapped[int] = mapped_column(Integer)
     worker: Mapped[str | None] = mapped_column(String(255))
-    first_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    submitted_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     failed_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
     replays: Mapped[int] = mapped_column(Integer, default=0)
     message: Mapped[dict[str, Any] | None] = mapped_column(JSON)
@@ -37,7 +37,7 @@ class DeadLetter(Base):
 
         return {
             "job_id": self.job_id, "task": self.task, "error": self.error, "traceback": self.traceback,
-            "attempts": self.attempts, "worker": self.worker, "first_attempt_at": iso(self.first_attempt_at),
+            "attempts": self.attempts, "worker": self.worker, "submitted_at": iso(self.submitted_at),
             "failed_at": iso(self.failed_at), "replays": self.replays,
         }
 
@@ -55,7 +55,7 @@ def bury(rt: Runtime, job_id: str, task: str, error: str, traceback: str | None)
             dead = DeadLetter(job_id=job_id, replays=0)
             session.add(dead)
         dead.task, dead.error, dead.traceback = task, error, traceback
-        dead.attempts, dead.worker, dead.first_attempt_at = job.attempts, job.worker, job.created_at
+        dead.attempts, dead.worker, dead.submitted_at = job.attempts, job.worker, job.created_at
         dead.failed_at = utcnow()
         dead.message = {"audio": job.audio_ref, "language": job.language, "priority": job.priority, "task": job.task}
     log.error("job %s dead-lettered after %s attempts: %s", job_id, dead.attempts, error)

@@ -9,7 +9,7 @@ class WhisperqError(Exception):
     http_status = 500
 
 
-class InvalidRequest(WhisperqError):
+class InvalidRequest(WhisperqError, ValueError):
     """The request itself is wrong (a field, an option): the client must change it."""
 
     code = "invalid_request"

@@ -11,6 +11,8 @@ from typing import Any
 
 from sqlalchemy import select, update
 
+from config import LANGUAGES, PRIORITIES
+
 from . import audio as audio_io
 from .errors import (
     AttemptsExhausted,
@@ -29,6 +31,19 @@ from .windows import split_windows
 log = logging.getLogger(__name__)
 
 TASKS = ("transcribe", "translate")
+
+
+def check_options(language: str | None, priority: str, task: str) -> None:
+    """The options any job may carry, whoever submits it; the message says what to send."""
+    if language is not None and language not in LANGUAGES:
+        raise InvalidRequest(
+            f"language {language!r} is not a Whisper language code; use one such as en, de or fr, "
+            "or leave it out to detect it"
+        )
+    if priority not in PRIORITIES:
+        raise InvalidRequest(f"priority {priority!r} is not one of: {', '.join(PRIORITIES)}")
+    if task not in TASKS:
+        raise InvalidRequest(f"task {task!r} is not one of: {', '.join(TASKS)}")
 
 
 def create_job(
@@ -173,14 +188,6 @@ def prepare_job(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any
         "task": job.task,
         "priority": job.priority,
     }
-
-
-def finished_result(rt: Runtime, job_id: str) -> dict | None:
-    """The stored transcript if the job is COMPLETED; raises if it FAILED; else None."""
-    job = get_job(rt, job_id)
-    if job.state is JobStatus.FAILED:
-        raise PermanentJobError(job.error or "the job has failed")
-    return job.result()
 
 
 def complete_job(rt: Runtime, job_id: str, data: dict[str, Any]) -> tuple[dict, bool]:

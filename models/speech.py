@@ -215,7 +215,3 @@ def get_engine(settings: "Settings") -> SpeechEngine:
                 )
                 log.info("model loaded on %s (%s)", _engine.device, getattr(_engine, "compute_type", "?"))
     return _engine
-
-
-def engine_loaded() -> bool:
-    return _engine is not None

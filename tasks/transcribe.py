@@ -20,11 +20,11 @@ import traceback
 from celery import Task, shared_task
 from celery.exceptions import Ignore, Reject
 
-from config import INFERENCE_QUEUE, LANGUAGES, PRIORITIES, broker_priority, publish_transcribe
+from config import INFERENCE_QUEUE, broker_priority, publish_transcribe
 from models.deadletter import bury
 from models.errors import AttemptsExhausted, JobExpired, PermanentJobError, WhisperqError
 from models.inference import get_batcher, infer_job
-from models.jobs import TASKS, get_job, prepare_job, schedule_retry
+from models.jobs import check_options, get_job, prepare_job, schedule_retry
 from models.runtime import get_runtime
 
 log = logging.getLogger(__name__)
@@ -53,13 +53,7 @@ class TranscribeTask(Task):
         if not os.path.isabs(audio) and not audio.startswith("audio/"):
             raise ValueError(f"audio path {audio!r} must be absolute, and readable by the workers")
         tier = kwargs.get("priority") or "normal"
-        if tier not in PRIORITIES:
-            raise ValueError(f"priority {tier!r} is not one of: {', '.join(PRIORITIES)}")
-        language = kwargs.get("language")
-        if language is not None and language not in LANGUAGES:
-            raise ValueError(f"language {language!r} is not a Whisper language code (such as en, de, fr)")
-        if kwargs.get("task", "transcribe") not in TASKS:
-            raise ValueError(f"task must be one of: {', '.join(TASKS)}")
+        check_options(kwargs.get("language"), tier, kwargs.get("task") or "transcribe")  # a ValueError
         options.setdefault("priority", broker_priority(tier, self.app.conf.broker_url))
         return super().apply_async(args, kwargs, **options)
 

@@ -165,7 +165,3 @@ def dlq_purge(job_ids: tuple[str, ...], purge_all: bool) -> None:
     if not job_ids and not purge_all:
         raise click.UsageError("name the job ids to purge, or pass --all")
     click.echo(f"purged {purge(_runtime(), list(job_ids) or None)} dead letters")
-
-
-def main() -> None:  # pragma: no cover
-    cli()

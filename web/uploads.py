@@ -10,12 +10,12 @@ from typing import Mapping
 from celery import Celery
 from werkzeug.datastructures import FileStorage
 
-from config import LANGUAGES, PRIORITIES, publish_transcribe
+from config import publish_transcribe
 from models import audio as audio_io
 from models.errors import BrokerUnavailable, InvalidRequest
 from models.job import Job
 from models import idempotency
-from models.jobs import TASKS, create_job, discard_job, get_job
+from models.jobs import check_options, create_job, discard_job, get_job
 from models.runtime import Runtime
 from models.speech import check_language, is_multilingual, model_path
 from models.storage import clean_filename, safe_suffix
@@ -29,16 +29,11 @@ def parse_options(form: Mapping[str, str], settings) -> dict[str, str | None]:
     language = (form.get("language") or "").strip().lower() or None
     if language == "auto":
         language = None
-    if language is not None and language not in LANGUAGES:
-        raise InvalidRequest(f"language {language!r} is not a Whisper language code; use one such as en, de or fr, or leave it out to detect it")
+    priority = (form.get("priority") or "normal").strip().lower()
+    task = (form.get("task") or "transcribe").strip().lower()
+    check_options(language, priority, task)
     language = language or settings.default_language
     check_language(settings, language)
-    priority = (form.get("priority") or "normal").strip().lower()
-    if priority not in PRIORITIES:
-        raise InvalidRequest(f"priority {priority!r} is not one of: {', '.join(PRIORITIES)}")
-    task = (form.get("task") or "transcribe").strip().lower()
-    if task not in TASKS:
-        raise InvalidRequest(f"task {task!r} is not one of: {', '.join(TASKS)}")
     if task == "translate" and not is_multilingual(model_path(settings)):
         raise InvalidRequest("task 'translate' needs a multilingual model; the configured model is English-only")
     return {"language": language, "priority": priority, "task": task}
