@@ -102,24 +102,10 @@ def infer(self, prepared: dict) -> dict:
         return _after_failure(self, prepared["job_id"], exc)
 
 
-def holdings(app, timeout: float = 2.0) -> dict[str, set[str]]:
-    """Worker id -> the job ids it holds, for every worker that answers now."""
-    # A fresh connection each time: a pooled one may be stale after a broker restart.
-    with app.connection_for_write() as conn:
-        conn.ensure_connection(max_retries=3, interval_start=0.5, interval_step=0.5)
-        replies = app.control.broadcast("whisperq_holdings", reply=True, timeout=timeout, connection=conn) or []
-    out: dict[str, set[str]] = {}
-    for reply in replies:
-        for value in reply.values():
-            if isinstance(value, dict) and value.get("worker_id"):
-                out[value["worker_id"]] = set(value.get("held") or ())
-    return out
-
-
 @shared_task(name="whisperq.sweep", bind=True, ignore_result=True)
 def sweep(self) -> dict:
     """Beat's periodic pass over stuck, orphaned and expired jobs (see models.sweeper)."""
-    from models.sweeper import sweep as run_sweep
+    from .broker import run_sweep
 
-    report = run_sweep(get_runtime(), holdings(self.app), lambda job: publish_transcribe(self.app, job))
+    report = run_sweep(self.app)
     return {k: (len(v) if isinstance(v, list) else v) for k, v in vars(report).items()}

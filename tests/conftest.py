@@ -110,6 +110,33 @@ def published():
     before_task_publish.disconnect(record)
 
 
+@pytest.fixture()
+def restart_broker(celery_app):
+    """A function that stops the broker for `down` seconds and starts it again: the
+    embedded Redis (append-only file on), or a local RabbitMQ (durable queues). The suite
+    does not restart a Redis it did not start: one run without persistence would lose
+    its queues."""
+    url = celery_app.conf.broker_url
+    embedded = _state.get("embedded")
+    if embedded is not None:
+        def restart(down: float = 2.0) -> None:
+            embedded.stop()
+            time.sleep(down)
+            embedded.start()
+        return restart
+    if url.startswith(("amqp", "pyamqp")) and ("@127.0.0.1" in url or "@localhost" in url):
+        if shutil.which("rabbitmqctl") is None:
+            need_service("rabbitmqctl is not on PATH: the RabbitMQ restart test needs the local broker's CLI")
+
+        def restart(down: float = 2.0) -> None:
+            subprocess.run(["rabbitmqctl", "-q", "stop_app"], check=True, timeout=120, capture_output=True)
+            time.sleep(down)
+            subprocess.run(["rabbitmqctl", "-q", "start_app"], check=True, timeout=120, capture_output=True)
+            subprocess.run(["rabbitmqctl", "-q", "await_startup"], check=True, timeout=120, capture_output=True)
+        return restart
+    pytest.skip(f"the suite restarts only the embedded Redis or a local RabbitMQ, not {url.split('://')[0]} at this address")
+
+
 class Worker:
     def __init__(self, proc: subprocess.Popen, name: str, log: Path):
         self.proc, self.name, self.log = proc, name, log
@@ -188,13 +215,9 @@ class Pools:
         """One sweeper pass now, as beat would run it, without the start-up grace."""
         from datetime import timedelta
 
-        from config import publish_transcribe
-        from models.runtime import get_runtime
-        from models.sweeper import sweep
-        from tasks.transcribe import holdings
+        from tasks.broker import run_sweep
 
-        return sweep(get_runtime(), holdings(self.celery_app), lambda job: publish_transcribe(self.celery_app, job),
-                     grace=timedelta(seconds=grace_seconds))
+        return run_sweep(self.celery_app, grace=timedelta(seconds=grace_seconds))
 
     def output(self) -> str:
         return self.prepare.output() + self.inference.output()

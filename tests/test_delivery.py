@@ -57,6 +57,46 @@ def test_kill_9_of_the_inference_worker_mid_job_costs_one_attempt(client, worker
     assert stored_lines(worker, job_id) == 1
 
 
+def wait_for_workers(celery_app, worker, timeout: float = 90) -> None:
+    nodes = {worker.prepare.node, worker.inference.node}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            answered = {key for reply in celery_app.control.ping(timeout=1.0) for key in reply}
+        except Exception:  # the client's own connection is still coming back
+            answered = set()
+        if nodes <= answered:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"workers did not answer after the broker restart:\n{worker.output()[-4000:]}")
+
+
+def test_a_broker_restart_with_jobs_queued_and_running_loses_none(client, worker, celery_app, restart_broker, database):
+    from models.job import Job
+
+    job_ids = [submit(client, "report.opus" if n % 3 == 0 else "fox.flac") for n in range(15)]
+    wait_for_stage(client, job_ids[0], "infer")  # some run, the rest wait in the queues
+    restart_broker(down=2.0)
+    wait_for_workers(celery_app, worker)
+    # Beat sweeps every WHISPERQ_SWEEP_INTERVAL; here a pass every few seconds, without the grace.
+    deadline, reports = time.monotonic() + 300, []
+    while time.monotonic() < deadline:
+        with database.session() as s:
+            left = s.scalar(select(func.count()).select_from(Job).where(Job.id.in_(job_ids),
+                                                                        Job.status.not_in(["COMPLETED", "FAILED"])))
+        if not left:
+            break
+        reports.append(worker.sweep())
+        time.sleep(3)
+    jobs = [client.get(f"/v1/jobs/{job_id}").get_json() for job_id in job_ids]
+    assert [j["status"] for j in jobs] == ["COMPLETED"] * len(job_ids), (jobs, [vars(r) for r in reports])
+    time.sleep(2)  # a late duplicate would store now
+    assert [stored_lines(worker, job_id) for job_id in job_ids] == [1] * len(job_ids)
+    assert all(j["attempts"] <= 2 for j in jobs), [j["attempts"] for j in jobs]
+    # The service takes new work on the restarted broker.
+    assert wait_for_job(client, submit(client))["status"] == "COMPLETED"
+
+
 def test_the_same_message_twice_gives_one_transcript(client, worker, celery_app, database):
     from config import publish_transcribe
     from models.job import Job

@@ -1,0 +1,88 @@
+"""What the broker itself holds, read directly: the sweeper needs to know whether a job's
+message still waits in a queue.
+
+On Redis a queue is one list per priority step (``whisperq.prepare``, ``whisperq.prepare:3``,
+...), and a message handed to a consumer moves to the ``unacked`` hash until it is acked.
+When the broker restarts, a consumer's connection goes and so do the messages it had
+reserved; they stay in ``unacked`` until `visibility_timeout` (hours) has passed. A job
+whose message is in no queue list and held by no live worker is therefore stranded,
+whatever ``unacked`` says. RabbitMQ returns a closed channel's messages to their queue
+at once, and cannot be listed without consuming: there the answer is "unknown".
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from datetime import timedelta
+
+from config import publish_transcribe
+from config.celeryconfig import QUEUES, REDIS_PRIORITY_STEPS, is_redis
+
+log = logging.getLogger(__name__)
+
+SCAN_CHUNK = 500
+
+
+def redis_queue_keys(app, queue: str) -> list[str]:
+    """The Redis lists that make up one queue, highest priority first."""
+    sep = app.conf.broker_transport_options.get("sep", "\x06\x16")
+    return [queue if step == 0 else f"{queue}{sep}{step}" for step in REDIS_PRIORITY_STEPS]
+
+
+def waiting_in_broker(app) -> set[str] | None:
+    """Task ids of the messages waiting in the service's queues, or None where the broker
+    cannot say (RabbitMQ)."""
+    if not is_redis(app.conf.broker_url):
+        return None
+    ids: set[str] = set()
+    with app.connection_for_write() as conn:
+        conn.ensure_connection(max_retries=3, interval_start=0.5, interval_step=0.5)
+        client = conn.default_channel.client
+        for queue in QUEUES:
+            for key in redis_queue_keys(app, queue):
+                start = 0
+                while True:
+                    chunk = client.lrange(key, start, start + SCAN_CHUNK - 1)
+                    for raw in chunk:
+                        try:
+                            ids.add(json.loads(raw)["headers"]["id"])
+                        except (ValueError, KeyError, TypeError):
+                            log.warning("unreadable message in %s skipped by the sweeper", key)
+                    if len(chunk) < SCAN_CHUNK:
+                        break
+                    start += SCAN_CHUNK
+    return ids
+
+
+def holdings(app, timeout: float = 2.0) -> dict[str, set[str]]:
+    """Worker id -> the job ids it holds, for every worker that answers now."""
+    # A fresh connection each time: a pooled one may be stale after a broker restart.
+    with app.connection_for_write() as conn:
+        conn.ensure_connection(max_retries=3, interval_start=0.5, interval_step=0.5)
+        replies = app.control.broadcast("whisperq_holdings", reply=True, timeout=timeout, connection=conn) or []
+    out: dict[str, set[str]] = {}
+    for reply in replies:
+        for value in reply.values():
+            if isinstance(value, dict) and value.get("worker_id"):
+                out[value["worker_id"]] = set(value.get("held") or ())
+    return out
+
+
+def still_lost(app, ids: set[str], pause: float = 2.0) -> set[str]:
+    """A second look at jobs whose messages were neither waiting nor held: one that was
+    on its way between a queue and a worker the first time is one place or the other now."""
+    time.sleep(pause)
+    waiting = waiting_in_broker(app) or set()
+    held = set().union(*holdings(app).values())
+    return {job_id for job_id in ids if job_id not in waiting and job_id not in held}
+
+
+def run_sweep(app, grace: timedelta | None = None):
+    """One sweeper pass against the live broker and workers (see models.sweeper)."""
+    from models.runtime import get_runtime
+    from models.sweeper import GRACE, sweep
+
+    waiting = waiting_in_broker(app)  # read before holdings: messages move from queues to workers
+    return sweep(get_runtime(), holdings(app), lambda job: publish_transcribe(app, job),
+                 grace=GRACE if grace is None else grace, waiting=waiting, confirm=lambda ids: still_lost(app, ids))
