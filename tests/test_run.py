@@ -59,6 +59,13 @@ def test_run_starts_the_whole_service_on_the_embedded_broker(tmp_path):
         assert job["status"] == "COMPLETED", job
         assert word_error_rate(clip["text"], job["result"]["text"]) <= 0.2
 
+        # Headers too large for gunicorn itself, or for the app: both answer in JSON.
+        for size in (20_000, 40_000, 200_000):
+            resp = requests.get(f"{base}/v1/jobs/{job['job_id']}", headers={"X-Padding": "a" * size}, timeout=10)
+            assert resp.status_code == 431, (size, resp.status_code, resp.text[:200])
+            assert resp.json()["error"]["code"] == "headers_too_large"
+        assert requests.get(status_url, timeout=5).status_code == 200  # and it keeps serving
+
         # Flower sees the worker and the task.
         workers = wait_until(
             lambda: requests.get(f"http://127.0.0.1:{flower}/workers?json=1", timeout=5).json()["data"], 30, "flower", proc, log

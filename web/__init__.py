@@ -41,8 +41,8 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.register_blueprint(pages.bp)
     @app.before_request
     def _limit_headers():
-        # gunicorn refuses a single header line over its limit with a plain-text 400;
-        # below that, many or large headers get a JSON answer here.
+        # gunicorn refuses a single header line over 32 KiB itself (web.server answers
+        # that in JSON too); below that, many or large headers are refused here.
         size = sum(len(k) + len(v) for k, v in request.headers.items())
         if size > MAX_HEADER_BYTES:
             return errors.error_response(

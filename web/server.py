@@ -1,0 +1,45 @@
+"""The gunicorn worker the Procfile runs: gthread, with errors as JSON.
+
+gunicorn answers requests it cannot parse (a header line over
+``--limit-request-field_size``, a malformed request line) itself, before the app sees
+them, with an HTML page. API clients get the same JSON error shape as from the app.
+"""
+from __future__ import annotations
+
+import json
+
+from gunicorn.http import errors as http_errors
+from gunicorn.util import write_nonblock
+from gunicorn.workers.gthread import ThreadWorker
+
+# (status, reason, code, message); the message says what to change.
+_CLIENT_ERRORS = (
+    (http_errors.LimitRequestHeaders, 431, "Request Header Fields Too Large", "headers_too_large",
+     "a request header is over 32 KiB, or there are too many headers; send smaller headers"),
+    (http_errors.LimitRequestLine, 414, "URI Too Long", "uri_too_long",
+     "the request line is too long; send parameters in the body instead of the URL"),
+    ((http_errors.InvalidRequestLine, http_errors.InvalidRequestMethod, http_errors.InvalidHTTPVersion,
+      http_errors.InvalidHeader, http_errors.InvalidHeaderName, http_errors.ObsoleteFolding,
+      http_errors.InvalidChunkSize, http_errors.ChunkMissingTerminator),
+     400, "Bad Request", "malformed_request", "the request is not valid HTTP/1.1: {exc}"),
+)
+
+
+def json_error(status: int, reason: str, code: str, message: str) -> bytes:
+    body = json.dumps({"error": {"code": code, "message": message}}).encode()
+    head = (f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n")
+    return head.encode("latin-1") + body
+
+
+class JSONErrorWorker(ThreadWorker):
+    def handle_error(self, req, client, addr, exc):
+        for kinds, status, reason, code, message in _CLIENT_ERRORS:
+            if isinstance(exc, kinds):
+                self.log.warning("Invalid request from ip=%s: %s", (addr or ("",))[0], exc)
+                try:
+                    write_nonblock(client, json_error(status, reason, code, message.format(exc=exc)))
+                except OSError:
+                    self.log.debug("Failed to send error message.")
+                return
+        super().handle_error(req, client, addr, exc)
