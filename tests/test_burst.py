@@ -1,0 +1,63 @@
+"""Load leveling under fire: a burst of 500 submissions as fast as the client can send
+them, drained by the real pools while the inference worker is killed (kill -9) twice."""
+import io
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from sqlalchemy import func, select
+
+from helpers import CLIPS
+
+pytestmark = pytest.mark.integration
+
+BURST = 500
+
+
+def test_a_burst_of_500_with_two_worker_kills_completes_each_job_exactly_once(app, worker, database):
+    from models.job import Job
+
+    audio = CLIPS["fox.flac"]["path"].read_bytes()
+
+    def submit(n: int) -> str:
+        resp = app.test_client().post("/v1/jobs", data={"file": (io.BytesIO(audio), f"burst-{n}.flac")},
+                                      content_type="multipart/form-data")
+        assert resp.status_code == 202, resp.get_json()
+        return resp.get_json()["job_id"]
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(8) as pool:
+        job_ids = list(pool.map(submit, range(BURST)))
+    submitted_in = time.monotonic() - started
+    assert len(set(job_ids)) == BURST
+
+    def count(*statuses) -> int:
+        with database.session() as s:
+            return s.scalar(select(func.count()).select_from(Job).where(Job.id.in_(job_ids), Job.status.in_(statuses)))
+
+    kills_at, kills, reports = (BURST // 5, BURST // 2), [], []
+    deadline = time.monotonic() + 1800
+    while time.monotonic() < deadline:
+        done = count("COMPLETED", "FAILED", "EXPIRED")
+        if done == BURST:
+            break
+        if len(kills) < len(kills_at) and done >= kills_at[len(kills)]:
+            worker.kill_inference()
+            kills.append(done)
+            worker.restart_inference()
+        reports.append(worker.sweep())  # beat's pass, without the start-up grace
+        time.sleep(5)
+    drained_in = time.monotonic() - started
+    print(f"\nburst: {BURST} submitted in {submitted_in:.1f} s, drained in {drained_in:.0f} s, "
+          f"kills after {kills} jobs, put back by the sweeper: {sum(len(r.requeued) for r in reports)}")
+
+    assert len(kills) == 2, "the drain ended before both kills"
+    assert count("COMPLETED") == BURST, {s: count(s) for s in ("PENDING", "PROCESSING", "FAILED", "EXPIRED")}
+    with database.session() as s:
+        assert s.scalar(select(func.count()).select_from(Job).where(Job.id.in_(job_ids))) == BURST
+        texts = s.scalars(select(Job.result_text).where(Job.id.in_(job_ids))).all()
+    assert all("fox" in t.lower() for t in texts)
+    time.sleep(3)  # a late duplicate would store now
+    logs = "".join(p.read_text(errors="replace") for p in worker.tmp.glob("inference-*.log"))
+    stored = [logs.count(f"job {job_id}: transcript stored") for job_id in job_ids]
+    assert stored == [1] * BURST, f"{sum(1 for n in stored if n > 1)} stored twice, {stored.count(0)} never"
