@@ -6,7 +6,11 @@ instead of failing on the first job.
 """
 from __future__ import annotations
 
+import base64
+import ipaddress
 import os
+import secrets
+import tempfile
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Mapping
@@ -50,6 +54,14 @@ class Settings:
     job_ttl_seconds: float
     sweep_interval_seconds: float
     admin_token: str | None
+    webhook_secret: str | None
+    webhook_allow_networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
+    webhook_timeout_seconds: float
+    webhook_retry_base_seconds: float
+    webhook_retry_window_seconds: float
+    webhook_max_inline_bytes: int
+    fetch_timeout_seconds: float
+    public_url: str | None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides) -> "Settings":
@@ -83,6 +95,14 @@ class Settings:
             job_ttl_seconds=env.float("WHISPERQ_JOB_TTL", 24 * 3600.0, low=1.0),
             sweep_interval_seconds=env.float("WHISPERQ_SWEEP_INTERVAL", 30.0, low=1.0),
             admin_token=env.str("WHISPERQ_ADMIN_TOKEN", None),
+            webhook_secret=env.webhook_secret("WHISPERQ_WEBHOOK_SECRET"),
+            webhook_allow_networks=env.networks("WHISPERQ_WEBHOOK_ALLOW_NETWORKS"),
+            webhook_timeout_seconds=env.float("WHISPERQ_WEBHOOK_TIMEOUT", 10.0, low=0.1),
+            webhook_retry_base_seconds=env.float("WHISPERQ_WEBHOOK_RETRY_BASE_SECONDS", 5.0, low=0.0),
+            webhook_retry_window_seconds=env.float("WHISPERQ_WEBHOOK_RETRY_WINDOW", 24 * 3600.0, low=0.0),
+            webhook_max_inline_bytes=env.int("WHISPERQ_WEBHOOK_MAX_INLINE_BYTES", 262144, low=0, high=64 * 1024 * 1024),
+            fetch_timeout_seconds=env.float("WHISPERQ_FETCH_TIMEOUT", 120.0, low=1.0),
+            public_url=env.url("WHISPERQ_PUBLIC_URL", None, schemes=("http", "https")),
         )
         values.update(overrides)
         settings = cls(**values)
@@ -113,6 +133,10 @@ class Settings:
         other jobs plus its own inference, with room for a slow CPU."""
         return 300.0 + 2.0 * (audio_seconds if audio_seconds is not None else self.max_audio_seconds)
 
+    def base_url(self) -> str:
+        """Where clients reach the API, for links sent outside a request (webhooks)."""
+        return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")
+
     def celery_broker_url(self) -> str:
         if not self.broker_url:
             raise ConfigError(
@@ -131,13 +155,35 @@ class Settings:
         # publisher's reply queue, which a retry or a requeue from another process loses.
         return "db+" + self.database_url
 
+    def webhook_signing_secret(self) -> str:
+        """WHISPERQ_WEBHOOK_SECRET, or else one generated once into the data dir, so that
+        every process sharing the data dir signs with the same key."""
+        if self.webhook_secret:
+            return self.webhook_secret
+        path = self.data_dir / "webhook-secret"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".webhook-secret-")  # mode 0600
+            try:
+                with os.fdopen(fd, "w") as out:
+                    out.write("whsec_" + base64.b64encode(secrets.token_bytes(32)).decode() + "\n")
+                try:
+                    os.link(tmp, path)  # atomic: the first process to get here wins, the others read its key
+                except FileExistsError:
+                    pass
+            finally:
+                os.unlink(tmp)
+        return path.read_text().strip()
+
     def describe(self) -> dict[str, str]:
         """Settings as strings with passwords masked, for logs and `whisperq config`."""
         out = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name == "admin_token" and value:
+            if f.name in ("admin_token", "webhook_secret") and value:
                 value = "***"
+            elif isinstance(value, tuple):
+                value = ",".join(str(v) for v in value)
             out[f.name] = _mask(str(value)) if value is not None else ""
         return out
 
@@ -215,6 +261,38 @@ class _Env:
                 + ", ".join(f"{s}://" for s in schemes)
             )
         return value
+
+    def webhook_secret(self, name: str) -> str | None:
+        value = self.raw(name)
+        if value is not None and value.startswith("whsec_"):
+            try:
+                key = base64.b64decode(value[len("whsec_"):], validate=True)
+            except ValueError:
+                key = b""
+            if len(key) < 16:
+                raise ConfigError(
+                    f"{name} starts with whsec_ but the rest is not base64 of at least 16 bytes; set it to "
+                    "whsec_ followed by base64 of a random key (such as `python -c \"import base64,os; "
+                    "print('whsec_' + base64.b64encode(os.urandom(32)).decode())\"`), or unset it"
+                )
+        return value
+
+    def networks(self, name: str) -> tuple:
+        value = self.raw(name)
+        if value is None:
+            return ()
+        out = []
+        for entry in (e.strip() for e in value.split(",")):
+            if not entry:
+                continue
+            try:
+                out.append(ipaddress.ip_network(entry, strict=False))
+            except ValueError:
+                raise ConfigError(
+                    f"{name} has {entry!r}, which is not an IP network; use comma-separated CIDRs "
+                    "such as 10.0.0.0/8,fd00::/8 (a single address is fine too)"
+                )
+        return tuple(out)
 
     def language(self, name: str, default):
         value = self.raw(name)

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -77,3 +80,55 @@ def write_wav(path: Path, samples) -> Path:
         w.setframerate(16000)
         w.writeframes(pcm.tobytes())
     return path
+
+
+class Receiver:
+    """A real HTTP(S) server on 127.0.0.1 in a thread. `routes` maps a path to
+    (status, headers, body) or to a function of the request handler."""
+
+    def __init__(self, routes: dict, tls: ssl.SSLContext | None = None):
+        self.requests: list = []  # (method, path, headers, body)
+        self.release = threading.Event()  # set at exit, so slow routes end
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def handle_one(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                outer.requests.append((self.command, self.path, self.headers, body))
+                route = routes.get(self.path.split("?")[0], (404, {}, b"no such route"))
+                if callable(route):
+                    return route(self, outer)
+                status, headers, content = route
+                self.send_response(status)
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(content)))
+                self.end_headers()
+                self.wfile.write(content)
+
+            do_GET = do_POST = handle_one
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.handle_error = lambda request, address: None
+        if tls is not None:
+            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
+
+    def url(self, path: str, host: str = "127.0.0.1", scheme: str = "http") -> str:
+        return f"{scheme}://{host}:{self.port}{path}"
+
+    def __enter__(self) -> "Receiver":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
