@@ -1,5 +1,13 @@
-"""The upload page and the job page for people using a browser."""
+"""The upload page and the job page for people using a browser.
+
+Both pages work without JavaScript (a form POST and a refreshing job page); with it,
+web/static/upload.js and web/static/job.js submit through the JSON API and update the
+job page in place. The templates hand those scripts their data in data- attributes.
+"""
 from __future__ import annotations
+
+import math
+from datetime import datetime, timezone
 
 from flask import Blueprint, current_app, redirect, render_template, request, url_for
 
@@ -12,6 +20,50 @@ from .uploads import submit_upload
 
 bp = Blueprint("pages", __name__)
 
+# What a person reads for each status; job.js gets the same table through the page.
+STATUS_LABELS = {
+    "PENDING": "Waiting in the queue",
+    "PROCESSING": "Transcribing",
+    "COMPLETED": "Done",
+    "FAILED": "Failed",
+    "CANCELLED": "Cancelled",
+    "EXPIRED": "Expired",
+}
+# What a running job is doing (its `stage`), and the line under the status otherwise.
+STAGE_LABELS = {"prepare": "Decoding the audio", "queued": "Waiting for the speech model", "infer": "Recognising speech"}
+FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "EXPIRED")
+FORMAT_LABELS = {"txt": "Text", "json": "JSON", "srt": "Subtitles (SRT)", "vtt": "Subtitles (WebVTT)"}
+PRIORITY_HINTS = {"high": "ahead of the rest", "normal": "the usual", "low": "when the queue is quiet"}
+
+# Whisper's language codes with the names people know them by.
+_NAMES = dict(pair.split(" ", 1) for pair in (
+    "af Afrikaans|am Amharic|ar Arabic|as Assamese|az Azerbaijani|ba Bashkir|be Belarusian|bg Bulgarian|"
+    "bn Bengali|bo Tibetan|br Breton|bs Bosnian|ca Catalan|cs Czech|cy Welsh|da Danish|de German|el Greek|"
+    "en English|es Spanish|et Estonian|eu Basque|fa Persian|fi Finnish|fo Faroese|fr French|gl Galician|"
+    "gu Gujarati|ha Hausa|haw Hawaiian|he Hebrew|hi Hindi|hr Croatian|ht Haitian Creole|hu Hungarian|"
+    "hy Armenian|id Indonesian|is Icelandic|it Italian|ja Japanese|jw Javanese|ka Georgian|kk Kazakh|km Khmer|"
+    "kn Kannada|ko Korean|la Latin|lb Luxembourgish|ln Lingala|lo Lao|lt Lithuanian|lv Latvian|mg Malagasy|"
+    "mi Maori|mk Macedonian|ml Malayalam|mn Mongolian|mr Marathi|ms Malay|mt Maltese|my Burmese|ne Nepali|"
+    "nl Dutch|nn Norwegian Nynorsk|no Norwegian|oc Occitan|pa Punjabi|pl Polish|ps Pashto|pt Portuguese|"
+    "ro Romanian|ru Russian|sa Sanskrit|sd Sindhi|si Sinhala|sk Slovak|sl Slovenian|sn Shona|so Somali|"
+    "sq Albanian|sr Serbian|su Sundanese|sv Swedish|sw Swahili|ta Tamil|te Telugu|tg Tajik|th Thai|tk Turkmen|"
+    "tl Tagalog|tr Turkish|tt Tatar|uk Ukrainian|ur Urdu|uz Uzbek|vi Vietnamese|yi Yiddish|yo Yoruba|"
+    "zh Chinese|yue Cantonese"
+).split("|"))
+
+
+def _languages() -> list[tuple[str, str]]:
+    """(code, name) pairs the configured model can take, by name: an English-only model
+    offers English alone, so nobody picks a language that is then refused."""
+    from models.speech import is_multilingual, model_path
+
+    try:
+        multilingual = is_multilingual(model_path(current_app.extensions["whisperq"].settings))
+    except Exception:  # the model cannot be found here: offer everything, the API decides
+        multilingual = True
+    codes = LANGUAGES if multilingual else {"en"}
+    return sorted(((code, _NAMES.get(code, code)) for code in codes), key=lambda pair: pair[1])
+
 
 def _form(error: str | None = None, status: int = 200):
     settings = current_app.extensions["whisperq"].settings
@@ -20,7 +72,8 @@ def _form(error: str | None = None, status: int = 200):
             "index.html",
             error=error,
             priorities=PRIORITIES,
-            languages=sorted(LANGUAGES),
+            priority_hints=PRIORITY_HINTS,
+            languages=_languages(),
             max_mb=settings.max_upload_mb,
             form=request.form,
         ),
@@ -47,5 +100,61 @@ def upload():
 
 @bp.get("/jobs/<job_id>")
 def job(job_id: str):
-    job = get_job(current_app.extensions["whisperq"], job_id)
-    return render_template("job.html", job=job.to_dict(), formats=FORMATS)
+    data = get_job(current_app.extensions["whisperq"], job_id).to_dict()
+    status_url = url_for("api.show", job_id=job_id)
+    downloads = {f: url_for("api.transcript", job_id=job_id, format=f, download=1) for f in FORMATS}
+    return render_template(
+        "job.html",
+        job=data,
+        status_url=status_url,
+        cancel_url=status_url + "/cancel",
+        downloads=downloads,
+        format_labels=FORMAT_LABELS,
+        labels=STATUS_LABELS,
+        stages=STAGE_LABELS,
+        finished=data["status"] in FINISHED,
+    )
+
+
+@bp.app_template_filter("clock")
+def clock(seconds: float | None) -> str:
+    """`mm:ss.s` (with hours in front past the hour), as job.js writes it."""
+    tenths = max(0, math.floor(float(seconds or 0) * 10 + 0.5))  # rounds halves up, as JavaScript does
+    hours, tenths = divmod(tenths, 36000)
+    minutes, tenths = divmod(tenths, 600)
+    text = f"{minutes:02d}:{tenths // 10:02d}.{tenths % 10}"
+    return f"{hours}:{text}" if hours else text
+
+
+@bp.app_template_filter("from_now")
+def from_now(iso: str | None) -> str | None:
+    """"about 20 s" / "about 3 min" until an ISO time, "a moment" if it has passed; None
+    if there is no time. job.js writes the same words."""
+    if not iso:
+        return None
+    try:
+        when = datetime.fromisoformat(str(iso).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return about((when - datetime.now(timezone.utc)).total_seconds())
+
+
+@bp.app_template_filter("sentence")
+def sentence(message: str | None) -> str:
+    """An error as a sentence: capital first, a full stop last (job.js does the same)."""
+    text = str(message or "").strip()
+    if not text:
+        return ""
+    return text[0].upper() + text[1:] + ("" if text[-1] in ".!?" else ".")
+
+
+def about(seconds: float) -> str:
+    if seconds < 5:
+        return "a moment"
+    if seconds < 55:
+        return f"about {int(round(seconds / 5) * 5)} s"
+    if seconds < 90 * 60:
+        return f"about {max(1, round(seconds / 60))} min"
+    return f"about {round(seconds / 3600)} h"
