@@ -6,6 +6,7 @@ from .celeryconfig import (
     broker_priority,
     celery_config,
     make_celery,
+    publish_notify,
     publish_transcribe,
 )
 from .languages import LANGUAGES
@@ -13,5 +14,5 @@ from .settings import PRIORITIES, ConfigError, Settings
 
 __all__ = [
     "Settings", "ConfigError", "PRIORITIES", "LANGUAGES", "celery_config", "broker_priority", "make_celery",
-    "publish_transcribe", "PREPARE_QUEUE", "INFERENCE_QUEUE", "NOTIFY_QUEUE",
+    "publish_transcribe", "publish_notify", "PREPARE_QUEUE", "INFERENCE_QUEUE", "NOTIFY_QUEUE",
 ]

@@ -101,6 +101,7 @@ def celery_config(settings: Settings) -> dict:
             "whisperq.transcribe": {"queue": PREPARE_QUEUE, "routing_key": QUEUES[PREPARE_QUEUE]},
             "whisperq.infer": {"queue": INFERENCE_QUEUE, "routing_key": QUEUES[INFERENCE_QUEUE]},
             "whisperq.sweep": {"queue": PREPARE_QUEUE, "routing_key": QUEUES[PREPARE_QUEUE]},
+            "whisperq.notify": {"queue": NOTIFY_QUEUE, "routing_key": QUEUES[NOTIFY_QUEUE]},
         },
         beat_schedule={
             "whisperq-sweep": {
@@ -153,6 +154,14 @@ def publish_transcribe(app: Celery, job, countdown: float | None = None, reply_t
         retry=True,
         retry_policy={"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 1.0},
     )
+
+
+def publish_notify(app: Celery, delivery_ids: list[str]) -> None:
+    """Send webhook deliveries (rows of models.notify) to the notification pool."""
+    for delivery_id in delivery_ids:
+        app.send_task("whisperq.notify", args=[delivery_id], queue=NOTIFY_QUEUE, ignore_result=True,
+                      priority=broker_priority("normal", app.conf.broker_url), retry=True,
+                      retry_policy={"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 1.0})
 
 
 def declare_dead_letter_queue(app: Celery) -> None:

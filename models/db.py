@@ -67,7 +67,7 @@ class Database:
         concurrent CREATE TABLEs collide, so a loser looks again and finds the tables."""
         from sqlalchemy.exc import DBAPIError
 
-        from . import deadletter, idempotency, job  # noqa: F401 - registers the tables
+        from . import deadletter, idempotency, job, notify, workers  # noqa: F401 - registers the tables
 
         for attempt in range(3):
             try:
@@ -97,7 +97,7 @@ class Database:
         with self.engine.connect() as conn:
             conn.exec_driver_sql("SELECT 1")
 
-    def dispose(self) -> None:
-        """Drop pooled connections, e.g. in a child after fork."""
+    def dispose(self, close: bool = True) -> None:
+        """Drop pooled connections; in a child after fork, without closing the parent's."""
         if self._engine is not None:
-            self._engine.dispose()
+            self._engine.dispose(close=close)

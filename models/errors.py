@@ -61,6 +61,13 @@ class JobTimeLimitExceeded(TransientJobError):
     code = "time_limit"
 
 
+class JobCancelled(WhisperqError):
+    """The client cancelled (or deleted) the job; it is not run further."""
+
+    code = "cancelled"
+    http_status = 409
+
+
 class JobExpired(WhisperqError):
     """The job was not started within WHISPERQ_JOB_TTL; it is EXPIRED and never runs."""
 

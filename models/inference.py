@@ -16,7 +16,7 @@ from typing import Any
 from .audio import SAMPLE_RATE
 from .batching import Batcher
 from .errors import JobTimeLimitExceeded, TransientJobError
-from .jobs import begin_inference, complete_job
+from .jobs import begin_inference, cancel_running, complete_job, record_progress
 from .runtime import Runtime
 from .speech import Transcript, get_engine
 
@@ -36,9 +36,10 @@ def get_batcher(rt: Runtime) -> Batcher:
                 settings = rt.settings
 
                 def run_batch(key, payloads):
-                    language, task = key
+                    language, task, words = key
                     engine = get_engine(settings)
-                    return engine.transcribe_batch([p[0] for p in payloads], [p[1] for p in payloads], language, task)
+                    return engine.transcribe_batch([p[0] for p in payloads], [p[1] for p in payloads], language, task,
+                                                   word_timestamps=words)
 
                 _batcher = Batcher(run_batch, max_batch=settings.batch_size, max_wait=settings.batch_wait_ms / 1000)
     return _batcher
@@ -52,8 +53,10 @@ def infer_job(rt: Runtime, prepared: dict[str, Any], batcher: Batcher, worker: s
               worker_id: str | None = None) -> dict:
     """Transcribe a prepared job through the batcher and store its transcript, once.
 
-    Raises TransientJobError (time limit, prepared audio gone) or whatever the engine
-    raised; the task decides between a retry and the dead-letter store.
+    Progress is recorded window by window; a cancel takes effect at the next window
+    boundary and keeps what was transcribed. Raises TransientJobError (time limit,
+    prepared audio gone) or whatever the engine raised; the task decides between a retry
+    and the dead-letter store.
     """
     job_id = prepared["job_id"]
     if "result" in prepared:
@@ -75,12 +78,20 @@ def infer_job(rt: Runtime, prepared: dict[str, Any], batcher: Batcher, worker: s
         if chunks:
             language = get_engine(rt.settings).language_of(chunks[0][0], language)
         language = language or "en"
-        futures = batcher.submit((language, prepared.get("task") or "transcribe"), chunks,
-                                 priority=prepared.get("priority") or "normal", job_id=job_id)
+        key = (language, prepared.get("task") or "transcribe", bool(prepared.get("word_timestamps")))
+        futures = batcher.submit(key, chunks, priority=prepared.get("priority") or "normal", job_id=job_id)
         deadline = time.monotonic() + limit
         segments = []
-        for fut in futures:
+        for n, fut in enumerate(futures):
             segments.extend(fut.result(timeout=max(0.0, deadline - time.monotonic())))
+            done_seconds = prepared["windows"][n][1] / SAMPLE_RATE
+            if record_progress(rt, job_id, done_seconds) and n + 1 < len(futures):
+                batcher.cancel(futures[n + 1:])
+                partial = Transcript.from_segments(segments, language, duration)
+                result = cancel_running(rt, job_id, partial.to_dict())
+                rt.storage.delete(prepared["prepared"])
+                log.info("job %s: cancelled after %.1f of %.1f s; partial transcript kept", job_id, done_seconds, duration)
+                return result
     except FutureTimeout:
         batcher.cancel(futures)
         raise JobTimeLimitExceeded(f"the job passed its time limit of {limit:.0f} s") from None

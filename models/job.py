@@ -44,10 +44,11 @@ class JobStatus(str, enum.Enum):
     COMPLETED = "COMPLETED"
     FAILED = "FAILED"
     EXPIRED = "EXPIRED"
+    CANCELLED = "CANCELLED"
 
     @property
     def finished(self) -> bool:
-        return self in (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.EXPIRED)
+        return self in (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.EXPIRED, JobStatus.CANCELLED)
 
 
 class InvalidTransition(RuntimeError):
@@ -58,13 +59,21 @@ class InvalidTransition(RuntimeError):
 # PROCESSING -> PENDING is a retry that goes back to the queue; FAILED -> PENDING is an
 # operator's replay from the dead-letter queue; PENDING -> COMPLETED is a worker the
 # sweeper wrongly gave up on finishing after all (its transcript is as good as any).
+# A client may cancel a job that has not finished.
 TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
-    JobStatus.PENDING: frozenset({JobStatus.PROCESSING, JobStatus.FAILED, JobStatus.EXPIRED, JobStatus.COMPLETED}),
-    JobStatus.PROCESSING: frozenset({JobStatus.PROCESSING, JobStatus.PENDING, JobStatus.COMPLETED, JobStatus.FAILED}),
+    JobStatus.PENDING: frozenset({JobStatus.PROCESSING, JobStatus.FAILED, JobStatus.EXPIRED, JobStatus.COMPLETED,
+                                  JobStatus.CANCELLED}),
+    JobStatus.PROCESSING: frozenset({JobStatus.PROCESSING, JobStatus.PENDING, JobStatus.COMPLETED, JobStatus.FAILED,
+                                     JobStatus.CANCELLED}),
     JobStatus.COMPLETED: frozenset(),
     JobStatus.FAILED: frozenset({JobStatus.PENDING}),
     JobStatus.EXPIRED: frozenset(),
+    JobStatus.CANCELLED: frozenset(),
 }
+
+# The webhook event each final state sends.
+EVENTS = {JobStatus.COMPLETED: "job.completed", JobStatus.FAILED: "job.failed",
+          JobStatus.CANCELLED: "job.cancelled", JobStatus.EXPIRED: "job.expired"}
 
 
 def new_job_id() -> str:
@@ -102,6 +111,18 @@ class Job(Base):
     held_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # When it last entered the queue (creation or replay): the time-to-live counts from here.
     queued_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # Where to POST the job when it ends (see models.notify).
+    callback_url: Mapped[str | None] = mapped_column(Text)
+    # Submitted by URL: the preparation pool fetches it (see models.fetch).
+    audio_url: Mapped[str | None] = mapped_column(Text)
+    word_timestamps: Mapped[bool | None] = mapped_column(default=False)
+    # Audio seconds transcribed so far, and when inference began: progress and estimates.
+    progress_seconds: Mapped[float | None] = mapped_column(Float)
+    infer_started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # A client asked to cancel a running job: it stops at the next window boundary.
+    cancel_requested: Mapped[bool | None] = mapped_column(default=False)
+    # DELETE: audio and transcript are gone; the row stays so a late message finds it.
+    deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
     @property
     def state(self) -> JobStatus:
@@ -159,6 +180,16 @@ class Job(Base):
         if self.started_at is not None:
             self.processing_seconds = (self.finished_at - self.started_at).total_seconds()
 
+    def cancel(self, partial: dict[str, Any] | None = None) -> None:
+        self._move(JobStatus.CANCELLED)
+        self.error = "cancelled by the client"
+        self.finished_at = utcnow()
+        self.stage = None
+        if partial is not None:  # what was transcribed before the cancel is kept
+            self.result_text = partial["text"]
+            self.result_language = partial["language"]
+            self.result_segments = partial["segments"]
+
     def fail(self, reason: str) -> None:
         self._move(JobStatus.FAILED)
         self.error = reason
@@ -166,16 +197,32 @@ class Job(Base):
         self.stage = None
 
     def result(self) -> dict[str, Any] | None:
-        """The transcript as a dict, or None while the job is not COMPLETED."""
-        if self.state is not JobStatus.COMPLETED:
+        """The transcript as a dict: the whole one once COMPLETED, the part done before a
+        cancel (`partial`), or None."""
+        if self.state is JobStatus.CANCELLED and self.result_segments is not None:
+            partial = True
+        elif self.state is JobStatus.COMPLETED:
+            partial = False
+        else:
             return None
-        return {
+        out = {
             "job_id": self.id,
             "text": self.result_text or "",
             "language": self.result_language,
             "duration": self.audio_duration,
             "segments": list(self.result_segments or []),
         }
+        if partial:
+            out["partial"] = True
+        return out
+
+    @property
+    def progress(self) -> float:
+        if self.state is JobStatus.COMPLETED:
+            return 1.0
+        if not self.audio_duration or not self.progress_seconds:
+            return 0.0
+        return round(min(1.0, self.progress_seconds / self.audio_duration), 3)
 
     def to_dict(self) -> dict[str, Any]:
         def iso(value: datetime | None) -> str | None:
@@ -194,6 +241,10 @@ class Job(Base):
             "finished_at": iso(self.finished_at),
             "attempts": self.attempts,
             "stage": self.stage,
+            "progress": self.progress,
+            "word_timestamps": bool(self.word_timestamps),
+            "audio_url": self.audio_url,
+            "callback_url": self.callback_url,
             "next_attempt_at": iso(self.next_attempt_at),
             "error": self.error,
             "result": self.result(),

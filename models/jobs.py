@@ -16,9 +16,12 @@ from config import LANGUAGES, PRIORITIES
 from . import audio as audio_io
 from .errors import (
     AttemptsExhausted,
+    AudioTooLong,
     InvalidRequest,
+    JobCancelled,
     JobExpired,
     JobNotFound,
+    JobNotReady,
     PermanentJobError,
     TransientJobError,
     UnsupportedAudio,
@@ -48,36 +51,44 @@ def check_options(language: str | None, priority: str, task: str) -> None:
 
 def create_job(
     rt: Runtime,
-    spooled: Path,
+    spooled: Path | None,
     *,
     filename: str | None,
     suffix: str,
-    duration: float,
+    duration: float | None,
     language: str | None,
     priority: str,
     task: str = "transcribe",
+    callback_url: str | None = None,
+    word_timestamps: bool = False,
+    audio_url: str | None = None,
 ) -> Job:
-    """Move a validated upload into storage and record its PENDING job (before publishing)."""
+    """Move a validated upload into storage and record its PENDING job (before publishing).
+    A job submitted by URL has no file yet: the preparation pool fetches it."""
     job_id = new_job_id()
-    ref = rt.storage.adopt(spooled, job_id, suffix)
+    ref = rt.storage.adopt(spooled, job_id, suffix) if spooled is not None else ""
     try:
         with rt.db.session() as session:
             job = Job(
                 id=job_id, status=JobStatus.PENDING.value, task=task, language=language, priority=priority,
-                audio_ref=ref, audio_owned=True, filename=filename, audio_duration=round(duration, 3), attempts=0,
+                audio_ref=ref, audio_owned=True, filename=filename,
+                audio_duration=round(duration, 3) if duration is not None else None, attempts=0,
+                callback_url=callback_url, word_timestamps=word_timestamps, audio_url=audio_url,
             )
             session.add(job)
     except BaseException:
-        rt.storage.delete(ref)
+        if ref:
+            rt.storage.delete(ref)
         raise
-    log.info("job %s created (%.1f s of audio, priority %s)", job_id, duration, priority)
+    log.info("job %s created (%s, priority %s)", job_id,
+             f"{duration:.1f} s of audio" if duration is not None else "audio to fetch", priority)
     return job
 
 
 def get_job(rt: Runtime, job_id: str) -> Job:
     with rt.db.session() as session:
         job = session.get(Job, job_id)
-        if job is None:
+        if job is None or job.deleted_at is not None:
             raise JobNotFound(f"no job with id {job_id!r}")
         session.expunge(job)
         return job
@@ -88,7 +99,7 @@ def discard_job(rt: Runtime, job_id: str) -> None:
     with rt.db.session() as session:
         job = session.get(Job, job_id)
         if job is not None:
-            if job.audio_owned:
+            if job.audio_owned and job.audio_ref:
                 rt.storage.delete(job.audio_ref)
             session.delete(job)
 
@@ -119,6 +130,8 @@ def _claim(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any], wo
             return job.result()
         if job.state is JobStatus.EXPIRED:
             raise JobExpired(job.error or "the job expired")
+        if job.state is JobStatus.CANCELLED:
+            raise JobCancelled(f"job {job_id} was cancelled; it is not run")
         if job.state is JobStatus.FAILED:
             raise PermanentJobError(job.error or "the job has failed")
         ttl = timedelta(seconds=rt.settings.job_ttl_seconds)
@@ -162,6 +175,8 @@ def prepare_job(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any
         if job.task not in TASKS:
             raise InvalidRequest(f"task {job.task!r} is not one of: {', '.join(TASKS)}")
         check_language(rt.settings, job.language)
+        if job.audio_url and not job.audio_ref:
+            job.audio_ref = _fetch(rt, job)
         path = rt.storage.path(job.audio_ref)
         if not path.is_file():
             # Shared storage may not have caught up yet: worth another attempt.
@@ -174,10 +189,18 @@ def prepare_job(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any
     windows = split_windows(samples)
     ref = rt.storage.save_samples(job_id, samples)
     with rt.db.session() as session:
-        stored = session.get(Job, job_id)
-        stored.audio_duration = round(duration, 3)
-        # Handed over: the inference message waits in its queue, held by no worker yet.
-        stored.stage, stored.worker_id = "queued", None
+        stored = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one()
+        if stored.cancel_requested:
+            stored.cancel()
+            cancelled = True
+        else:
+            cancelled = False
+            stored.audio_duration = round(duration, 3)
+            # Handed over: the inference message waits in its queue, held by no worker yet.
+            stored.stage, stored.worker_id = "queued", None
+    if cancelled:
+        rt.storage.delete(ref)
+        raise JobCancelled(f"job {job_id} was cancelled while it was prepared")
     log.info("job %s prepared: %.1f s of audio in %d windows", job_id, duration, len(windows))
     return {
         "job_id": job_id,
@@ -187,6 +210,7 @@ def prepare_job(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any
         "language": job.language,
         "task": job.task,
         "priority": job.priority,
+        "word_timestamps": bool(job.word_timestamps),
     }
 
 
@@ -197,6 +221,8 @@ def complete_job(rt: Runtime, job_id: str, data: dict[str, Any]) -> tuple[dict, 
         stored = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one()
         if stored.state is JobStatus.COMPLETED:
             return stored.result(), False
+        if stored.deleted_at is not None:
+            raise JobCancelled(f"job {job_id} was deleted; its transcript was not stored")
         if stored.state.finished:
             raise PermanentJobError(f"the job is {stored.status}; its transcript was not stored")
         stored.complete(data["text"], data["language"], data["segments"], data["duration"])
@@ -228,8 +254,13 @@ def begin_inference(rt: Runtime, job_id: str, worker: str | None, worker_id: str
             raise PermanentJobError(f"job {job_id} does not exist")
         if job.state is JobStatus.COMPLETED:
             return job.result()
+        if job.state is JobStatus.CANCELLED:
+            raise JobCancelled(f"job {job_id} was cancelled; it is not run")
         if job.state.finished:
             raise PermanentJobError(job.error or f"the job is {job.status}")
+        if job.cancel_requested:
+            job.cancel()
+            return job.result() or {"job_id": job_id, "cancelled": True}
         if job.stage == "infer":
             if job.attempts >= rt.settings.max_attempts:
                 raise AttemptsExhausted(
@@ -239,6 +270,7 @@ def begin_inference(rt: Runtime, job_id: str, worker: str | None, worker_id: str
         if job.state is JobStatus.PENDING:
             job.start(worker, worker_id)
         job.stage, job.worker, job.worker_id = "infer", worker, worker_id
+        job.infer_started_at, job.progress_seconds = utcnow(), 0.0
         return None
 
 
@@ -263,3 +295,110 @@ def fail_job(rt: Runtime, job_id: str, reason: str) -> None:
         if job is not None and not job.state.finished:
             job.fail(reason)
     log.warning("job %s failed: %s", job_id, reason)
+
+
+def record_progress(rt: Runtime, job_id: str, seconds: float) -> bool:
+    """Audio seconds transcribed so far; returns whether a cancel has been asked for."""
+    with rt.db.session() as session:
+        job = session.get(Job, job_id)
+        if job is None:
+            return True
+        job.progress_seconds = round(seconds, 3)
+        return bool(job.cancel_requested) or job.deleted_at is not None
+
+
+def cancel_running(rt: Runtime, job_id: str, partial: dict[str, Any]) -> dict | None:
+    """A running job stopped at a window boundary: CANCELLED, with what was transcribed."""
+    with rt.db.session() as session:
+        job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one()
+        if job.state.finished:
+            return job.result()
+        job.cancel(None if job.deleted_at is not None else partial)
+        return job.result()
+
+
+def cancel_job(rt: Runtime, job_id: str) -> Job:
+    """Cancel a job that has not finished: one still waiting never runs; one being
+    transcribed stops at its next window boundary (its worker marks it CANCELLED)."""
+    with rt.db.session() as session:
+        job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one_or_none()
+        if job is None or job.deleted_at is not None:
+            raise JobNotFound(f"no job with id {job_id!r}")
+        if job.state.finished:
+            raise JobNotReady(f"job {job_id} is already {job.status}; only PENDING or PROCESSING jobs can be cancelled")
+        prepared = job.stage == "queued"
+        if job.state is JobStatus.PENDING or prepared:
+            job.cancel()
+        else:
+            job.cancel_requested = True
+        session.flush()
+        session.expunge(job)
+    if prepared:  # its inference message will find it CANCELLED
+        rt.storage.delete(f"prepared/{job_id[:2]}/{job_id}.npy")
+    log.info("job %s: cancel asked (%s)", job_id, job.status)
+    return job
+
+
+def delete_job(rt: Runtime, job_id: str) -> None:
+    """Remove a job's audio and transcript for good; a running job is cancelled first.
+    The row stays, emptied, so that a late message finds the job gone."""
+    with rt.db.session() as session:
+        job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one_or_none()
+        if job is None or job.deleted_at is not None:
+            raise JobNotFound(f"no job with id {job_id!r}")
+        if not job.state.finished:
+            if job.state is JobStatus.PENDING or job.stage == "queued":
+                job.cancel()
+            else:
+                job.cancel_requested = True
+        refs = [job.audio_ref] if job.audio_owned and job.audio_ref else []
+        refs.append(f"prepared/{job_id[:2]}/{job_id}.npy")
+        job.deleted_at = utcnow()
+        job.result_text = job.result_segments = job.result_language = None
+        job.filename = job.audio_url = job.callback_url = None
+        job.audio_ref = ""
+    for ref in refs:
+        rt.storage.delete(ref)
+    log.info("job %s deleted", job_id)
+
+
+def list_jobs(rt: Runtime, status: str | None = None, limit: int = 50,
+              cursor: tuple[Any, str] | None = None) -> tuple[list[Job], tuple[Any, str] | None]:
+    """Jobs newest first; `cursor` is the (created_at, id) of the last job of the previous
+    page. Returns the page and the next cursor (None on the last page)."""
+    query = select(Job).where(Job.deleted_at.is_(None))
+    if status is not None:
+        query = query.where(Job.status == status)
+    if cursor is not None:
+        created, last_id = cursor
+        query = query.where((Job.created_at < created) | ((Job.created_at == created) & (Job.id < last_id)))
+    query = query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)
+    with rt.db.session() as session:
+        jobs = list(session.scalars(query).all())
+        for job in jobs:
+            session.expunge(job)
+    page, more = jobs[:limit], len(jobs) > limit
+    return page, ((page[-1].created_at, page[-1].id) if more else None)
+
+
+def _fetch(rt: Runtime, job: Job) -> str:
+    """Fetch a job submitted by URL into storage (preparation pool); returns its reference."""
+    from urllib.parse import urlsplit
+
+    from .fetch import fetch_audio
+    from .storage import safe_suffix
+
+    tmp = rt.storage.tmp_dir / f"fetch-{job.id}"
+    try:
+        fetch_audio(job.audio_url, tmp, rt.settings)
+        info = audio_io.probe(tmp, max_seconds=rt.settings.max_audio_seconds)
+        ref = rt.storage.adopt(tmp, job.id, safe_suffix(urlsplit(job.audio_url).path))
+    except (UnsupportedAudio, AudioTooLong) as exc:
+        raise PermanentJobError(f"the audio at audio_url: {exc}") from exc
+    finally:
+        tmp.unlink(missing_ok=True)
+    with rt.db.session() as session:
+        stored = session.get(Job, job.id)
+        stored.audio_ref, stored.audio_duration = ref, round(info.duration, 3)
+    log.info("job %s: fetched %.1f s of audio from its audio_url", job.id, info.duration)
+    return ref

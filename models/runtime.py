@@ -41,5 +41,7 @@ def reset_runtime() -> None:
     """Forget the runtime (after fork, or when tests change the environment)."""
     global _runtime
     if _runtime is not None:
-        _runtime.db.dispose()
+        # The parent's pooled connections are shared with a forked child: let go of them
+        # without closing them, or the parent's sessions break.
+        _runtime.db.dispose(close=False)
     _runtime = None

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
@@ -28,6 +28,14 @@ class Segment:
     start: float
     end: float
     text: str
+    # With word timestamps: ({"word", "start", "end", "probability"}, ...)
+    words: tuple[dict[str, Any], ...] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"start": self.start, "end": self.end, "text": self.text}
+        if self.words is not None:
+            out["words"] = [dict(w) for w in self.words]
+        return out
 
 
 @dataclass(frozen=True)
@@ -47,7 +55,7 @@ class Transcript:
             "text": self.text,
             "language": self.language,
             "duration": self.duration,
-            "segments": [asdict(s) for s in self.segments],
+            "segments": [s.to_dict() for s in self.segments],
         }
 
 
@@ -141,7 +149,7 @@ class FasterWhisperEngine:
             self._tokenizers[key] = Tokenizer(self.model.hf_tokenizer, self.multilingual, task=task, language=language)
         return self._tokenizers[key]
 
-    def _options(self, tokenizer):
+    def _options(self, tokenizer, word_timestamps: bool = False):
         from faster_whisper.transcribe import TranscriptionOptions, get_suppressed_tokens
 
         return TranscriptionOptions(
@@ -150,7 +158,7 @@ class FasterWhisperEngine:
             compression_ratio_threshold=2.4, temperatures=[0.0], initial_prompt=None, prefix=None,
             suppress_blank=True, suppress_tokens=get_suppressed_tokens(tokenizer, [-1]),
             prepend_punctuations="\"'“¿([{-", append_punctuations="\"'.。,，!！?？:：”)]}、",
-            max_new_tokens=None, hotwords=None, word_timestamps=False, hallucination_silence_threshold=None,
+            max_new_tokens=None, hotwords=None, word_timestamps=word_timestamps, hallucination_silence_threshold=None,
             condition_on_previous_text=False, clip_timestamps=[], prompt_reset_on_temperature=0.5,
             multilingual=False, without_timestamps=False, max_initial_timestamp=0.0,
         )
@@ -165,7 +173,8 @@ class FasterWhisperEngine:
         return detected
 
     def transcribe_batch(
-        self, chunks: Sequence["np.ndarray"], offsets: Sequence[float], language: str, task: str = "transcribe"
+        self, chunks: Sequence["np.ndarray"], offsets: Sequence[float], language: str, task: str = "transcribe",
+        word_timestamps: bool = False,
     ) -> list[list[Segment]]:
         """One inference call over several windows; segments per window, times offset."""
         import numpy as np
@@ -174,11 +183,11 @@ class FasterWhisperEngine:
         tokenizer = self._tokenizer(language, task)
         features = np.stack([pad_or_trim(self.model.feature_extractor(c)[..., :-1]) for c in chunks])
         metadata = [{"offset": float(o), "duration": len(c) / SAMPLE_RATE} for c, o in zip(chunks, offsets)]
-        outputs = self.pipeline.forward(features, tokenizer, metadata, self._options(tokenizer))
-        return [
-            [Segment(round(s["start"], 3), round(s["end"], 3), s["text"].strip()) for s in out if s["text"].strip()]
-            for out in outputs
-        ]
+        # Word alignment carries the last speech time from call to call; windows of
+        # different jobs share a batch, so each call starts afresh.
+        self.pipeline.last_speech_timestamp = 0.0
+        outputs = self.pipeline.forward(features, tokenizer, metadata, self._options(tokenizer, word_timestamps))
+        return [[_segment(s, word_timestamps) for s in out if s["text"].strip()] for out in outputs]
 
     def transcribe(self, audio: "np.ndarray", language: str | None = None, task: str = "transcribe", batch_size: int = 1) -> Transcript:
         """A whole recording in this process, `batch_size` windows per call."""
@@ -192,6 +201,14 @@ class FasterWhisperEngine:
             for segs in self.transcribe_batch([audio[w.start:w.end] for w in group], [w.offset for w in group], lang, task):
                 segments.extend(segs)
         return Transcript.from_segments(segments, lang, len(audio) / SAMPLE_RATE)
+
+
+def _segment(raw: dict[str, Any], word_timestamps: bool) -> Segment:
+    words = None
+    if word_timestamps:
+        words = tuple({"word": w["word"].strip(), "start": round(w["start"], 3), "end": round(w["end"], 3),
+                       "probability": round(w["probability"], 3)} for w in raw.get("words") or ())
+    return Segment(round(raw["start"], 3), round(raw["end"], 3), raw["text"].strip(), words)
 
 
 _engine: SpeechEngine | None = None

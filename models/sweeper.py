@@ -43,6 +43,7 @@ class SweepReport:
     retried_lost: list[str] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)
     keys_forgotten: int = 0
+    notifications_resent: int = 0
 
 
 def sweep(rt: Runtime, holdings: dict[str, set[str]], publish: Callable[[Job], None],

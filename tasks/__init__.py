@@ -1,5 +1,6 @@
 """The Celery app and the tasks. Tasks import no web code."""
 from .app import celery_app
+from .notify import notify
 from .transcribe import infer, transcribe
 
-__all__ = ["celery_app", "transcribe", "infer"]
+__all__ = ["celery_app", "transcribe", "infer", "notify"]

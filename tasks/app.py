@@ -5,7 +5,9 @@ a worker starts. Without CELERY_BROKER_URL the import fails with a message sayin
 """
 from __future__ import annotations
 
-from config import Settings, make_celery
+from config import Settings, make_celery, publish_notify
+from models import notify
 
 celery_app = make_celery(Settings.from_env())
 celery_app.set_default()
+notify.set_publisher(lambda ids: publish_notify(celery_app, ids))

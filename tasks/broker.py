@@ -16,7 +16,7 @@ import logging
 import time
 from datetime import timedelta
 
-from config import publish_transcribe
+from config import publish_notify, publish_transcribe
 from config.celeryconfig import QUEUES, REDIS_PRIORITY_STEPS, is_redis
 
 log = logging.getLogger(__name__)
@@ -83,6 +83,14 @@ def run_sweep(app, grace: timedelta | None = None):
     from models.runtime import get_runtime
     from models.sweeper import GRACE, sweep
 
+    from models.notify import overdue
+
+    rt = get_runtime()
     waiting = waiting_in_broker(app)  # read before holdings: messages move from queues to workers
-    return sweep(get_runtime(), holdings(app), lambda job: publish_transcribe(app, job),
-                 grace=GRACE if grace is None else grace, waiting=waiting, confirm=lambda ids: still_lost(app, ids))
+    report = sweep(rt, holdings(app), lambda job: publish_transcribe(app, job),
+                   grace=GRACE if grace is None else grace, waiting=waiting, confirm=lambda ids: still_lost(app, ids))
+    # Webhook deliveries whose message was lost (or never sent): send them now.
+    late = overdue(rt)
+    publish_notify(app, late)
+    report.notifications_resent = len(late)
+    return report

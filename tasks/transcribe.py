@@ -22,7 +22,7 @@ from celery.exceptions import Ignore, Reject
 
 from config import INFERENCE_QUEUE, broker_priority, publish_transcribe
 from models.deadletter import bury
-from models.errors import AttemptsExhausted, JobExpired, PermanentJobError, WhisperqError
+from models.errors import AttemptsExhausted, JobCancelled, JobExpired, PermanentJobError, WhisperqError
 from models.inference import get_batcher, infer_job
 from models.jobs import check_options, get_job, prepare_job, schedule_retry
 from models.runtime import get_runtime
@@ -60,7 +60,7 @@ class TranscribeTask(Task):
 
 def _after_failure(task: Task, job_id: str, exc: BaseException):
     """Permanent: fail now. Transient: retry with backoff. Out of attempts: dead letters."""
-    if isinstance(exc, (PermanentJobError, JobExpired)):
+    if isinstance(exc, (PermanentJobError, JobExpired, JobCancelled)):
         raise exc
     rt = get_runtime()
     reason = str(exc) if isinstance(exc, WhisperqError) else f"{type(exc).__name__}: {exc}"

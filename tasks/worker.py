@@ -54,10 +54,16 @@ def _identify(sender=None, **_kwargs) -> None:
 
 
 @worker_ready.connect
-def _dead_letter_queue(sender=None, **_kwargs) -> None:
-    from config.celeryconfig import declare_dead_letter_queue
+def _ready(sender=None, **_kwargs) -> None:
+    from config.celeryconfig import QUEUES, declare_dead_letter_queue
+    from models.runtime import get_runtime
+    from models.workers import start_heartbeat
 
     declare_dead_letter_queue(app)
+    consumed = sorted(app.amqp.queues.consume_from or {})
+    pool = ",".join(QUEUES.get(name, name) for name in consumed) or "default"
+    slots = int(getattr(getattr(sender, "controller", None), "concurrency", 1) or 1)
+    start_heartbeat(get_runtime, os.environ.get("WHISPERQ_WORKER_ID", sender.hostname), sender.hostname, pool, slots)
 
 
 @worker_process_init.connect

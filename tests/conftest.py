@@ -32,6 +32,9 @@ def pytest_configure(config) -> None:
     # Retries come quickly in tests; the defaults (2 s doubling, 3 attempts) stay otherwise.
     os.environ.setdefault("WHISPERQ_RETRY_BASE_SECONDS", "0.5")
     os.environ.setdefault("WHISPERQ_ADMIN_TOKEN", "test-admin-token")
+    # Webhook receivers in the tests listen on loopback; their retries come quickly.
+    os.environ.setdefault("WHISPERQ_WEBHOOK_ALLOW_NETWORKS", "127.0.0.0/8")
+    os.environ.setdefault("WHISPERQ_WEBHOOK_RETRY_BASE_SECONDS", "0.3")
     if not os.environ.get("CELERY_BROKER_URL"):
         from config.embedded import EmbeddedRedis
 
@@ -182,14 +185,17 @@ class Pools:
     """The preparation and inference workers, as the Procfile runs them."""
 
     def __init__(self, celery_app, tmp: Path, tag: str):
-        from config import PREPARE_QUEUE
+        from config import NOTIFY_QUEUE, PREPARE_QUEUE
 
         self.celery_app, self.tmp, self.tag, self.restarts = celery_app, tmp, tag, 0
         self.prepare = start_worker(celery_app, tmp, f"prepare-{tag}", PREPARE_QUEUE)
         try:
             self.inference = self._start_inference()
+            self.notify = start_worker(celery_app, tmp, f"notify-{tag}", NOTIFY_QUEUE, pool="threads", concurrency=4)
         except BaseException:
             stop_worker(self.prepare)
+            if hasattr(self, "inference"):
+                stop_worker(self.inference)
             raise
 
     def _start_inference(self) -> Worker:
@@ -208,6 +214,7 @@ class Pools:
         self.inference = self._start_inference()
 
     def stop(self) -> None:
+        stop_worker(self.notify)
         stop_worker(self.inference)
         stop_worker(self.prepare)
 

@@ -191,7 +191,11 @@ def raw_post(client, body: bytes, content_type: str, headers: dict | None = None
 @pytest.mark.parametrize(
     "body, content_type, status, words",
     [
-        (b'{"file": "x"}', "application/json", 415, "multipart/form-data"),
+        (b'{"file": "x"}', "application/json", 400, "unknown field(s) 'file'"),
+        (b'{"audio_url": ', "application/json", 400, "not valid JSON"),
+        (b'["http://example.com/a.mp3"]', "application/json", 400, "JSON object"),
+        (b'{"audio_url": "http://127.0.0.1:9/a.mp3", "callback_url": "http://169.254.169.254/x"}', "application/json",
+         400, "callback_url"),
         (FOX, "audio/flac", 415, "multipart/form-data"),
         (b"--xyz\r\nContent-Disposition: form-data; name=file\r\n\r\nabc", "multipart/form-data", 400, "no boundary"),
         (b"this is not multipart at all", "multipart/form-data; boundary=xyz", 400, "multipart form field 'file'"),

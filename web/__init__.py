@@ -6,7 +6,8 @@ from typing import Any, Mapping
 
 from flask import Flask, request
 
-from config import Settings, make_celery
+from config import Settings, make_celery, publish_notify
+from models import notify
 from models.runtime import Runtime
 
 
@@ -30,7 +31,8 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     runtime = Runtime(settings)
     runtime.db.create_all()
     app.extensions["whisperq"] = runtime
-    app.extensions["celery"] = make_celery(settings)
+    app.extensions["celery"] = celery = make_celery(settings)
+    notify.set_publisher(lambda ids: publish_notify(celery, ids))
 
     from . import admin, api, errors, health, pages
 

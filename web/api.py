@@ -1,52 +1,121 @@
-"""The JSON API: submit a job, read it, download its transcript."""
+"""The JSON API: submit a job (upload or URL), list, read, cancel and delete jobs, and
+download transcripts."""
 from __future__ import annotations
+
+import base64
+import json
+from datetime import datetime
 
 from flask import Blueprint, Response, current_app, jsonify, request, url_for
 
 from models.errors import InvalidRequest, JobNotReady, UnsupportedMediaType
+from models.eta import estimate
 from models.formats import FORMATS, MIME_TYPES, render
-from models.jobs import get_job
+from models.job import Job, JobStatus
+from models.jobs import cancel_job, delete_job, get_job, list_jobs
+from models.notify import deliveries_of
 from models.runtime import Runtime
 
-from .uploads import submit_upload
+from .uploads import submit_upload, submit_url
 
 bp = Blueprint("api", __name__, url_prefix="/v1")
+
+MAX_LIMIT = 200
 
 
 def runtime() -> Runtime:
     return current_app.extensions["whisperq"]
 
 
+def job_body(job: Job, detail: bool = True) -> dict:
+    """The job as the API shows it: its record, where it is, and where to go next."""
+    body = job.to_dict()
+    body.update(estimate(runtime(), job))
+    body["status_url"] = url_for("api.show", job_id=job.id, _external=True)
+    body["cancel_url"] = url_for("api.cancel", job_id=job.id, _external=True)
+    body["transcript_urls"] = {f: url_for("api.transcript", job_id=job.id, format=f, _external=True) for f in FORMATS}
+    if detail and job.callback_url:
+        body["webhook_deliveries"] = deliveries_of(runtime(), job.id)
+    return body
+
+
 @bp.post("/jobs")
 def create():
-    if request.mimetype != "multipart/form-data":
+    celery = current_app.extensions["celery"]
+    key = request.headers.get("Idempotency-Key")
+    if request.mimetype == "application/json":
+        try:
+            payload = json.loads(request.get_data(cache=False) or b"null")
+        except ValueError as exc:
+            raise InvalidRequest(f"the body is not valid JSON ({exc})") from None
+        job, created = submit_url(runtime(), celery, payload, idempotency_key=key)
+    elif request.mimetype == "multipart/form-data":
+        if "boundary" not in request.mimetype_params:
+            raise InvalidRequest("malformed multipart body: the Content-Type has no boundary")
+        job, created = submit_upload(runtime(), celery, request.files.get("file"), request.form,
+                                     files=request.files, idempotency_key=key)
+    else:
         raise UnsupportedMediaType(
-            f"send the audio as multipart/form-data with the file in field 'file' (got {request.mimetype or 'no Content-Type'})"
+            "send the audio as multipart/form-data with the file in field 'file', or JSON with its URL in "
+            f"'audio_url' (got {request.mimetype or 'no Content-Type'})"
         )
-    if "boundary" not in request.mimetype_params:
-        raise InvalidRequest("malformed multipart body: the Content-Type has no boundary")
-    job, created = submit_upload(
-        runtime(), current_app.extensions["celery"], request.files.get("file"), request.form,
-        files=request.files, idempotency_key=request.headers.get("Idempotency-Key"),
-    )
-    status_url = url_for("api.show", job_id=job.id, _external=True)
-    body = {
-        "job_id": job.id,
-        "status": job.status,
-        "status_url": status_url,
-        "transcript_url": url_for("api.transcript", job_id=job.id, _external=True),
-        "created_at": job.to_dict()["created_at"],
-    }
-    return jsonify(body), 202 if created else 200, {"Location": status_url}
+    body = job_body(job, detail=False)
+    body["transcript_url"] = url_for("api.transcript", job_id=job.id, _external=True)
+    return jsonify(body), 202 if created else 200, {"Location": body["status_url"]}
+
+
+@bp.get("/jobs")
+def index():
+    status = request.args.get("status")
+    if status is not None:
+        status = status.upper()
+        if status not in JobStatus.__members__:
+            raise InvalidRequest(f"status {status!r} is not one of: {', '.join(JobStatus.__members__)}")
+    raw_limit = request.args.get("limit", "50")
+    if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_LIMIT:
+        raise InvalidRequest(f"limit must be a whole number from 1 to {MAX_LIMIT}")
+    cursor = _decode_cursor(request.args.get("cursor"))
+    jobs, following = list_jobs(runtime(), status, int(raw_limit), cursor)
+    body = {"jobs": [job_body(job, detail=False) for job in jobs], "next_cursor": None, "next_url": None}
+    if following is not None:
+        token = _encode_cursor(following)
+        args = {k: v for k, v in (("status", status), ("limit", raw_limit)) if v}
+        body["next_cursor"] = token
+        body["next_url"] = url_for("api.index", cursor=token, _external=True, **args)
+    return jsonify(body)
+
+
+def _encode_cursor(cursor: tuple[datetime, str]) -> str:
+    created, job_id = cursor
+    return base64.urlsafe_b64encode(json.dumps([created.isoformat(), job_id]).encode()).decode().rstrip("=")
+
+
+def _decode_cursor(token: str | None) -> tuple[datetime, str] | None:
+    if not token:
+        return None
+    try:
+        created, job_id = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+        return datetime.fromisoformat(created), str(job_id)
+    except (ValueError, TypeError):
+        raise InvalidRequest("cursor is not one this API gave out; pass next_cursor from the previous page") from None
 
 
 @bp.get("/jobs/<job_id>")
 def show(job_id: str):
-    job = get_job(runtime(), job_id)
-    body = job.to_dict()
-    body["status_url"] = url_for("api.show", job_id=job.id, _external=True)
-    body["transcript_urls"] = {f: url_for("api.transcript", job_id=job.id, format=f, _external=True) for f in FORMATS}
-    return jsonify(body)
+    return jsonify(job_body(get_job(runtime(), job_id)))
+
+
+@bp.post("/jobs/<job_id>/cancel")
+def cancel(job_id: str):
+    job = cancel_job(runtime(), job_id)
+    # CANCELLED at once if it was waiting; a running job stops at its next window.
+    return jsonify(job_body(job)), 200 if job.state is JobStatus.CANCELLED else 202
+
+
+@bp.delete("/jobs/<job_id>")
+def remove(job_id: str):
+    delete_job(runtime(), job_id)
+    return "", 204
 
 
 @bp.get("/jobs/<job_id>/transcript")

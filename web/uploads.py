@@ -19,31 +19,50 @@ from models.jobs import check_options, create_job, discard_job, get_job
 from models.runtime import Runtime
 from models.speech import check_language, is_multilingual, model_path
 from models.storage import clean_filename, safe_suffix
+from models.webhooks import check_url
 
 log = logging.getLogger(__name__)
 
-FIELDS = ("language", "priority", "task")
+FIELDS = ("language", "priority", "task", "callback_url", "word_timestamps")
+TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off", "")
 
 
-def parse_options(form: Mapping[str, str], settings) -> dict[str, str | None]:
-    language = (form.get("language") or "").strip().lower() or None
+def _text(form: Mapping, name: str) -> str | None:
+    value = form.get(name)
+    if value is None or isinstance(value, bool):
+        return value if value is None else str(value).lower()
+    if not isinstance(value, str):
+        raise InvalidRequest(f"field {name!r} must be a string")
+    return value
+
+
+def parse_options(form: Mapping, settings) -> dict:
+    language = (_text(form, "language") or "").strip().lower() or None
     if language == "auto":
         language = None
-    priority = (form.get("priority") or "normal").strip().lower()
-    task = (form.get("task") or "transcribe").strip().lower()
+    priority = (_text(form, "priority") or "normal").strip().lower()
+    task = (_text(form, "task") or "transcribe").strip().lower()
     check_options(language, priority, task)
     language = language or settings.default_language
     check_language(settings, language)
     if task == "translate" and not is_multilingual(model_path(settings)):
         raise InvalidRequest("task 'translate' needs a multilingual model; the configured model is English-only")
-    return {"language": language, "priority": priority, "task": task}
+    words = (_text(form, "word_timestamps") or "").strip().lower()
+    if words not in TRUE + FALSE:
+        raise InvalidRequest(f"word_timestamps must be true or false, not {words!r}")
+    callback_url = (_text(form, "callback_url") or "").strip() or None
+    if callback_url is not None:
+        callback_url = check_url(callback_url, settings, "callback_url")  # public addresses only
+    return {"language": language, "priority": priority, "task": task, "callback_url": callback_url,
+            "word_timestamps": words in TRUE}
 
 
-def check_fields(form: Mapping[str, str], files) -> None:
-    unknown = sorted((set(form) - set(FIELDS)) | (set(files) - {"file"}))
+def check_fields(form: Mapping[str, str], files, source: str = "file") -> None:
+    unknown = sorted((set(form) - set(FIELDS) - ({source} if source != "file" else set())) | (set(files) - {"file"}))
     if unknown:
         raise InvalidRequest(
-            f"unknown field(s) {', '.join(repr(u) for u in unknown)}; the fields are 'file', {', '.join(repr(f) for f in FIELDS)}"
+            f"unknown field(s) {', '.join(repr(u) for u in unknown)}; the fields are {source!r}, "
+            f"{', '.join(repr(f) for f in FIELDS)}"
         )
 
 
@@ -95,6 +114,32 @@ def submit_upload(rt: Runtime, celery: Celery, upload: FileStorage | None, form:
     except BaseException:
         spooled.unlink(missing_ok=True)
         raise
+    return _enqueue(rt, celery, job, idempotency_key, fingerprint)
+
+
+def submit_url(rt: Runtime, celery: Celery, body, idempotency_key: str | None = None) -> tuple[Job, bool]:
+    """A job whose audio the preparation pool fetches from `audio_url` (JSON body)."""
+    if not isinstance(body, dict):
+        raise InvalidRequest('send a JSON object such as {"audio_url": "https://example.com/call.mp3"}')
+    check_fields(body, {}, source="audio_url")
+    options = parse_options(body, rt.settings)
+    url = body.get("audio_url")
+    if not isinstance(url, str) or not url.strip():
+        raise InvalidRequest("audio_url is missing: give the http(s) URL of the audio, or upload the file as multipart")
+    url = check_url(url.strip(), rt.settings, "audio_url")
+    if idempotency_key is not None:
+        check_idempotency_key(idempotency_key)
+    fingerprint = hashlib.sha256(json.dumps([url, options], sort_keys=True).encode()).hexdigest()
+    if idempotency_key is not None:
+        earlier = idempotency.lookup(rt, idempotency_key, fingerprint)
+        if earlier is not None:
+            return get_job(rt, earlier), False
+    name = clean_filename(url.rsplit("/", 1)[-1].split("?", 1)[0]) or None
+    job = create_job(rt, None, filename=name, suffix="", duration=None, audio_url=url, **options)
+    return _enqueue(rt, celery, job, idempotency_key, fingerprint)
+
+
+def _enqueue(rt: Runtime, celery: Celery, job: Job, idempotency_key: str | None, fingerprint: str) -> tuple[Job, bool]:
     if idempotency_key is not None:
         winner = idempotency.remember(rt, idempotency_key, fingerprint, job.id)
         if winner != job.id:  # a concurrent request with the same key got there first

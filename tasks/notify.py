@@ -1,0 +1,20 @@
+"""`whisperq.notify` (notification pool): deliver one completion webhook (see models.notify)."""
+from __future__ import annotations
+
+from celery import shared_task
+
+from models.notify import deliver_pending
+from models.runtime import get_runtime
+
+
+def transcript_url(settings, job_id: str) -> str:
+    return f"{settings.base_url()}/v1/jobs/{job_id}/transcript?format=json"
+
+
+@shared_task(name="whisperq.notify", bind=True, acks_late=True, ignore_result=True, max_retries=None)
+def notify(self, delivery_id: str) -> None:
+    rt = get_runtime()
+    delay = deliver_pending(rt, delivery_id, lambda job_id: transcript_url(rt.settings, job_id))
+    if delay is not None:
+        # The next attempt is another message, due after the backoff.
+        raise self.retry(countdown=delay)
