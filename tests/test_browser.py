@@ -74,10 +74,12 @@ def status_of(browser) -> str:
 
 
 def wait_for(browser, condition, timeout: float = 10, message: str = ""):
-    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.common.exceptions import WebDriverException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    ignored = (NoSuchElementException, StaleElementReferenceException)  # a page that refreshes itself
+    # A page that refreshes itself: an element read during the reload is missing, stale,
+    # or (Chromium) "does not belong to the document"; the next poll reads the new page.
+    ignored = (WebDriverException,)
     return WebDriverWait(browser, timeout, poll_frequency=0.1, ignored_exceptions=ignored).until(
         lambda b: condition(), message)
 

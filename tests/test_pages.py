@@ -64,7 +64,10 @@ def test_form_upload_redirects_to_the_job_page(client, published):
     assert f'data-cancel-url="/v1/jobs/{job_id}/cancel"' in page
     assert '<noscript><meta http-equiv="refresh" content="2"></noscript>' in page  # and without JS it refreshes
     assert re.findall(r"<script[^>]*>", page) == ['<script src="/static/job.js" defer>']
-    assert 'data-status="PENDING"' in page and "Waiting in the queue" in page
+    # Workers from other tests may already have taken the job.
+    status = re.search(r'data-status="([A-Z]+)"', page).group(1)
+    assert status in ("PENDING", "PROCESSING", "COMPLETED")
+    assert status != "PENDING" or "Waiting in the queue" in page
     for fmt in ("txt", "json", "srt", "vtt"):
         assert f"format={fmt}" in page
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 from datetime import datetime
 
 from flask import Blueprint, Response, current_app, jsonify, request, url_for
@@ -19,6 +20,7 @@ from models.runtime import Runtime
 from .uploads import submit_upload, submit_url
 
 bp = Blueprint("api", __name__, url_prefix="/v1")
+log = logging.getLogger(__name__)
 
 MAX_LIMIT = 200
 
@@ -115,6 +117,11 @@ def cancel(job_id: str):
 @bp.delete("/jobs/<job_id>")
 def remove(job_id: str):
     delete_job(runtime(), job_id)
+    # transcribe.delay() callers read results from the result backend: it goes too.
+    try:
+        current_app.extensions["celery"].AsyncResult(job_id).forget()
+    except Exception as exc:  # expires on its own (result_expires) if the backend is away now
+        log.warning("job %s: result backend entry not removed now (%s)", job_id, exc)
     return "", 204
 
 
