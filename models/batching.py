@@ -45,10 +45,12 @@ class Batcher:
     """`run_batch(key, payloads) -> results` is called from one thread, one batch at a time."""
 
     def __init__(self, run_batch: Callable[[Hashable, list[Any]], Sequence[Any]], max_batch: int = 8,
-                 max_wait: float = 0.05, history: int = 1000):
+                 max_wait: float = 0.05, history: int = 1000,
+                 on_batch: Callable[[BatchRecord], None] | None = None):
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
         self.run_batch = run_batch
+        self.on_batch = on_batch  # told of every batch record (metrics); must not raise
         self.max_batch = max_batch
         self.max_wait = max_wait
         self._pending: list[_Item] = []
@@ -174,7 +176,13 @@ class Batcher:
 
     def _record(self, batch: list[_Item], wait_ms: float, run_ms: float) -> None:
         jobs = len({i.job_id for i in batch})
-        self.records.append(BatchRecord(len(batch), jobs, wait_ms, run_ms))
+        record = BatchRecord(len(batch), jobs, wait_ms, run_ms)
+        self.records.append(record)
+        if self.on_batch is not None:
+            try:
+                self.on_batch(record)
+            except Exception:
+                log.warning("batch record not passed on", exc_info=True)
         self.batches += 1
         self.windows += len(batch)
         log.info("batch: %d windows from %d jobs, waited %.0f ms, ran %.0f ms", len(batch), jobs, wait_ms, run_ms)

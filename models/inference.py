@@ -17,6 +17,7 @@ from .audio import SAMPLE_RATE
 from .batching import Batcher
 from .errors import JobTimeLimitExceeded, TransientJobError
 from .jobs import begin_inference, cancel_running, complete_job, record_progress
+from .metrics import observe_batch
 from .runtime import Runtime
 from .speech import Transcript, get_engine
 
@@ -41,7 +42,8 @@ def get_batcher(rt: Runtime) -> Batcher:
                     return engine.transcribe_batch([p[0] for p in payloads], [p[1] for p in payloads], language, task,
                                                    word_timestamps=words)
 
-                _batcher = Batcher(run_batch, max_batch=settings.batch_size, max_wait=settings.batch_wait_ms / 1000)
+                _batcher = Batcher(run_batch, max_batch=settings.batch_size, max_wait=settings.batch_wait_ms / 1000,
+                                   on_batch=observe_batch)
     return _batcher
 
 

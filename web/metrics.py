@@ -1,0 +1,224 @@
+"""`GET /metrics`: the whole service as Prometheus sees it, computed at scrape time.
+
+Any web process answers for the cluster: messages waiting in the broker per queue and
+priority, jobs by status and where they wait (the database), the oldest wait, dead
+letters, live workers (heartbeats), free space in the data dir, and the alert
+thresholds in force, so alert rules compare against the configured numbers. The values
+are cached for two seconds: several scrapers, or gunicorn's processes, cost the broker
+and the database little. Latencies, batches and the real-time factor are observed in
+the workers and served on their own ports (tasks.metrics).
+
+Queue depth: on Redis each queue is one list per priority step, counted directly
+(`priority` = high, normal, low). RabbitMQ gives one count per queue (`priority="all"`);
+the split by tier is then `whisperq_jobs_waiting`, from the database. `sum by (queue)`
+of `whisperq_queue_depth` is the queue's depth on either broker.
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+import time
+from datetime import datetime
+from typing import Any
+
+from flask import Blueprint, Flask, Response, current_app, request
+from sqlalchemy import func, select
+
+from config.celeryconfig import QUEUES, REDIS_PRIORITIES, REDIS_PRIORITY_STEPS, is_redis
+from config.settings import PRIORITIES, Settings
+from models.deadletter import DeadLetter
+from models.job import Job, JobStatus, utcnow
+from models.runtime import Runtime
+from models.workers import alive
+
+log = logging.getLogger(__name__)
+
+bp = Blueprint("metrics", __name__)
+
+CACHE_SECONDS = 2.0
+POOLS = tuple(QUEUES.values())
+# Redis priority step -> tier: the tier with the largest step at or below it (step 9,
+# which no tier uses, counts as low).
+STEP_TIERS = {step: max((t for t in REDIS_PRIORITIES.items() if t[1] <= step), key=lambda t: t[1])[0]
+              for step in REDIS_PRIORITY_STEPS}
+STAGE_QUEUES = {"prepare": "whisperq.prepare", "inference": "whisperq.inference"}
+
+
+def broker_depths(celery) -> dict[tuple[str, str], int]:
+    """(queue, priority) -> messages waiting, read from the broker itself."""
+    from tasks.broker import redis_queue_keys
+
+    depths: dict[tuple[str, str], int] = {}
+    with celery.connection_for_write() as conn:
+        conn.ensure_connection(max_retries=1, timeout=3)
+        if is_redis(celery.conf.broker_url):
+            client = conn.default_channel.client
+            pipe = client.pipeline(transaction=False)
+            keys = [(queue, STEP_TIERS[step], key) for queue in QUEUES
+                    for step, key in zip(REDIS_PRIORITY_STEPS, redis_queue_keys(celery, queue))]
+            for _queue, _tier, key in keys:
+                pipe.llen(key)
+            for (queue, tier, _key), count in zip(keys, pipe.execute()):
+                depths[(queue, tier)] = depths.get((queue, tier), 0) + int(count)
+            return depths
+        for queue in QUEUES:
+            channel = conn.channel()  # a passive declare of a missing queue closes its channel
+            try:
+                depths[(queue, "all")] = int(channel.queue_declare(queue=queue, passive=True).message_count)
+            except Exception as exc:
+                if "NOT_FOUND" not in str(exc) and "404" not in str(exc):
+                    raise
+                depths[(queue, "all")] = 0
+            finally:
+                try:
+                    channel.close()
+                except Exception:
+                    pass
+    return depths
+
+
+def database_figures(rt: Runtime, now: datetime | None = None) -> dict[str, Any]:
+    """Job counts, waits and dead letters, as the database has them."""
+    now = now or utcnow()
+    pending = Job.status == JobStatus.PENDING.value
+    queued = (Job.status == JobStatus.PROCESSING.value) & (Job.stage == "queued")
+    with rt.db.session() as session:
+        statuses = dict(session.execute(select(Job.status, func.count()).group_by(Job.status)).all())
+        waiting = {("prepare", p): n for p, n in session.execute(
+            select(Job.priority, func.count()).where(pending).group_by(Job.priority))}
+        waiting.update({("inference", p): n for p, n in session.execute(
+            select(Job.priority, func.count()).where(queued).group_by(Job.priority))})
+        running = dict(session.execute(
+            select(Job.stage, func.count()).where(Job.status == JobStatus.PROCESSING.value,
+                                                  Job.stage.in_(["prepare", "infer"])).group_by(Job.stage)).all())
+        # A job waits for preparation since it was queued (or replayed), or since its
+        # retry fell due; for inference, since its preparation began (no finer record).
+        first = session.execute(select(func.min(func.coalesce(Job.queued_at, Job.created_at)))
+                                .where(pending, Job.next_attempt_at.is_(None))).scalar()
+        retry = session.execute(select(func.min(Job.next_attempt_at))
+                                .where(pending, Job.next_attempt_at <= now)).scalar()
+        prepared = session.execute(select(func.min(Job.started_at)).where(queued)).scalar()
+        dead = session.execute(select(func.count()).select_from(DeadLetter)).scalar_one()
+    oldest_prepare = min((t for t in (first, retry) if t is not None), default=None)
+    return {
+        "statuses": statuses,
+        "waiting": waiting,
+        "running": {"prepare": running.get("prepare", 0), "inference": running.get("infer", 0)},
+        "oldest": {STAGE_QUEUES["prepare"]: _age(now, oldest_prepare), STAGE_QUEUES["inference"]: _age(now, prepared)},
+        "dead_letters": int(dead),
+    }
+
+
+def _age(now: datetime, since: datetime | None) -> float:
+    return max(0.0, (now - since).total_seconds()) if since is not None else 0.0
+
+
+def thresholds(settings: Settings) -> dict[str, float]:
+    """The alert thresholds (WHISPERQ_ALERT_*), as deploy/prometheus-alerts.yml names them."""
+    return {
+        "queue_age_seconds": settings.alert_queue_age_seconds,
+        "queue_depth": settings.alert_queue_depth,
+        "failure_rate": settings.alert_failure_rate,
+        "dead_letters": settings.alert_dead_letters,
+        "disk_free_bytes": settings.alert_disk_free_bytes,
+    }
+
+
+class ClusterCollector:
+    """A prometheus_client collector whose values are read at scrape time, cached briefly.
+    A source that does not answer is left out and `whisperq_metrics_source_up` says so."""
+
+    def __init__(self, rt: Runtime, celery, ttl: float = CACHE_SECONDS):
+        self.rt, self.celery, self.ttl = rt, celery, ttl
+        self._lock = threading.Lock()
+        self._cached: list = []
+        self._until = 0.0
+
+    def invalidate(self) -> None:
+        with self._lock:
+            self._until = 0.0
+
+    def collect(self):
+        with self._lock:
+            if time.monotonic() >= self._until:
+                self._cached = self._compute()
+                self._until = time.monotonic() + self.ttl
+            return list(self._cached)
+
+    def _compute(self) -> list:
+        from prometheus_client.core import GaugeMetricFamily as Gauge
+
+        out: list = []
+        up = Gauge("whisperq_metrics_source_up", "Whether /metrics could read this source", labels=["source"])
+        for source, read in (("broker", self._broker), ("database", self._database), ("disk", self._disk)):
+            try:
+                out.extend(read(Gauge))
+                up.add_metric([source], 1.0)
+            except Exception as exc:
+                log.warning("metrics: %s not read: %s", source, exc)
+                up.add_metric([source], 0.0)
+        limits = Gauge("whisperq_alert_threshold", "Alert thresholds in force (WHISPERQ_ALERT_*)", labels=["name"])
+        for name, value in thresholds(self.rt.settings).items():
+            limits.add_metric([name], float(value))
+        return out + [up, limits]
+
+    def _broker(self, Gauge) -> list:
+        depth = Gauge("whisperq_queue_depth", "Messages waiting in the broker, per queue and priority tier "
+                      "(RabbitMQ: priority=\"all\")", labels=["queue", "priority"])
+        for (queue, tier), count in sorted(broker_depths(self.celery).items()):
+            depth.add_metric([queue, tier], float(count))
+        return [depth]
+
+    def _database(self, Gauge) -> list:
+        figures = database_figures(self.rt)
+        jobs = Gauge("whisperq_jobs", "Jobs in the database by status", labels=["status"])
+        for status in JobStatus:
+            jobs.add_metric([status.value], float(figures["statuses"].get(status.value, 0)))
+        waiting = Gauge("whisperq_jobs_waiting", "Jobs waiting per priority and stage, from the database "
+                        "(prepare: PENDING; inference: prepared, not started)", labels=["priority", "stage"])
+        for stage in ("prepare", "inference"):
+            for tier in PRIORITIES:
+                waiting.add_metric([tier, stage], float(figures["waiting"].get((stage, tier), 0)))
+        running = Gauge("whisperq_jobs_running", "Jobs being prepared or transcribed now", labels=["stage"])
+        for stage, count in figures["running"].items():
+            running.add_metric([stage], float(count))
+        oldest = Gauge("whisperq_queue_oldest_age_seconds", "Age of the oldest job waiting for this queue's pool "
+                       "(0 when none waits)", labels=["queue"])
+        for queue, age in figures["oldest"].items():
+            oldest.add_metric([queue], age)
+        dead = Gauge("whisperq_dead_letters", "Jobs in the dead-letter store", value=float(figures["dead_letters"]))
+        workers = alive(self.rt)
+        count = Gauge("whisperq_workers_alive", "Worker processes with a recent heartbeat", labels=["pool"])
+        slots = Gauge("whisperq_worker_slots", "Jobs the live workers can hold at once", labels=["pool"])
+        for pool in sorted(set(POOLS) | {w["pool"] for w in workers}):
+            mine = [w for w in workers if w["pool"] == pool]
+            count.add_metric([pool], float(len(mine)))
+            slots.add_metric([pool], float(sum(w["slots"] for w in mine)))
+        return [jobs, waiting, running, oldest, dead, count, slots]
+
+    def _disk(self, Gauge) -> list:
+        path = self.rt.settings.data_dir
+        while not path.exists() and path != path.parent:
+            path = path.parent
+        return [Gauge("whisperq_data_dir_free_bytes", "Free bytes on the data dir's file system",
+                      value=float(shutil.disk_usage(path).free))]
+
+
+def init_app(app: Flask) -> None:
+    from prometheus_client import CollectorRegistry
+
+    collector = ClusterCollector(app.extensions["whisperq"], app.extensions["celery"])
+    registry = CollectorRegistry()
+    registry.register(collector)
+    app.extensions["whisperq_metrics"] = collector
+    app.extensions["whisperq_metrics_registry"] = registry
+    app.register_blueprint(bp)
+
+
+@bp.get("/metrics")
+def metrics():
+    from prometheus_client.exposition import choose_encoder
+
+    encoder, content_type = choose_encoder(request.headers.get("Accept"))
+    return Response(encoder(current_app.extensions["whisperq_metrics_registry"]), content_type=content_type)
