@@ -1,6 +1,8 @@
 """`whisperq run` (what `make run` starts) on a machine with no services: embedded broker,
 web, worker and Flower; a real upload comes back COMPLETED; SIGTERM stops everything."""
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -36,9 +38,17 @@ def wait_until(check, timeout: float, what: str, proc: subprocess.Popen, log: Pa
     raise AssertionError(f"{what} not ready within {timeout} s:\n{log.read_text()[-4000:]}")
 
 
+def _json_or_none(text: str):
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
 def test_run_starts_the_whole_service_on_the_embedded_broker(tmp_path):
     port, flower = free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "DATABASE_URL")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "DATABASE_URL", "FLOWER_BASIC_AUTH", "WHISPERQ_LOG_FORMAT")}
     env.update(WHISPERQ_DATA_DIR=str(tmp_path / "var"), PORT=str(port), FLOWER_PORT=str(flower))
     log = tmp_path / "run.log"
     whisperq = Path(sys.executable).parent / "whisperq"
@@ -66,22 +76,36 @@ def test_run_starts_the_whole_service_on_the_embedded_broker(tmp_path):
             assert resp.json()["error"]["code"] == "headers_too_large"
         assert requests.get(status_url, timeout=5).status_code == 200  # and it keeps serving
 
-        # Flower sees the worker and the task.
-        workers = wait_until(
-            lambda: requests.get(f"http://127.0.0.1:{flower}/workers?json=1", timeout=5).json()["data"], 30, "flower", proc, log
+        # Flower, behind the password `whisperq run` generated and printed, sees the
+        # workers and the task through its API; without the password it answers 401.
+        password = re.search(r"user admin, password (\S+);", log.read_text()).group(1)
+        flower_api, auth = f"http://127.0.0.1:{flower}/api", ("admin", password)
+        wait_until(lambda: requests.get(f"{flower_api}/workers", timeout=5).status_code == 401, 30, "flower", proc, log)
+        assert requests.get(f"{flower_api}/tasks", timeout=5).status_code == 401
+        assert requests.get(f"{flower_api}/workers", auth=("admin", "wrong"), timeout=5).status_code == 401
+        wait_until(
+            lambda: {name.split("@")[0] for name in requests.get(f"{flower_api}/workers?refresh=1", auth=auth, timeout=10).json()}
+            >= {"prepare", "inference"}, 30, "flower workers", proc, log,
         )
-        names = {w["hostname"].split("@")[0] for w in workers}
-        assert {"prepare", "inference"} <= names, names
-        tasks = wait_until(
-            lambda: requests.get(
-                f"http://127.0.0.1:{flower}/tasks/datatable",
-                params={"draw": 1, "start": 0, "length": 10, "search[value]": "", "order[0][column]": 0,
-                        "order[0][dir]": "desc", "columns[0][data]": "name"},
-                timeout=5,
-            ).json()["data"],
-            30, "flower tasks", proc, log,
+        wait_until(
+            lambda: requests.get(f"{flower_api}/tasks", auth=auth, timeout=5).json().get(job["job_id"], {}).get("state")
+            == "SUCCESS", 30, "flower tasks", proc, log,
         )
-        assert any(t["uuid"] == job["job_id"] and t["state"] == "SUCCESS" for t in tasks)
+        # State persists under the data dir.
+        assert list((tmp_path / "var").glob("flower.db*"))
+
+        # Logs: one JSON object a line, naming the job; no transcript, no file name.
+        records = [r for line in log.read_text().splitlines() if " | {" in line
+                   if (r := _json_or_none(line.split(" | ", 1)[1]))]
+        about = [r for r in records if r.get("job_id") == job["job_id"]]
+        assert any(r.get("task") == "whisperq.infer" and r.get("queue") == "whisperq.inference"
+                   and r.get("attempt") == 1 and r.get("task_id") == job["job_id"] for r in about), about
+        assert any(r.get("task") == "whisperq.transcribe" and r.get("queue") == "whisperq.prepare" for r in about), about
+        assert any("succeeded in" in r["message"] and "omitted" in r["message"] for r in about), about
+        text = log.read_text().lower()
+        words = {w for w in re.findall(r"[a-z]+", job["result"]["text"].lower()) if len(w) >= 7}
+        assert words and not [w for w in words if w in text], [w for w in words if w in text]
+        assert "report.opus" not in text
         # The broker's data is kept under the data dir.
         assert (tmp_path / "var" / "redis" / "appendonly.aof").exists() or (tmp_path / "var" / "redis" / "appendonlydir").exists()
     finally:

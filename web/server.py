@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+from gunicorn.glogging import Logger
 from gunicorn.http import errors as http_errors
 from gunicorn.util import write_nonblock
 from gunicorn.workers.gthread import ThreadWorker
@@ -43,3 +44,15 @@ class JSONErrorWorker(ThreadWorker):
                     self.log.debug("Failed to send error message.")
                 return
         super().handle_error(req, client, addr, exc)
+
+
+class JSONLogger(Logger):
+    """gunicorn's own log lines (master, workers, access log) as JSON when
+    WHISPERQ_LOG_FORMAT asks for it (see config.logs); `--logger-class web.server.JSONLogger`."""
+
+    def setup(self, cfg):
+        super().setup(cfg)
+        from config.logs import use_json, wants_json
+
+        if wants_json():
+            use_json([self.error_log, self.access_log])

@@ -1,0 +1,165 @@
+"""Logs: one JSON object a line for machines, plain text for a terminal.
+
+Every line about a job names it (`job_id`, and in a worker `task_id`, `task`, `queue`,
+`attempt`), so one job's story is a grep away across web and worker pools. Transcripts
+never reach the logs: Celery's "Task ... succeeded" line has its return value (the
+transcript) replaced by :data:`OMITTED`.
+
+``WHISPERQ_LOG_FORMAT``: ``json``, ``text``, or ``auto`` (the default): JSON unless
+stderr is a terminal, so processes under honcho, systemd or a container log JSON.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import sys
+from collections.abc import Mapping
+from datetime import datetime, timezone
+
+from .celeryconfig import QUEUES
+
+OMITTED = "<result omitted from logs>"
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+JOB_TASKS = ("whisperq.transcribe", "whisperq.infer")
+_QUEUE_OF_KEY = {key: name for name, key in QUEUES.items()}
+_JOB_PATH = re.compile(r"/jobs/([0-9a-fA-F-]{36})(?:/|\?|$|\s)")
+
+
+def wants_json(log_format: str | None = None) -> bool:
+    """Whether this process logs JSON (`log_format` as in Settings.log_format)."""
+    fmt = (log_format or os.environ.get("WHISPERQ_LOG_FORMAT") or "auto").strip().lower()
+    if fmt == "auto":
+        stream = sys.__stderr__
+        return not (stream is not None and stream.isatty())
+    return fmt == "json"
+
+
+def job_context(record: logging.LogRecord | None = None) -> dict:
+    """The job a log line is about: the running Celery task, else the Flask request's
+    job, else a "job %s ..." message's first argument. Cheap: no I/O."""
+    ctx: dict = {}
+    try:
+        from celery._state import get_current_task
+
+        task = get_current_task()
+    except ImportError:  # pragma: no cover - celery is a dependency
+        task = None
+    request = getattr(task, "request", None) if task is not None else None
+    if request is not None and getattr(request, "id", None):
+        delivery = getattr(request, "delivery_info", None) or {}
+        key = delivery.get("routing_key")
+        ctx.update(
+            job_id=getattr(request, "whisperq_job_id", None) or (request.id if task.name in JOB_TASKS else None),
+            task_id=request.id,
+            task=task.name,
+            queue=_QUEUE_OF_KEY.get(key, key),
+            attempt=getattr(request, "whisperq_attempt", None) or (getattr(request, "retries", 0) or 0) + 1,
+        )
+    if not ctx.get("job_id") and "flask" in sys.modules:
+        from flask import has_request_context, request as http
+
+        if has_request_context() and http.view_args:
+            ctx["job_id"] = http.view_args.get("job_id")
+    if record is not None and not ctx.get("job_id"):
+        given = getattr(record, "job_id", None)
+        if given:
+            ctx["job_id"] = given
+        elif isinstance(record.msg, str) and record.msg.startswith("job %s") and isinstance(record.args, tuple) and record.args:
+            ctx["job_id"] = str(record.args[0])
+    return {k: v for k, v in ctx.items() if v is not None}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line: ts, level, logger, message, the job fields, exc."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out = {
+            "ts": datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            "pid": record.process,
+        }
+        out.update(job_context(record))
+        if record.name == "gunicorn.access" and isinstance(record.args, Mapping):
+            out.update(_access_fields(record.args))
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            out["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(out, ensure_ascii=False, default=str)
+
+
+def _access_fields(atoms: Mapping) -> dict:
+    """gunicorn's access-log atoms as fields (method, path, status, duration)."""
+    fields = {"method": atoms.get("m"), "path": atoms.get("U"), "status": atoms.get("s"), "remote": atoms.get("h")}
+    try:
+        fields["duration_ms"] = round(int(atoms.get("D")) / 1000, 1)
+    except (TypeError, ValueError):
+        pass
+    match = _JOB_PATH.search(str(atoms.get("U") or ""))
+    if match:
+        fields["job_id"] = match.group(1)
+    return {k: v for k, v in fields.items() if v not in (None, "-")}
+
+
+class OmitTaskResults(logging.Filter):
+    """Drop the return value from celery.app.trace's success line: for whisperq.infer
+    that value is the transcript, which must not be copied into logs."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, Mapping) and "return_value" in args:
+            record.args = dict(args, return_value=OMITTED)
+            if isinstance(getattr(record, "data", None), Mapping):
+                record.data = record.args
+        return True
+
+
+def omit_task_results() -> None:
+    """Install :class:`OmitTaskResults` on Celery's trace logger (once)."""
+    trace = logging.getLogger("celery.app.trace")
+    if not any(isinstance(f, OmitTaskResults) for f in trace.filters):
+        trace.addFilter(OmitTaskResults())
+
+
+def use_json(loggers: list[logging.Logger]) -> None:
+    """Give every handler of these loggers the JSON formatter."""
+    for logger in loggers:
+        for handler in logger.handlers:
+            handler.setFormatter(JsonFormatter())
+
+
+def connect_celery(log_format: str | None) -> None:
+    """Hook into Celery's logging set-up (worker and beat; prefork children inherit it)."""
+    from celery.signals import after_setup_logger, after_setup_task_logger
+    from celery.utils.log import get_multiprocessing_logger
+
+    def root_ready(logger=None, **_kwargs):
+        omit_task_results()
+        if logger is not None and wants_json(log_format):
+            use_json([logger] + [lg for lg in (get_multiprocessing_logger(),) if lg is not None])
+
+    def task_logger_ready(logger=None, **_kwargs):
+        if logger is not None and wants_json(log_format):
+            use_json([logger])
+
+    after_setup_logger.connect(root_ready, weak=False, dispatch_uid="whisperq.logs.root")
+    after_setup_task_logger.connect(task_logger_ready, weak=False, dispatch_uid="whisperq.logs.task")
+
+
+def configure_web(log_format: str | None) -> None:
+    """The web process: a root handler as logging.basicConfig would add (none is added
+    when one exists, as under pytest), and JSON for gunicorn's own loggers."""
+    omit_task_results()
+    root = logging.getLogger()
+    json_wanted = wants_json(log_format)
+    if not root.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(JsonFormatter() if json_wanted else logging.Formatter(TEXT_FORMAT))
+        root.addHandler(handler)
+        root.setLevel(logging.INFO)
+    if json_wanted:
+        use_json([logging.getLogger("gunicorn.error"), logging.getLogger("gunicorn.access")])

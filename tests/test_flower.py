@@ -1,0 +1,67 @@
+"""`whisperq flower`: auth required off loopback, credentials kept out of argv, the
+RabbitMQ management API derived from the broker URL. Flower's API with and without the
+password is checked end to end in test_run.py."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from config import ConfigError, Settings
+from config.flower import broker_api, flower_command, is_loopback
+
+WHISPERQ = str(Path(sys.executable).parent / "whisperq")
+
+
+def settings(tmp_path, **env):
+    return Settings.from_env({"WHISPERQ_DATA_DIR": str(tmp_path), **env})
+
+
+@pytest.mark.parametrize("address, loopback", [
+    ("127.0.0.1", True), ("127.0.0.2", True), ("::1", True), ("[::1]", True), ("localhost", True),
+    ("", False), ("0.0.0.0", False), ("::", False), ("10.0.0.5", False), ("flower.example", False),
+])
+def test_loopback_addresses(address, loopback):
+    assert is_loopback(address) is loopback
+
+
+def test_basic_auth_is_validated_and_masked(tmp_path):
+    s = settings(tmp_path, FLOWER_BASIC_AUTH="ops:s3cret, admin:other")
+    assert s.flower_basic_auth == "ops:s3cret,admin:other"
+    assert s.describe()["flower_basic_auth"] == "ops:***,admin:***"
+    for bad in ("justauser", "ops:", ":pw", "a:b,,c:d"):
+        with pytest.raises(ConfigError, match="FLOWER_BASIC_AUTH must be user:password"):
+            settings(tmp_path, FLOWER_BASIC_AUTH=bad)
+
+
+def test_credentials_go_through_the_environment_not_argv(tmp_path):
+    s = settings(tmp_path, FLOWER_BASIC_AUTH="ops:s3cret", FLOWER_ADDRESS="0.0.0.0", FLOWER_PORT="5601",
+                 CELERY_BROKER_URL="amqp://app:pa%24s@rabbit.internal:5672/whisperq")
+    argv, env = flower_command(s, {"FLOWER_BROKER_API": "", "PATH": "/bin"})
+    assert argv[1:] == ["-m", "celery", "-A", "tasks.worker", "flower", "--address=0.0.0.0", "--port=5601",
+                        "--persistent=True", f"--db={tmp_path.resolve() / 'flower.db'}"]
+    assert not [a for a in argv if "s3cret" in a or "pa%24s" in a]
+    assert env["FLOWER_BASIC_AUTH"] == "ops:s3cret"
+    assert env["FLOWER_BROKER_API"] == "http://app:pa%24s@rabbit.internal:15672/api/"
+
+
+def test_broker_api_for_each_broker(tmp_path):
+    assert broker_api(settings(tmp_path, CELERY_BROKER_URL="redis://127.0.0.1:6379/0")) is None
+    assert broker_api(settings(tmp_path, CELERY_BROKER_URL="amqp://127.0.0.1//")) == "http://guest:guest@127.0.0.1:15672/api/"
+    assert broker_api(settings(tmp_path, CELERY_BROKER_URL="amqps://u:p@mq.example:5671//")) == "https://u:p@mq.example:15671/api/"
+    override = settings(tmp_path, CELERY_BROKER_URL="amqp://u:p@mq//", FLOWER_BROKER_API="https://u:p@mgmt.example/api/")
+    assert broker_api(override) == "https://u:p@mgmt.example/api/"
+    # Redis: an inherited empty variable must not become an empty password for Flower.
+    _, env = flower_command(settings(tmp_path, CELERY_BROKER_URL="redis://h:6379/0"),
+                            {"FLOWER_BASIC_AUTH": "", "FLOWER_BROKER_API": ""})
+    assert "FLOWER_BASIC_AUTH" not in env and "FLOWER_BROKER_API" not in env
+
+
+def test_flower_refuses_a_network_address_without_auth(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "FLOWER_BASIC_AUTH"}
+    env.update(WHISPERQ_DATA_DIR=str(tmp_path), FLOWER_ADDRESS="0.0.0.0")
+    out = subprocess.run([WHISPERQ, "flower"], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    assert "FLOWER_BASIC_AUTH is not set" in out.stderr and "FLOWER_ADDRESS=0.0.0.0" in out.stderr
+    assert not (tmp_path / "flower.db").exists()
