@@ -7,12 +7,8 @@ temporary data dir, submits the 9.4 s fixture clip one job at a time, and report
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -22,11 +18,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CLIP = ROOT / "tests" / "fixtures" / "report.opus"
 RUNS = int(os.environ.get("BENCH_RUNS", "10"))
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from service import running_service  # noqa: E402
 
 
 def model_rtf() -> tuple[float, float, float]:
@@ -50,21 +43,7 @@ def model_rtf() -> tuple[float, float, float]:
 
 
 def end_to_end() -> tuple[float, list[float]]:
-    tmp = Path(tempfile.mkdtemp(prefix="whisperq-bench-"))
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("CELERY_BROKER_URL", "DATABASE_URL")}
-    env.update(WHISPERQ_DATA_DIR=str(tmp), PORT=str(port), FLOWER_PORT=str(free_port()))
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "whisperq"), "run"], env=env,
-                            stdout=(tmp / "run.log").open("w"), stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(200):
-            try:
-                if requests.get(f"{base}/readyz", timeout=1).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            time.sleep(0.2)
+    with running_service() as (_proc, base, _tmp):
         latencies = []
         for _ in range(RUNS + 1):
             t = time.perf_counter()
@@ -75,9 +54,6 @@ def end_to_end() -> tuple[float, list[float]]:
             assert job["status"] == "COMPLETED", job
             latencies.append(time.perf_counter() - t)
         return latencies[0], latencies[1:]
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
 
 
 if __name__ == "__main__":

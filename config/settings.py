@@ -21,6 +21,9 @@ ENGINES = ("faster-whisper",)
 DEVICES = ("auto", "cpu", "cuda")
 COMPUTE_TYPES = ("auto", "default", "int8", "int8_float16", "int8_float32", "int16", "float16", "bfloat16", "float32")
 PRIORITIES = ("high", "normal", "low")
+# Worker metrics ports: WHISPERQ_METRICS_PORT + 0..METRICS_PORT_SPAN-1 (see tasks.metrics).
+METRICS_PORT_SPAN = 100
+LOG_FORMATS = ("auto", "json", "text")
 
 
 class ConfigError(ValueError):
@@ -36,6 +39,10 @@ class Settings:
     host: str
     port: int
     flower_port: int
+    flower_address: str
+    flower_basic_auth: str | None
+    flower_broker_api: str | None
+    log_format: str
     engine: str
     model_path: str | None
     device: str
@@ -54,6 +61,12 @@ class Settings:
     job_ttl_seconds: float
     sweep_interval_seconds: float
     admin_token: str | None
+    queue_budget_seconds: float
+    queue_budget_jobs: int
+    high_reserve: float
+    disk_floor_mb: int
+    rate_limit: str | None
+    redis_url: str | None
     webhook_secret: str | None
     webhook_allow_networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
     webhook_timeout_seconds: float
@@ -62,6 +75,12 @@ class Settings:
     webhook_max_inline_bytes: int
     fetch_timeout_seconds: float
     public_url: str | None
+    metrics_port: int
+    alert_queue_age_seconds: float
+    alert_queue_depth: int
+    alert_failure_rate: float
+    alert_dead_letters: int
+    alert_disk_free_bytes: int
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides) -> "Settings":
@@ -77,6 +96,10 @@ class Settings:
             host=env.str("HOST", "127.0.0.1"),
             port=env.int("PORT", 8000, low=1, high=65535),
             flower_port=env.int("FLOWER_PORT", 5555, low=1, high=65535),
+            flower_address=env.str("FLOWER_ADDRESS", "127.0.0.1"),
+            flower_basic_auth=env.basic_auth("FLOWER_BASIC_AUTH"),
+            flower_broker_api=env.url("FLOWER_BROKER_API", None, schemes=("http", "https")),
+            log_format=env.choice("WHISPERQ_LOG_FORMAT", "auto", LOG_FORMATS),
             engine=env.choice("WHISPERQ_ENGINE", "faster-whisper", ENGINES),
             model_path=env.str("WHISPERQ_MODEL", None),
             device=env.choice("WHISPERQ_DEVICE", "auto", DEVICES),
@@ -95,6 +118,12 @@ class Settings:
             job_ttl_seconds=env.float("WHISPERQ_JOB_TTL", 24 * 3600.0, low=1.0),
             sweep_interval_seconds=env.float("WHISPERQ_SWEEP_INTERVAL", 30.0, low=1.0),
             admin_token=env.str("WHISPERQ_ADMIN_TOKEN", None),
+            queue_budget_seconds=env.float("WHISPERQ_QUEUE_BUDGET_SECONDS", 8 * 3600.0, low=1.0),
+            queue_budget_jobs=env.int("WHISPERQ_QUEUE_BUDGET_JOBS", 10_000, low=1, high=10**9),
+            high_reserve=env.float("WHISPERQ_HIGH_RESERVE", 0.2, low=0.0),
+            disk_floor_mb=env.int("WHISPERQ_DISK_FLOOR_MB", 1024, low=0, high=10**9),
+            rate_limit=env.rate("WHISPERQ_RATE_LIMIT", "off"),
+            redis_url=env.url("WHISPERQ_REDIS_URL", None, schemes=("redis", "rediss", "unix")),
             webhook_secret=env.webhook_secret("WHISPERQ_WEBHOOK_SECRET"),
             webhook_allow_networks=env.networks("WHISPERQ_WEBHOOK_ALLOW_NETWORKS"),
             webhook_timeout_seconds=env.float("WHISPERQ_WEBHOOK_TIMEOUT", 10.0, low=0.1),
@@ -103,7 +132,22 @@ class Settings:
             webhook_max_inline_bytes=env.int("WHISPERQ_WEBHOOK_MAX_INLINE_BYTES", 262144, low=0, high=64 * 1024 * 1024),
             fetch_timeout_seconds=env.float("WHISPERQ_FETCH_TIMEOUT", 120.0, low=1.0),
             public_url=env.url("WHISPERQ_PUBLIC_URL", None, schemes=("http", "https")),
+            metrics_port=env.int("WHISPERQ_METRICS_PORT", 0, low=0, high=65535 - METRICS_PORT_SPAN),
+            alert_queue_age_seconds=env.float("WHISPERQ_ALERT_QUEUE_AGE_SECONDS", 600.0, low=0.0),
+            alert_queue_depth=env.int("WHISPERQ_ALERT_QUEUE_DEPTH", 1000, low=0, high=10**9),
+            alert_failure_rate=env.float("WHISPERQ_ALERT_FAILURE_RATE", 0.05, low=0.0),
+            alert_dead_letters=env.int("WHISPERQ_ALERT_DEAD_LETTERS", 1, low=0, high=10**9),
+            alert_disk_free_bytes=env.int("WHISPERQ_ALERT_DISK_FREE_BYTES", 5 * 1024**3, low=0, high=2**62),
         )
+        if values["high_reserve"] >= 1:
+            raise ConfigError(
+                f"WHISPERQ_HIGH_RESERVE={values['high_reserve']} is the share of the queue budget kept for priority high; "
+                "set it to a number from 0 to less than 1"
+            )
+        if values["alert_failure_rate"] > 1:
+            raise ConfigError(
+                f"WHISPERQ_ALERT_FAILURE_RATE={values['alert_failure_rate']} is a share of jobs; set it to a number from 0 to 1"
+            )
         values.update(overrides)
         settings = cls(**values)
         if settings.model_path is not None and not Path(settings.model_path).is_dir():
@@ -182,10 +226,22 @@ class Settings:
             value = getattr(self, f.name)
             if f.name in ("admin_token", "webhook_secret") and value:
                 value = "***"
+            elif f.name == "flower_basic_auth" and value:
+                value = ",".join(pair.split(":", 1)[0] + ":***" for pair in value.split(","))
             elif isinstance(value, tuple):
                 value = ",".join(str(v) for v in value)
             out[f.name] = _mask(str(value)) if value is not None else ""
         return out
+
+
+def parse_rate(text: str) -> tuple[int, int]:
+    """'60/minute' -> (60, 60); also second, hour, day, or a number of seconds ('10/30')."""
+    count, _, per = text.partition("/")
+    units = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
+    window = units.get(per.strip().lower().rstrip("s")) or (int(per) if per.strip().isdigit() else 0)
+    if not count.strip().isdigit() or int(count) < 1 or window < 1:
+        raise ValueError(f"{text!r} is not a rate such as 60/minute")
+    return int(count), window
 
 
 BROKER_SCHEMES = ("redis", "rediss", "redis+socket", "amqp", "amqps", "pyamqp", "memory")
@@ -260,6 +316,31 @@ class _Env:
                 f"{name} has scheme {scheme or '(none)'!r}; use a URL starting with one of: "
                 + ", ".join(f"{s}://" for s in schemes)
             )
+        return value
+
+    def basic_auth(self, name: str) -> str | None:
+        value = self.raw(name)
+        if value is None:
+            return None
+        pairs = [p.strip() for p in value.split(",")]
+        for pair in pairs:
+            user, sep, password = pair.partition(":")
+            if not (user and sep and password):
+                raise ConfigError(
+                    f"{name} must be user:password, or several separated by commas (user:password,user2:password2); "
+                    "a password cannot contain a comma"
+                )
+        return ",".join(pairs)
+
+    def rate(self, name: str, default: str) -> str | None:
+        value = self.raw(name) or default
+        if value.lower() in ("off", "none", "0"):
+            return None
+        try:
+            parse_rate(value)
+        except ValueError:
+            raise ConfigError(f"{name}={value!r} is not a rate; set it to a number per second, minute, hour or day "
+                              "such as 120/minute, or to off") from None
         return value
 
     def webhook_secret(self, name: str) -> str | None:

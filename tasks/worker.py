@@ -3,13 +3,18 @@ import logging
 import os
 import uuid
 
-from celery.signals import task_received, worker_init, worker_process_init, worker_ready
+from celery.signals import task_prerun, task_received, worker_init, worker_process_init, worker_ready, worker_shutdown
 from celery.worker import state as worker_state
 from celery.worker.control import _iter_schedule_requests, control_command, inspect_command
 
+from config.logs import connect_celery
+from config.tracing import init_worker
 from models.inference import batcher_stats
 from models.runtime import reset_runtime
 from tasks import celery_app as app  # noqa: F401 - Celery finds `app`
+from tasks import metrics as worker_metrics
+
+connect_celery(app.conf.whisperq_settings.log_format)
 
 
 def _guard_closed_redis_channels() -> None:
@@ -53,6 +58,20 @@ def _identify(sender=None, **_kwargs) -> None:
     _guard_closed_redis_channels()
 
 
+@worker_init.connect
+def _tracing(sender=None, **_kwargs) -> None:
+    # OpenTelemetry (only with OTEL_EXPORTER_OTLP_ENDPOINT) starts in the process that
+    # runs the tasks: here for the threads pool, in each child for prefork (below).
+    pool = getattr(sender, "pool_cls", None)
+    name = pool if isinstance(pool, str) else getattr(pool, "__module__", "")
+    if "prefork" not in name and name != "processes":
+        init_worker(_pool_name())
+
+
+def _pool_name() -> str:
+    return os.environ.get("WHISPERQ_WORKER_ID", "worker").split("@", 1)[0] or "worker"
+
+
 @worker_ready.connect
 def _ready(sender=None, **_kwargs) -> None:
     from config.celeryconfig import QUEUES, declare_dead_letter_queue
@@ -70,6 +89,32 @@ def _ready(sender=None, **_kwargs) -> None:
 def _fresh_connections(**_kwargs) -> None:
     # A forked child must not share the parent's database connections.
     reset_runtime()
+    init_worker(_pool_name())
+
+
+@task_prerun.connect
+def _job_in_logs(task=None, task_id=None, args=None, **_kwargs) -> None:
+    # One primary-key read per task, so that its log lines name the job and the attempt
+    # (config.logs reads these off the request). whisperq retries by publishing again,
+    # so Celery's own retry count stays 0: the job row has the attempt.
+    if task is None or task.name not in ("whisperq.transcribe", "whisperq.infer", "whisperq.notify"):
+        return
+    from models.job import Job
+    from models.notify import WebhookDelivery
+    from models.runtime import get_runtime
+
+    try:
+        with get_runtime().db.session() as session:
+            if task.name == "whisperq.notify":
+                delivery = session.get(WebhookDelivery, args[0]) if args else None
+                task.request.whisperq_job_id = delivery.job_id if delivery is not None else None
+            else:
+                job = session.get(Job, task_id)
+                # transcribe counts its attempt when it claims the job, a moment from now
+                attempts = (job.attempts or 0) if job is not None else 0
+                task.request.whisperq_attempt = attempts + (task.name == "whisperq.transcribe") or 1
+    except Exception:  # logging context must never stop a task
+        logging.getLogger(__name__).debug("no log context for task %s", task_id, exc_info=True)
 
 
 @task_received.connect
@@ -99,3 +144,25 @@ def _holdings(state, **_kwargs) -> dict:
     held = {r.id for r in worker_state.reserved_requests} | {r.id for r in worker_state.active_requests}
     held |= {entry["request"]["id"] for entry in _iter_schedule_requests(state.consumer.timer)}
     return {"worker_id": os.environ.get("WHISPERQ_WORKER_ID"), "held": sorted(held)}
+
+
+@worker_init.connect
+def _metrics_setup(sender=None, **_kwargs) -> None:
+    # Before the pool forks, so that prefork children inherit the multiprocess mode.
+    try:
+        worker_metrics.setup(sender)
+    except Exception:  # metrics must never keep a worker from starting
+        logging.getLogger(__name__).exception("worker metrics not set up")
+
+
+@worker_ready.connect
+def _metrics_serve(sender=None, **_kwargs) -> None:
+    try:
+        worker_metrics.serve(sender)
+    except Exception:
+        logging.getLogger(__name__).exception("worker metrics not served")
+
+
+@worker_shutdown.connect
+def _metrics_shutdown(**_kwargs) -> None:
+    worker_metrics.shutdown()

@@ -113,31 +113,51 @@ def published():
     before_task_publish.disconnect(record)
 
 
+def fresh_connections(celery_app) -> None:
+    """This process's pooled broker connections died with the broker: start new pools."""
+    from kombu import pools
+
+    pools.reset()  # closes every pool kombu keeps for this process, and forgets them
+    celery_app._pool = None
+    celery_app.amqp._producer_pool = None
+
+
 @pytest.fixture()
-def restart_broker(celery_app):
-    """A function that stops the broker for `down` seconds and starts it again: the
+def restart_broker(celery_app, request):
+    """A function that stops the broker for `down` seconds (then calls `during()`, the
+    broker still down) and starts it again: the
     embedded Redis (append-only file on), or a local RabbitMQ (durable queues). The suite
     does not restart a Redis it did not start: one run without persistence would lose
     its queues."""
     url = celery_app.conf.broker_url
     embedded = _state.get("embedded")
     if embedded is not None:
-        def restart(down: float = 2.0) -> None:
+        def restart(down: float = 2.0, during=None) -> None:
             embedded.stop()
             time.sleep(down)
+            if during is not None:
+                during()
             embedded.start()
-        return restart
-    if url.startswith(("amqp", "pyamqp")) and ("@127.0.0.1" in url or "@localhost" in url):
+            fresh_connections(celery_app)
+    elif url.startswith(("amqp", "pyamqp")) and ("@127.0.0.1" in url or "@localhost" in url):
         if shutil.which("rabbitmqctl") is None:
             need_service("rabbitmqctl is not on PATH: the RabbitMQ restart test needs the local broker's CLI")
 
-        def restart(down: float = 2.0) -> None:
+        def restart(down: float = 2.0, during=None) -> None:
             subprocess.run(["rabbitmqctl", "-q", "stop_app"], check=True, timeout=120, capture_output=True)
             time.sleep(down)
+            if during is not None:
+                during()
             subprocess.run(["rabbitmqctl", "-q", "start_app"], check=True, timeout=120, capture_output=True)
             subprocess.run(["rabbitmqctl", "-q", "await_startup"], check=True, timeout=120, capture_output=True)
-        return restart
-    pytest.skip(f"the suite restarts only the embedded Redis or a local RabbitMQ, not {url.split('://')[0]} at this address")
+            fresh_connections(celery_app)
+    else:
+        pytest.skip(f"the suite restarts only the embedded Redis or a local RabbitMQ, not {url.split('://')[0]} at this address")
+    yield restart
+    if "worker" in request.fixturenames:
+        # The workers came through it (that is what the tests show), but their consumers
+        # no longer obey cancel_consumer reliably, which later tests pause them with.
+        request.getfixturevalue("worker").restart_all()
 
 
 class Worker:
@@ -218,6 +238,12 @@ class Pools:
         stop_worker(self.inference)
         stop_worker(self.prepare)
 
+    def restart_all(self) -> None:
+        self.stop()
+        self.tag += "r"
+        self.restarts = 0
+        self.__init__(self.celery_app, self.tmp, self.tag)
+
     def sweep(self, grace_seconds: float = 0.0):
         """One sweeper pass now, as beat would run it, without the start-up grace."""
         from datetime import timedelta
@@ -238,6 +264,8 @@ class Pools:
                                                ("inference", INFERENCE_QUEUE, self.inference)) if pool in pools]
         for queue, node in pairs:
             celery_app.control.cancel_consumer(queue, destination=[node], reply=True, timeout=5)
+        if celery_app.conf.broker_url.startswith("redis"):
+            time.sleep(1.2)  # a BRPOP already waiting (1 s at most) may still take one message
         try:
             yield
         finally:

@@ -154,11 +154,11 @@ def test_unknown_route_and_method_are_json(client):
     assert client.delete("/v1/jobs").status_code == 405
 
 
-def test_healthz_and_readyz(client):
+def test_healthz_and_readyz(client, worker):
     assert client.get("/healthz").get_json() == {"status": "ok"}
     ready = client.get("/readyz")
     assert ready.status_code == 200, ready.get_json()
-    assert ready.get_json()["checks"] == {"database": "ok", "broker": "ok"}
+    assert ready.get_json()["checks"] == {"database": "ok", "broker": "ok", "disk": "ok", "inference_workers": "ok"}
 
 
 def test_readyz_names_the_broken_dependency(settings, database, monkeypatch):

@@ -8,7 +8,7 @@ from datetime import datetime
 
 import pytest
 
-from helpers import CLIPS, Receiver, long_recording, stored_files, wait_for_job, word_error_rate, write_wav
+from helpers import CLIPS, Receiver, long_recording, stored_files, word_error_rate, write_wav
 
 pytestmark = pytest.mark.integration
 

@@ -1,7 +1,6 @@
 """The Flask app factory: JSON API, health checks and the upload page."""
 from __future__ import annotations
 
-import logging
 from typing import Any, Mapping
 
 from flask import Flask, request
@@ -34,12 +33,14 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.extensions["celery"] = celery = make_celery(settings)
     notify.set_publisher(lambda ids: publish_notify(celery, ids))
 
-    from . import admin, api, errors, health, pages
+    from . import admin, admission, api, errors, health, metrics, pages
 
     errors.init_app(app)
     app.register_blueprint(api.bp)
+    app.after_request(admission.add_rate_headers)
     app.register_blueprint(admin.bp)
     app.register_blueprint(health.bp)
+    metrics.init_app(app)
     app.register_blueprint(pages.bp)
     @app.before_request
     def _limit_headers():
@@ -52,6 +53,11 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
             )
         return None
 
+    from config.tracing import init_web
+
+    init_web(app)  # OpenTelemetry, only with OTEL_EXPORTER_OTLP_ENDPOINT
     if not app.debug:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        from config.logs import configure_web
+
+        configure_web(settings.log_format)
     return app

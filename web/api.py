@@ -17,6 +17,7 @@ from models.jobs import cancel_job, delete_job, get_job, list_jobs
 from models.notify import deliveries_of
 from models.runtime import Runtime
 
+from .admission import admit_priority, admit_submission
 from .uploads import submit_upload, submit_url
 
 bp = Blueprint("api", __name__, url_prefix="/v1")
@@ -43,6 +44,7 @@ def job_body(job: Job, detail: bool = True) -> dict:
 
 @bp.post("/jobs")
 def create():
+    admit_submission()  # before the body is read
     celery = current_app.extensions["celery"]
     key = request.headers.get("Idempotency-Key")
     if request.mimetype == "application/json":
@@ -50,12 +52,12 @@ def create():
             payload = json.loads(request.get_data(cache=False) or b"null")
         except ValueError as exc:
             raise InvalidRequest(f"the body is not valid JSON ({exc})") from None
-        job, created = submit_url(runtime(), celery, payload, idempotency_key=key)
+        job, created = submit_url(runtime(), celery, payload, idempotency_key=key, admit=admit_priority)
     elif request.mimetype == "multipart/form-data":
         if "boundary" not in request.mimetype_params:
             raise InvalidRequest("malformed multipart body: the Content-Type has no boundary")
         job, created = submit_upload(runtime(), celery, request.files.get("file"), request.form,
-                                     files=request.files, idempotency_key=key)
+                                     files=request.files, idempotency_key=key, admit=admit_priority)
     else:
         raise UnsupportedMediaType(
             "send the audio as multipart/form-data with the file in field 'file', or JSON with its URL in "

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -51,13 +52,21 @@ def run(procfile: str) -> None:
     from models.db import Database
 
     Database(settings.database_url).create_all()  # once, before three processes race for it
+    flower_login = ""
+    if not settings.flower_basic_auth:
+        # Flower shows every job's arguments and results: never leave it open, even on loopback.
+        password = secrets.token_urlsafe(12)
+        env["FLOWER_BASIC_AUTH"] = f"admin:{password}"
+        flower_login = f"  (user admin, password {password}; set FLOWER_BASIC_AUTH to choose)"
+    flower_host = settings.flower_address if settings.flower_address not in ("", "0.0.0.0", "::") else "127.0.0.1"
+    flower_host = f"[{flower_host}]" if ":" in flower_host else flower_host
     honcho = shutil.which("honcho", path=env["PATH"])
     if honcho is None:
         raise click.ClickException("honcho is not installed; run `make run` or pip install honcho")
     click.echo(
         f"\n  upload form  http://{settings.host}:{settings.port}/\n"
         f"  API          http://{settings.host}:{settings.port}/v1/jobs\n"
-        f"  Flower       http://127.0.0.1:{settings.flower_port}/\n"
+        f"  Flower       http://{flower_host}:{settings.flower_port}/{flower_login}\n"
         f"  data         {settings.data_dir}\n"
     )
     proc = None
@@ -78,6 +87,19 @@ def run(procfile: str) -> None:
         if broker is not None:
             broker.stop()
     sys.exit(code)
+
+
+@cli.command()
+def flower() -> None:
+    """Start Flower (the Procfile's flower line) with auth and state under the data dir."""
+    from config.flower import flower_command
+
+    try:
+        argv, env = flower_command(_settings(), dict(os.environ))
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
+    sys.stdout.flush()
+    os.execve(argv[0], argv, env)  # Flower takes this process's place: honcho's signals reach it
 
 
 @cli.command("config")
@@ -103,6 +125,59 @@ def _runtime():
     rt = Runtime(_settings())
     rt.db.create_all()
     return rt
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def status(as_json: bool) -> None:
+    """Workers (from their heartbeats), queues and their depths, the oldest waiting job,
+    dead letters: what an operator looks at first."""
+    from config import make_celery
+    from models.job import utcnow
+    from models.workers import alive
+    from web.metrics import broker_depths, database_figures
+
+    rt = _runtime()
+    now = utcnow()
+    workers = alive(rt, now=now)
+    figures = database_figures(rt, now)
+    try:
+        depths, broker_error = broker_depths(make_celery(rt.settings)), None
+    except Exception as exc:  # still show what the database knows
+        depths, broker_error = {}, f"unreachable: {type(exc).__name__}: {exc}"
+    report = {
+        "broker": rt.settings.describe()["broker_url"] if broker_error is None else broker_error,
+        "workers": [{"pool": w["pool"], "hostname": w["hostname"], "slots": w["slots"],
+                     "up_seconds": round((now - w["started_at"]).total_seconds()),
+                     "last_seen_seconds": round((now - w["last_seen_at"]).total_seconds(), 1)} for w in workers],
+        "queues": {},
+        "jobs": figures["statuses"],
+        "dead_letters": figures["dead_letters"],
+    }
+    for (queue, tier), count in sorted(depths.items()):
+        report["queues"].setdefault(queue, {"waiting": 0, "by_priority": {}})
+        report["queues"][queue]["waiting"] += count
+        report["queues"][queue]["by_priority"][tier] = count
+    for queue, age in figures["oldest"].items():
+        report["queues"].setdefault(queue, {"waiting": None, "by_priority": {}})["oldest_seconds"] = round(age, 1)
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    click.echo(f"broker        {report['broker']}")
+    click.echo(f"workers       {len(workers)} alive")
+    for w in report["workers"]:
+        click.echo(f"  {w['pool']:<10} {w['hostname']:<40} {w['slots']:>3} slots  up {w['up_seconds']} s, "
+                   f"seen {w['last_seen_seconds']} s ago")
+    click.echo("queues")
+    for queue, q in report["queues"].items():
+        tiers = ", ".join(f"{k} {v}" for k, v in q["by_priority"].items())
+        waiting = "?" if q["waiting"] is None else q["waiting"]
+        oldest = f", oldest waiting {q['oldest_seconds']} s" if q.get("oldest_seconds") else ""
+        click.echo(f"  {queue:<20} {waiting} waiting" + (f" ({tiers})" if tiers else "") + oldest)
+    click.echo("jobs          " + ", ".join(f"{k} {v}" for k, v in sorted(report["jobs"].items())))
+    click.echo(f"dead letters  {report['dead_letters']}")
+    if not any(w["pool"] == "inference" for w in workers):
+        click.echo("warning: no inference worker is alive; jobs wait until one starts")
 
 
 @cli.group()

@@ -29,7 +29,12 @@ def init_app(app: Flask) -> None:
 
     @app.errorhandler(WhisperqError)
     def _service_error(exc: WhisperqError):
-        headers = {"Retry-After": "5"} if exc.http_status == 503 else None
+        headers = dict(getattr(exc, "headers", None) or {})
+        retry_after = getattr(exc, "retry_after", None)
+        if retry_after is not None:
+            headers["Retry-After"] = str(int(retry_after))
+        elif exc.http_status == 503:
+            headers["Retry-After"] = "5"
         return error_response(exc.http_status, exc.code, str(exc), headers)
 
     @app.errorhandler(RequestEntityTooLarge)

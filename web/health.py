@@ -1,9 +1,16 @@
 """Liveness and readiness probes."""
 from __future__ import annotations
 
+import shutil
+import time
+
 from flask import Blueprint, current_app, jsonify
 
 bp = Blueprint("health", __name__)
+
+# A web process that has just started gives the workers this long to send a heartbeat.
+STARTUP_GRACE = 60.0
+_started = time.monotonic()
 
 
 @bp.get("/healthz")
@@ -13,9 +20,14 @@ def healthz():
 
 @bp.get("/readyz")
 def readyz():
+    """Ready when the database and the broker answer, the data dir is above its disk
+    floor and an inference worker is alive (after a start-up grace); else 503 with why."""
+    from models.workers import alive
+
+    rt = current_app.extensions["whisperq"]
     checks: dict[str, str] = {}
     try:
-        current_app.extensions["whisperq"].db.ping()
+        rt.db.ping()
         checks["database"] = "ok"
     except Exception as exc:  # the reason goes to the operator
         checks["database"] = f"unreachable: {type(exc).__name__}"
@@ -25,5 +37,16 @@ def readyz():
         checks["broker"] = "ok"
     except Exception as exc:
         checks["broker"] = f"unreachable: {type(exc).__name__}"
+    free_mb = shutil.disk_usage(rt.settings.data_dir).free // (1024 * 1024)
+    checks["disk"] = "ok" if free_mb >= rt.settings.disk_floor_mb else (
+        f"{free_mb} MB free, under WHISPERQ_DISK_FLOOR_MB={rt.settings.disk_floor_mb}")
+    if checks["database"] == "ok":
+        workers = len(alive(rt, "inference"))
+        if workers:
+            checks["inference_workers"] = "ok"
+        elif time.monotonic() - _started < STARTUP_GRACE:
+            checks["inference_workers"] = "ok"  # still starting: no heartbeat expected yet
+        else:
+            checks["inference_workers"] = "none alive: no inference worker has sent a heartbeat in 30 s"
     ready = all(v == "ok" for v in checks.values())
     return jsonify({"status": "ready" if ready else "not_ready", "checks": checks}), 200 if ready else 503

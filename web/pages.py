@@ -16,6 +16,7 @@ from models.errors import WhisperqError
 from models.formats import FORMATS
 from models.jobs import get_job
 
+from .admission import admit_priority, admit_submission
 from .uploads import submit_upload
 
 bp = Blueprint("pages", __name__)
@@ -89,9 +90,10 @@ def index():
 @bp.post("/")
 def upload():
     try:
+        admit_submission()
         job, _ = submit_upload(
             current_app.extensions["whisperq"], current_app.extensions["celery"], request.files.get("file"),
-            request.form, files=request.files,
+            request.form, files=request.files, admit=admit_priority,
         )
     except WhisperqError as exc:
         return _form(str(exc), exc.http_status)

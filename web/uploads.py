@@ -5,7 +5,7 @@ import hashlib
 import json
 import logging
 import unicodedata
-from typing import Mapping
+from typing import Callable, Mapping
 
 from celery import Celery
 from werkzeug.datastructures import FileStorage
@@ -79,7 +79,8 @@ def check_filename(name: str) -> None:
 
 
 def submit_upload(rt: Runtime, celery: Celery, upload: FileStorage | None, form: Mapping[str, str],
-                  files=None, idempotency_key: str | None = None) -> tuple[Job, bool]:
+                  files=None, idempotency_key: str | None = None,
+                  admit: Callable[[str], None] | None = None) -> tuple[Job, bool]:
     """Validate, store, record the PENDING job, then publish. On any error nothing remains.
 
     Returns the job and whether it is new: a repeated Idempotency-Key with the same
@@ -87,6 +88,8 @@ def submit_upload(rt: Runtime, celery: Celery, upload: FileStorage | None, form:
     """
     check_fields(form, files or {})
     options = parse_options(form, rt.settings)
+    if admit is not None:
+        admit(options["priority"])
     if upload is None or not upload.filename:
         raise InvalidRequest("no audio file: send it as the multipart form field 'file', with a UTF-8 file name")
     check_filename(upload.filename)
@@ -117,12 +120,15 @@ def submit_upload(rt: Runtime, celery: Celery, upload: FileStorage | None, form:
     return _enqueue(rt, celery, job, idempotency_key, fingerprint)
 
 
-def submit_url(rt: Runtime, celery: Celery, body, idempotency_key: str | None = None) -> tuple[Job, bool]:
+def submit_url(rt: Runtime, celery: Celery, body, idempotency_key: str | None = None,
+               admit: Callable[[str], None] | None = None) -> tuple[Job, bool]:
     """A job whose audio the preparation pool fetches from `audio_url` (JSON body)."""
     if not isinstance(body, dict):
         raise InvalidRequest('send a JSON object such as {"audio_url": "https://example.com/call.mp3"}')
     check_fields(body, {}, source="audio_url")
     options = parse_options(body, rt.settings)
+    if admit is not None:
+        admit(options["priority"])
     url = body.get("audio_url")
     if not isinstance(url, str) or not url.strip():
         raise InvalidRequest("audio_url is missing: give the http(s) URL of the audio, or upload the file as multipart")

@@ -1,0 +1,56 @@
+"""Starting and stopping the whole service (`whisperq run`) for the benchmarks."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import requests
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stop(proc: subprocess.Popen, timeout: float = 90) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@contextmanager
+def running_service(prefix: str = "whisperq-bench-") -> Iterator[tuple[subprocess.Popen, str, Path]]:
+    """`whisperq run` on the embedded broker in a fresh data dir, ready: (process, base URL, data dir)."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("CELERY_BROKER_URL", "DATABASE_URL")}
+    env.update(WHISPERQ_DATA_DIR=str(tmp), PORT=str(port), FLOWER_PORT=str(free_port()))
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "whisperq"), "run"], env=env,
+                            stdout=(tmp / "run.log").open("w"), stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if requests.get(f"{base}/readyz", timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the service did not get ready; see {tmp / 'run.log'}")
+            time.sleep(0.2)
+        yield proc, base, tmp
+    finally:
+        stop(proc)

@@ -1,0 +1,42 @@
+"""The synchronous baseline for bench/load.py: a Flask endpoint that runs the model inline,
+as whisper services are commonly run. The same model and settings as the workers.
+
+    gunicorn --workers 2 --worker-class gthread --threads 4 bench.sync_baseline:app
+"""
+from __future__ import annotations
+
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from flask import Flask, jsonify, request
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from config import Settings  # noqa: E402
+from models import audio  # noqa: E402
+from models.speech import FasterWhisperEngine, model_path  # noqa: E402
+
+app = Flask(__name__)
+_engine = None
+_lock = threading.Lock()
+
+
+def engine() -> FasterWhisperEngine:
+    global _engine
+    with _lock:
+        if _engine is None:
+            settings = Settings.from_env({})
+            _engine = FasterWhisperEngine(model_path(settings), beam_size=settings.beam_size)
+    return _engine
+
+
+@app.post("/transcribe")
+def transcribe():
+    upload = request.files["file"]
+    with tempfile.NamedTemporaryFile(suffix=Path(upload.filename or "a.bin").suffix) as tmp:
+        upload.save(tmp.name)
+        samples = audio.decode(tmp.name)
+    result = engine().transcribe(samples, language="en")
+    return jsonify({"text": result.text, "duration": result.duration})

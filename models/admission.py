@@ -1,0 +1,174 @@
+"""The front door: refuse work early, with a time to come back, before the system falls over.
+
+Three checks run before a submission's body is read:
+
+- **Queue budget.** The work waiting (audio seconds, and jobs) is compared with
+  WHISPERQ_QUEUE_BUDGET_SECONDS and WHISPERQ_QUEUE_BUDGET_JOBS. `normal` and `low` jobs
+  may use the budget less its `high` reserve (WHISPERQ_HIGH_RESERVE); `high` jobs may use
+  all of it. Past it: 429, with Retry-After from the current drain rate.
+- **Disk floor.** Less than WHISPERQ_DISK_FLOOR_MB free in the data dir: 503.
+- **Per-client rate.** WHISPERQ_RATE_LIMIT submissions per window per client (API key,
+  else address), counted in Redis so every web process shares the count; 429 with the
+  RateLimit headers.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+
+from sqlalchemy import func, select
+
+from config.settings import parse_rate
+
+from .errors import WhisperqError
+from .job import Job, JobStatus
+from .runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+_CACHE_SECONDS = 1.0
+_cache: dict = {}
+_lock = threading.Lock()
+
+
+class QueueFull(WhisperqError):
+    code = "queue_full"
+    http_status = 429
+
+    def __init__(self, message: str, retry_after: int):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class DiskFull(WhisperqError):
+    code = "disk_full"
+    http_status = 503
+
+    def __init__(self, message: str, retry_after: int = 60):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class RateLimited(WhisperqError):
+    code = "rate_limited"
+    http_status = 429
+
+    def __init__(self, message: str, retry_after: int, headers: dict[str, str]):
+        super().__init__(message)
+        self.retry_after = retry_after
+        self.headers = headers
+
+
+@dataclass(frozen=True)
+class Backlog:
+    jobs: int
+    audio_seconds: float
+
+
+def backlog(rt: Runtime) -> Backlog:
+    """Jobs not finished and not yet being transcribed, and their audio (cached ~1 s)."""
+    with _lock:
+        hit = _cache.get(rt.settings.database_url)
+        if hit and hit[0] > time.monotonic():
+            return hit[1]
+    waiting = Job.status.in_([JobStatus.PENDING.value, JobStatus.PROCESSING.value]) & (
+        Job.stage.is_(None) | (Job.stage != "infer"))
+    with rt.db.session() as session:
+        jobs, audio = session.execute(
+            select(func.count(), func.coalesce(func.sum(Job.audio_duration), 0.0)).where(waiting)).one()
+    value = Backlog(int(jobs), float(audio))
+    with _lock:
+        _cache[rt.settings.database_url] = (time.monotonic() + _CACHE_SECONDS, value)
+    return value
+
+
+def drain_rate(rt: Runtime) -> float:
+    """Audio seconds the inference pool finishes per second now (0 with no live worker)."""
+    from .eta import measured_speed
+    from .workers import alive
+
+    speed, _ = measured_speed(rt)
+    return speed * len(alive(rt, "inference"))
+
+
+def check_queue(rt: Runtime, priority: str) -> None:
+    s = rt.settings
+    share = 1.0 if priority == "high" else 1.0 - s.high_reserve
+    limit_seconds, limit_jobs = s.queue_budget_seconds * share, max(1, math.floor(s.queue_budget_jobs * share))
+    now = backlog(rt)
+    if now.audio_seconds < limit_seconds and now.jobs < limit_jobs:
+        return
+    rate = drain_rate(rt)
+    excess = max(now.audio_seconds - limit_seconds, 0.0)
+    if rate > 0:
+        # Time to drain what is over the line, and at least one typical job's worth.
+        wait = excess / rate + (now.audio_seconds / max(now.jobs, 1)) / rate
+    else:
+        wait = 60.0
+    retry_after = int(min(3600, max(1, math.ceil(wait))))
+    reserve = "" if priority == "high" else f" ({s.high_reserve:.0%} of it is kept for priority high)"
+    raise QueueFull(
+        f"the queue is full: {now.jobs} jobs with {now.audio_seconds:.0f} s of audio are waiting, over the "
+        f"budget for priority {priority}{reserve}; try again in {retry_after} s",
+        retry_after,
+    )
+
+
+def check_disk(rt: Runtime) -> None:
+    floor = rt.settings.disk_floor_mb * 1024 * 1024
+    free = shutil.disk_usage(rt.settings.data_dir).free
+    if free < floor:
+        raise DiskFull(
+            f"the server is low on disk space ({free // (1024 * 1024)} MB free, the floor is "
+            f"{rt.settings.disk_floor_mb} MB); try again later"
+        )
+
+
+class RateLimiter:
+    """A fixed-window counter per client in Redis: INCR and EXPIRE in one transaction."""
+
+    def __init__(self, redis_client, limit: int, window: int):
+        self.redis, self.limit, self.window = redis_client, limit, window
+
+    def hit(self, client: str) -> dict[str, str]:
+        """Count one request; returns the RateLimit headers, or raises RateLimited."""
+        now = time.time()
+        slot = int(now // self.window)
+        key = f"whisperq:ratelimit:{client}:{slot}"
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.incr(key)
+        pipe.expire(key, self.window + 1)
+        count = int(pipe.execute()[0])
+        reset = max(1, math.ceil((slot + 1) * self.window - now))
+        headers = {
+            "RateLimit-Policy": f"{self.limit};w={self.window}",
+            "RateLimit-Limit": str(self.limit),
+            "RateLimit-Remaining": str(max(0, self.limit - count)),
+            "RateLimit-Reset": str(reset),
+        }
+        if count > self.limit:
+            raise RateLimited(
+                f"too many submissions from this client: the limit is {self.limit} per {self.window} s; "
+                f"try again in {reset} s", reset, headers)
+        return headers
+
+
+def rate_limiter(settings) -> RateLimiter | None:
+    """The shared per-client limiter: in WHISPERQ_REDIS_URL, else in the broker when it is
+    Redis; None when rate limiting is off or there is no Redis to count in."""
+    if settings.rate_limit is None:
+        return None
+    url = settings.redis_url or (settings.broker_url if (settings.broker_url or "").startswith(("redis", "rediss"))
+                                 else None)
+    if url is None:
+        log.warning("WHISPERQ_RATE_LIMIT is set but there is no Redis to count in (set WHISPERQ_REDIS_URL); "
+                    "per-client rate limits are off")
+        return None
+    import redis
+
+    limit, window = parse_rate(settings.rate_limit)
+    return RateLimiter(redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2), limit, window)

@@ -1,0 +1,143 @@
+"""The front door under load: the queue budget with its high-priority reserve, the disk
+floor, per-client rate limits in Redis, and readiness."""
+import dataclasses
+import io
+import time
+import uuid
+
+import pytest
+
+from helpers import CLIPS, need_service, stored_files
+
+FOX = CLIPS["fox.flac"]["path"].read_bytes()
+
+
+def post(client, priority: str = "normal", headers: dict | None = None):
+    return client.post("/v1/jobs", data={"file": (io.BytesIO(FOX), "fox.flac"), "priority": priority},
+                       content_type="multipart/form-data", headers=headers or {})
+
+
+@pytest.fixture()
+def no_cache(monkeypatch):
+    from models import admission
+
+    monkeypatch.setattr(admission, "_CACHE_SECONDS", 0.0)
+
+
+def app_with(settings, **changes):
+    from web import create_app
+
+    return create_app({"SETTINGS": dataclasses.replace(settings, **changes), "TESTING": True})
+
+
+@pytest.mark.integration
+def test_past_the_budget_429_with_retry_after_high_keeps_a_reserve_and_it_reopens_after_the_drain(
+        settings, database, worker, celery_app, no_cache):
+    from models.admission import backlog
+    from models.runtime import get_runtime
+
+    with worker.paused(celery_app):
+        time.sleep(1)
+        base = backlog(get_runtime()).jobs  # whatever else waits in this database
+        client = app_with(settings, queue_budget_jobs=base + 4, high_reserve=0.25,
+                          queue_budget_seconds=10**9).test_client()
+        accepted = [post(client) for _ in range(3)]
+        assert [r.status_code for r in accepted] == [202] * 3
+        full = post(client)
+        assert full.status_code == 429, full.get_json()
+        body = full.get_json()["error"]
+        assert body["code"] == "queue_full" and "try again in" in body["message"] and "priority high" in body["message"]
+        assert 1 <= int(full.headers["Retry-After"]) <= 3600
+        assert post(client, "high").status_code == 202  # the reserve
+        assert post(client, "high").status_code == 429  # past the whole budget
+        assert post(client, "low").status_code == 429
+    # The pools drain the queue; the door opens again.
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        resp = post(client)
+        if resp.status_code == 202:
+            break
+        assert resp.status_code == 429
+        time.sleep(1)
+    assert resp.status_code == 202
+
+
+def test_below_the_disk_floor_503_and_nothing_is_stored(settings, database, published):
+    client = app_with(settings, disk_floor_mb=10**9).test_client()
+    before = stored_files(settings)
+    resp = post(client)
+    assert resp.status_code == 503 and resp.get_json()["error"]["code"] == "disk_full"
+    assert "disk space" in resp.get_json()["error"]["message"] and resp.headers["Retry-After"]
+    assert stored_files(settings) == before and published == []
+    ready = client.get("/readyz")
+    assert ready.status_code == 503 and "WHISPERQ_DISK_FLOOR_MB" in ready.get_json()["checks"]["disk"]
+
+
+def redis_for_limits(settings) -> str:
+    if (settings.broker_url or "").startswith("redis"):
+        return settings.broker_url
+    url = "redis://127.0.0.1:6379/14"
+    import redis
+
+    try:
+        redis.Redis.from_url(url, socket_timeout=2).ping()
+    except Exception as exc:
+        need_service(f"no Redis for the rate limiter at {url}: {exc}")
+    return url
+
+
+def test_per_client_rate_limit_with_ratelimit_headers(settings, database, published):
+    client = app_with(settings, rate_limit="3/minute", redis_url=redis_for_limits(settings)).test_client()
+    me, other = ({"Authorization": f"Bearer {uuid.uuid4().hex}"} for _ in range(2))
+    answers = [post(client, headers=me) for _ in range(3)]
+    assert [r.status_code for r in answers] == [202] * 3
+    assert [r.headers["RateLimit-Remaining"] for r in answers] == ["2", "1", "0"]
+    assert answers[0].headers["RateLimit-Limit"] == "3" and answers[0].headers["RateLimit-Policy"] == "3;w=60"
+    refused = post(client, headers=me)
+    assert refused.status_code == 429 and refused.get_json()["error"]["code"] == "rate_limited"
+    assert 1 <= int(refused.headers["Retry-After"]) <= 60 and refused.headers["RateLimit-Remaining"] == "0"
+    assert len(published) == 3  # the refused one was not enqueued
+    assert post(client, headers=other).status_code == 202  # another client has its own count
+
+
+def test_the_rate_limiter_counts_in_windows(monkeypatch):
+    import fakeredis
+
+    from models import admission
+
+    clock = [1_000_000.0]
+    monkeypatch.setattr(admission.time, "time", lambda: clock[0])
+    limiter = admission.RateLimiter(fakeredis.FakeRedis(), limit=2, window=60)
+    limiter.hit("a"), limiter.hit("a")
+    with pytest.raises(admission.RateLimited) as refused:
+        limiter.hit("a")
+    assert refused.value.retry_after == 20  # 1,000,000 s is 40 s into its minute
+    assert limiter.hit("b")["RateLimit-Remaining"] == "1"
+    clock[0] += 20
+    assert limiter.hit("a")["RateLimit-Remaining"] == "1"  # a new window
+
+
+@pytest.mark.integration
+def test_readyz_goes_503_with_the_broker_stopped_and_recovers(client, worker, celery_app, restart_broker):
+    seen = {}
+
+    def while_down():
+        resp = client.get("/readyz")
+        seen["status"], seen["checks"] = resp.status_code, resp.get_json()["checks"]
+
+    restart_broker(down=1.0, during=while_down)
+    assert seen["status"] == 503 and seen["checks"]["broker"].startswith("unreachable"), seen
+    assert seen["checks"]["database"] == "ok"
+    deadline = time.monotonic() + 60
+    while client.get("/readyz").status_code != 200:
+        assert time.monotonic() < deadline, client.get("/readyz").get_json()
+        time.sleep(0.5)
+
+
+def test_readyz_wants_a_live_inference_worker_after_the_grace(client, monkeypatch):
+    from web import health
+
+    monkeypatch.setattr(health, "_started", time.monotonic() - health.STARTUP_GRACE - 1)
+    monkeypatch.setattr("models.workers.alive", lambda rt, pool=None, now=None: [])
+    resp = client.get("/readyz")
+    assert resp.status_code == 503 and resp.get_json()["checks"]["inference_workers"].startswith("none alive")

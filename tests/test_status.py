@@ -1,0 +1,34 @@
+"""`whisperq status`: what an operator looks at first, from heartbeats, broker and database."""
+import io
+import json
+import time
+
+import pytest
+
+from helpers import CLIPS
+
+pytestmark = pytest.mark.integration
+
+
+def test_status_shows_workers_queues_and_dead_letters(client, runner, worker, celery_app):
+    from web.cli import cli
+
+    deadline = time.monotonic() + 30
+    while True:  # the heartbeat comes within WHISPERQ's 10 s interval of the worker's start
+        report = json.loads(runner.invoke(cli, ["status", "--json"]).output)
+        if {"prepare", "inference", "notify"} <= {w["pool"] for w in report["workers"]} or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert {"prepare", "inference", "notify"} <= {w["pool"] for w in report["workers"]}, report["workers"]
+    assert all(w["last_seen_seconds"] < 30 for w in report["workers"])
+    with worker.paused(celery_app):
+        for _ in range(2):
+            resp = client.post("/v1/jobs", data={"file": (io.BytesIO(CLIPS["fox.flac"]["path"].read_bytes()), "f.flac"),
+                                                 "priority": "low"}, content_type="multipart/form-data")
+            assert resp.status_code == 202, resp.get_json()
+        report = json.loads(runner.invoke(cli, ["status", "--json"]).output)
+        text = runner.invoke(cli, ["status"]).output
+    assert report["queues"]["whisperq.prepare"]["waiting"] >= 2, report
+    assert report["queues"]["whisperq.prepare"]["oldest_seconds"] >= 0
+    assert isinstance(report["dead_letters"], int)
+    assert "whisperq.prepare" in text and "inference" in text and "dead letters" in text

@@ -1,0 +1,59 @@
+"""Admission at the front door (see models.admission): disk floor, per-client rate, and
+the queue budget, checked before an upload is read, then again once its priority is known."""
+from __future__ import annotations
+
+import hashlib
+import logging
+
+from flask import current_app, g, request
+
+from models.admission import RateLimited, check_disk, check_queue, rate_limiter
+
+log = logging.getLogger(__name__)
+
+_UNSET = object()
+
+
+def client_key() -> str:
+    """Who is asking: the bearer token (hashed) when there is one, else the address."""
+    auth = request.headers.get("Authorization", "")
+    if auth.lower().startswith("bearer ") and auth[7:].strip():
+        return "key:" + hashlib.sha256(auth[7:].strip().encode()).hexdigest()[:32]
+    return "addr:" + (request.remote_addr or "unknown")
+
+
+def _limiter():
+    limiter = current_app.extensions.get("ratelimiter", _UNSET)
+    if limiter is _UNSET:
+        limiter = rate_limiter(current_app.extensions["whisperq"].settings)
+        current_app.extensions["ratelimiter"] = limiter
+    return limiter
+
+
+def admit_submission() -> None:
+    """Before the body is read: refuse when the disk is low, the client is over its rate,
+    or the queue is past even the high-priority budget."""
+    rt = current_app.extensions["whisperq"]
+    check_disk(rt)
+    limiter = _limiter()
+    if limiter is not None:
+        try:
+            g.ratelimit_headers = limiter.hit(client_key())
+        except RateLimited:
+            raise
+        except Exception as exc:  # Redis away: serve rather than refuse everyone
+            log.warning("rate limit not checked: %s", exc)
+    check_queue(rt, "high")
+
+
+def admit_priority(priority: str) -> None:
+    """Once the priority is known: normal and low may not use the high reserve."""
+    if priority != "high":
+        check_queue(current_app.extensions["whisperq"], priority)
+
+
+def add_rate_headers(response):
+    headers = getattr(g, "ratelimit_headers", None)
+    if headers:
+        response.headers.update(headers)
+    return response
