@@ -67,6 +67,7 @@ class Settings:
     disk_floor_mb: int
     rate_limit: str | None
     redis_url: str | None
+    sync_wait_seconds: float
     webhook_secret: str | None
     webhook_allow_networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
     webhook_timeout_seconds: float
@@ -124,6 +125,7 @@ class Settings:
             disk_floor_mb=env.int("WHISPERQ_DISK_FLOOR_MB", 1024, low=0, high=10**9),
             rate_limit=env.rate("WHISPERQ_RATE_LIMIT", "off"),
             redis_url=env.url("WHISPERQ_REDIS_URL", None, schemes=("redis", "rediss", "unix")),
+            sync_wait_seconds=env.float("WHISPERQ_SYNC_WAIT_SECONDS", 60.0, low=0.0),
             webhook_secret=env.webhook_secret("WHISPERQ_WEBHOOK_SECRET"),
             webhook_allow_networks=env.networks("WHISPERQ_WEBHOOK_ALLOW_NETWORKS"),
             webhook_timeout_seconds=env.float("WHISPERQ_WEBHOOK_TIMEOUT", 10.0, low=0.1),

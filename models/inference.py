@@ -37,10 +37,12 @@ def get_batcher(rt: Runtime) -> Batcher:
                 settings = rt.settings
 
                 def run_batch(key, payloads):
-                    language, task, words = key
+                    language, task, words, prompt, temperature = key
                     engine = get_engine(settings)
+                    # Passed only when asked for: an engine without them still serves the rest.
+                    extra = {k: v for k, v in (("prompt", prompt), ("temperature", temperature)) if v}
                     return engine.transcribe_batch([p[0] for p in payloads], [p[1] for p in payloads], language, task,
-                                                   word_timestamps=words)
+                                                   word_timestamps=words, **extra)
 
                 _batcher = Batcher(run_batch, max_batch=settings.batch_size, max_wait=settings.batch_wait_ms / 1000,
                                    on_batch=observe_batch)
@@ -80,7 +82,9 @@ def infer_job(rt: Runtime, prepared: dict[str, Any], batcher: Batcher, worker: s
         if chunks:
             language = get_engine(rt.settings).language_of(chunks[0][0], language)
         language = language or "en"
-        key = (language, prepared.get("task") or "transcribe", bool(prepared.get("word_timestamps")))
+        # Windows share a batch only when they are decoded the same way.
+        key = (language, prepared.get("task") or "transcribe", bool(prepared.get("word_timestamps")),
+               prepared.get("prompt") or None, float(prepared.get("temperature") or 0.0))
         futures = batcher.submit(key, chunks, priority=prepared.get("priority") or "normal", job_id=job_id)
         deadline = time.monotonic() + limit
         segments = []

@@ -116,6 +116,9 @@ class Job(Base):
     # Submitted by URL: the preparation pool fetches it (see models.fetch).
     audio_url: Mapped[str | None] = mapped_column(Text)
     word_timestamps: Mapped[bool | None] = mapped_column(default=False)
+    # Decoding options: Whisper's initial prompt, and the sampling temperature.
+    prompt: Mapped[str | None] = mapped_column(Text)
+    temperature: Mapped[float | None] = mapped_column(Float)
     # Audio seconds transcribed so far, and when inference began: progress and estimates.
     progress_seconds: Mapped[float | None] = mapped_column(Float)
     infer_started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

@@ -62,6 +62,8 @@ def create_job(
     callback_url: str | None = None,
     word_timestamps: bool = False,
     audio_url: str | None = None,
+    prompt: str | None = None,
+    temperature: float | None = None,
 ) -> Job:
     """Move a validated upload into storage and record its PENDING job (before publishing).
     A job submitted by URL has no file yet: the preparation pool fetches it."""
@@ -74,6 +76,7 @@ def create_job(
                 audio_ref=ref, audio_owned=True, filename=filename,
                 audio_duration=round(duration, 3) if duration is not None else None, attempts=0,
                 callback_url=callback_url, word_timestamps=word_timestamps, audio_url=audio_url,
+                prompt=prompt, temperature=temperature,
             )
             session.add(job)
     except BaseException:
@@ -211,6 +214,8 @@ def prepare_job(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any
         "task": job.task,
         "priority": job.priority,
         "word_timestamps": bool(job.word_timestamps),
+        "prompt": job.prompt,
+        "temperature": job.temperature,
     }
 
 

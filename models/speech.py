@@ -69,7 +69,8 @@ class SpeechEngine(Protocol):
         ...
 
     def transcribe_batch(
-        self, chunks: Sequence["np.ndarray"], offsets: Sequence[float], language: str, task: str = "transcribe"
+        self, chunks: Sequence["np.ndarray"], offsets: Sequence[float], language: str, task: str = "transcribe",
+        word_timestamps: bool = False, prompt: str | None = None, temperature: float = 0.0,
     ) -> list[list[Segment]]:
         ...
 
@@ -149,13 +150,13 @@ class FasterWhisperEngine:
             self._tokenizers[key] = Tokenizer(self.model.hf_tokenizer, self.multilingual, task=task, language=language)
         return self._tokenizers[key]
 
-    def _options(self, tokenizer, word_timestamps: bool = False):
+    def _options(self, tokenizer, word_timestamps: bool = False, prompt: str | None = None, temperature: float = 0.0):
         from faster_whisper.transcribe import TranscriptionOptions, get_suppressed_tokens
 
         return TranscriptionOptions(
             beam_size=self.beam_size, best_of=5, patience=1.0, length_penalty=1.0, repetition_penalty=1.0,
             no_repeat_ngram_size=0, log_prob_threshold=-1.0, no_speech_threshold=0.6,
-            compression_ratio_threshold=2.4, temperatures=[0.0], initial_prompt=None, prefix=None,
+            compression_ratio_threshold=2.4, temperatures=[temperature], initial_prompt=prompt, prefix=None,
             suppress_blank=True, suppress_tokens=get_suppressed_tokens(tokenizer, [-1]),
             prepend_punctuations="\"'“¿([{-", append_punctuations="\"'.。,，!！?？:：”)]}、",
             max_new_tokens=None, hotwords=None, word_timestamps=word_timestamps, hallucination_silence_threshold=None,
@@ -174,9 +175,10 @@ class FasterWhisperEngine:
 
     def transcribe_batch(
         self, chunks: Sequence["np.ndarray"], offsets: Sequence[float], language: str, task: str = "transcribe",
-        word_timestamps: bool = False,
+        word_timestamps: bool = False, prompt: str | None = None, temperature: float = 0.0,
     ) -> list[list[Segment]]:
-        """One inference call over several windows; segments per window, times offset."""
+        """One inference call over several windows; segments per window, times offset.
+        `prompt` is Whisper's initial prompt (spellings, names, style) for every window."""
         import numpy as np
         from faster_whisper.audio import pad_or_trim
 
@@ -186,7 +188,8 @@ class FasterWhisperEngine:
         # Word alignment carries the last speech time from call to call; windows of
         # different jobs share a batch, so each call starts afresh.
         self.pipeline.last_speech_timestamp = 0.0
-        outputs = self.pipeline.forward(features, tokenizer, metadata, self._options(tokenizer, word_timestamps))
+        options = self._options(tokenizer, word_timestamps, prompt, temperature)
+        outputs = self.pipeline.forward(features, tokenizer, metadata, options)
         return [[_segment(s, word_timestamps) for s in out if s["text"].strip()] for out in outputs]
 
     def transcribe(self, audio: "np.ndarray", language: str | None = None, task: str = "transcribe", batch_size: int = 1) -> Transcript:

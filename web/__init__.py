@@ -33,10 +33,11 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.extensions["celery"] = celery = make_celery(settings)
     notify.set_publisher(lambda ids: publish_notify(celery, ids))
 
-    from . import admin, admission, api, errors, health, metrics, pages
+    from . import admin, admission, api, errors, health, metrics, openai_api, pages
 
     errors.init_app(app)
     app.register_blueprint(api.bp)
+    app.register_blueprint(openai_api.bp)
     app.after_request(admission.add_rate_headers)
     app.register_blueprint(admin.bp)
     app.register_blueprint(health.bp)

@@ -23,7 +23,8 @@ from models.webhooks import check_url
 
 log = logging.getLogger(__name__)
 
-FIELDS = ("language", "priority", "task", "callback_url", "word_timestamps")
+FIELDS = ("language", "priority", "task", "callback_url", "word_timestamps", "prompt", "temperature")
+MAX_PROMPT = 1000
 TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off", "")
 
 
@@ -53,8 +54,20 @@ def parse_options(form: Mapping, settings) -> dict:
     callback_url = (_text(form, "callback_url") or "").strip() or None
     if callback_url is not None:
         callback_url = check_url(callback_url, settings, "callback_url")  # public addresses only
+    prompt = (_text(form, "prompt") or "").strip() or None
+    if prompt is not None and len(prompt) > MAX_PROMPT:
+        raise InvalidRequest(f"prompt is {len(prompt)} characters; keep it to {MAX_PROMPT} (Whisper reads its last 224 tokens)")
+    raw_temperature = form.get("temperature")
+    temperature = None
+    if raw_temperature not in (None, ""):
+        try:
+            temperature = float(raw_temperature)
+        except (TypeError, ValueError):
+            temperature = -1.0
+        if not 0.0 <= temperature <= 1.0:
+            raise InvalidRequest(f"temperature must be a number from 0 to 1, not {raw_temperature!r}")
     return {"language": language, "priority": priority, "task": task, "callback_url": callback_url,
-            "word_timestamps": words in TRUE}
+            "word_timestamps": words in TRUE, "prompt": prompt, "temperature": temperature or None}
 
 
 def check_fields(form: Mapping[str, str], files, source: str = "file") -> None:

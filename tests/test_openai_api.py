@@ -1,0 +1,103 @@
+"""The OpenAI-compatible endpoint, driven by the official `openai` client against a real
+HTTP server, real workers and real audio."""
+import threading
+
+import pytest
+
+from helpers import CLIPS, word_error_rate
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture()
+def server(app):
+    from werkzeug.serving import make_server
+
+    httpd = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_port}"
+    httpd.shutdown()
+
+
+@pytest.fixture()
+def openai_client(server):
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=f"{server}/v1", api_key="any-key", max_retries=0, timeout=120)
+
+
+def transcribe(client, name: str = "report.opus", **options):
+    with CLIPS[name]["path"].open("rb") as fh:
+        return client.audio.transcriptions.create(model="whisper-1", file=(name, fh), **options)
+
+
+def test_each_response_format(openai_client, worker):
+    clip = CLIPS["report.opus"]
+    as_json = transcribe(openai_client)
+    assert word_error_rate(clip["text"], as_json.text) <= 0.2
+
+    text = transcribe(openai_client, response_format="text")
+    assert isinstance(text, str) and word_error_rate(clip["text"], text) <= 0.2
+
+    srt = transcribe(openai_client, response_format="srt")
+    assert srt.lstrip().startswith("1\n") and " --> " in srt and "," in srt.split(" --> ")[0]
+
+    vtt = transcribe(openai_client, response_format="vtt")
+    assert vtt.startswith("WEBVTT") and " --> " in vtt
+
+    verbose = transcribe(openai_client, response_format="verbose_json", timestamp_granularities=["word", "segment"])
+    assert verbose.duration == pytest.approx(9.4, abs=0.2) and verbose.language == "en"
+    assert verbose.segments and verbose.segments[0].start == 0.0
+    assert len(verbose.words) >= 10 and all(w.start <= w.end for w in verbose.words)
+    assert word_error_rate(clip["text"], " ".join(w.word for w in verbose.words)) <= 0.2
+
+
+def test_a_prompt_and_temperature_are_accepted(openai_client, worker):
+    result = transcribe(openai_client, "fox.flac", prompt="A sentence about a fox.", temperature=0.0, language="en")
+    assert word_error_rate(CLIPS["fox.flac"]["text"], result.text) <= 0.2
+
+
+def test_an_invalid_file_raises_bad_request(openai_client):
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as raised:
+        openai_client.audio.transcriptions.create(model="whisper-1", file=("notes.wav", b"this is not audio"))
+    assert raised.value.status_code == 400
+    error = raised.value.body
+    assert error["type"] == "invalid_request_error" and "decoded" in error["message"] and error["param"] == "file"
+    with pytest.raises(openai.BadRequestError, match="does not exist"):
+        openai_client.audio.transcriptions.create(model="no-such-model",
+                                                  file=("a.flac", CLIPS["fox.flac"]["path"].read_bytes()))
+    with pytest.raises(openai.BadRequestError, match="response_format"):
+        transcribe(openai_client, response_format="docx")
+
+
+def test_models_lists_the_configured_model(openai_client):
+    names = [m.id for m in openai_client.models.list()]
+    assert names[0] == "whisper-1" and len(names) == 2
+
+
+def test_past_the_wait_it_answers_202_with_the_job(client, settings, database, worker, celery_app):
+    import dataclasses
+
+    import requests
+
+    from web import create_app
+
+    app = create_app({"SETTINGS": dataclasses.replace(settings, sync_wait_seconds=0.0), "TESTING": True})
+    from werkzeug.serving import make_server
+
+    httpd = make_server("127.0.0.1", 0, app, threaded=True)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        with worker.paused(celery_app):
+            resp = requests.post(f"http://127.0.0.1:{httpd.server_port}/v1/audio/transcriptions",
+                                 files={"file": ("fox.flac", CLIPS["fox.flac"]["path"].read_bytes())},
+                                 data={"model": "whisper-1"}, timeout=30)
+    finally:
+        httpd.shutdown()
+    assert resp.status_code == 202, resp.text
+    body = resp.json()
+    assert resp.headers["Location"] == body["status_url"] and body["id"] in body["status_url"]
+    job = client.get(f"/v1/jobs/{body['id']}")
+    assert job.status_code == 200 and job.get_json()["priority"] == "high"

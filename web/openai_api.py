@@ -1,0 +1,142 @@
+"""An OpenAI-compatible transcription endpoint, so clients written for OpenAI's audio API
+(the official SDKs, `curl` recipes) work against whisperq unchanged:
+
+    client = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused")
+    client.audio.transcriptions.create(model="whisper-1", file=open("call.flac", "rb"))
+
+A request becomes an ordinary job at `high` priority, through the same queue and pools,
+and the connection waits for it up to WHISPERQ_SYNC_WAIT_SECONDS. Past that it answers
+`202` with the job's id and `Location`, instead of tying up the connection: poll the job
+there. Errors come in OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from flask import Blueprint, Response, current_app, jsonify, request, url_for
+from werkzeug.datastructures import MultiDict
+from werkzeug.exceptions import HTTPException
+
+from models.errors import AudioTooLong, BrokerUnavailable, InvalidRequest, UnsupportedAudio, WhisperqError
+from models.formats import render
+from models.job import JobStatus
+from models.jobs import get_job
+from models.speech import bundled_model_path
+
+from .admission import admit_priority, admit_submission
+from .uploads import submit_upload
+
+bp = Blueprint("openai", __name__, url_prefix="/v1")
+
+FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
+GRANULARITIES = ("segment", "word")
+ALIAS = "whisper-1"
+
+
+def model_names(settings) -> list[str]:
+    """The model as clients may name it: OpenAI's `whisper-1`, and the configured one's name."""
+    path = settings.model_path or bundled_model_path()
+    return [ALIAS, Path(path).name]
+
+
+def openai_error(status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict | None = None):
+    kind = {401: "authentication_error", 429: "rate_limit_error", 503: "server_error", 500: "server_error"}.get(
+        status, "invalid_request_error")
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return jsonify(body), status, headers or {}
+
+
+@bp.errorhandler(WhisperqError)
+def _service_error(exc: WhisperqError):
+    headers = dict(getattr(exc, "headers", None) or {})
+    if getattr(exc, "retry_after", None) is not None:
+        headers["Retry-After"] = str(int(exc.retry_after))
+    elif isinstance(exc, BrokerUnavailable):
+        headers["Retry-After"] = "5"
+    status = exc.http_status
+    if isinstance(exc, (UnsupportedAudio, InvalidRequest)) and not isinstance(exc, AudioTooLong):
+        status = 400  # OpenAI answers a file it cannot read with 400 invalid_request_error
+    param = "file" if isinstance(exc, UnsupportedAudio) else None
+    return openai_error(status, str(exc), param=param, code=exc.code, headers=headers)
+
+
+@bp.errorhandler(HTTPException)
+def _http_error(exc: HTTPException):
+    return openai_error(exc.code or 500, exc.description or exc.name, code=(exc.name or "error").lower().replace(" ", "_"))
+
+
+@bp.get("/models")
+def models():
+    settings = current_app.extensions["whisperq"].settings
+    return jsonify({"object": "list", "data": [
+        {"id": name, "object": "model", "created": 0, "owned_by": "whisperq"} for name in model_names(settings)]})
+
+
+@bp.post("/audio/transcriptions")
+def transcriptions():
+    rt = current_app.extensions["whisperq"]
+    admit_submission()
+    form = request.form
+    model = (form.get("model") or "").strip()
+    if not model:
+        raise InvalidRequest("you must provide a model parameter, such as whisper-1")
+    if model not in model_names(rt.settings):
+        return openai_error(400, f"The model `{model}` does not exist; use one of: {', '.join(model_names(rt.settings))}",
+                            param="model", code="model_not_found")
+    fmt = (form.get("response_format") or "json").strip()
+    if fmt not in FORMATS:
+        return openai_error(400, f"response_format must be one of: {', '.join(FORMATS)}", param="response_format")
+    granularities = form.getlist("timestamp_granularities[]") or form.getlist("timestamp_granularities")
+    unknown = [g for g in granularities if g not in GRANULARITIES]
+    if unknown:
+        return openai_error(400, f"timestamp_granularities may hold {', '.join(GRANULARITIES)}, not {unknown[0]!r}",
+                            param="timestamp_granularities[]")
+    if granularities and fmt != "verbose_json":
+        return openai_error(400, "timestamp_granularities needs response_format verbose_json",
+                            param="timestamp_granularities[]")
+    fields = MultiDict({"priority": "high", "word_timestamps": "true" if "word" in granularities else "false"})
+    for name in ("language", "prompt", "temperature"):
+        if form.get(name) not in (None, ""):
+            fields[name] = form[name]
+    job, _ = submit_upload(rt, current_app.extensions["celery"], request.files.get("file"), fields,
+                           files=MultiDict({"file": request.files["file"]}) if "file" in request.files else {},
+                           admit=admit_priority)
+    deadline = time.monotonic() + rt.settings.sync_wait_seconds
+    while True:
+        job = get_job(rt, job.id)
+        if job.state.finished or time.monotonic() >= deadline:
+            break
+        time.sleep(0.1)
+    status_url = url_for("api.show", job_id=job.id, _external=True)
+    if not job.state.finished:
+        body = {"id": job.id, "object": "transcription.job", "status": job.status, "status_url": status_url,
+                "message": f"still transcribing after {rt.settings.sync_wait_seconds:g} s; poll status_url"}
+        return jsonify(body), 202, {"Location": status_url}
+    if job.state is not JobStatus.COMPLETED:
+        return openai_error(400 if job.state is JobStatus.FAILED else 503,
+                            f"the transcription {job.status.lower()}: {job.error or 'no reason recorded'}",
+                            param="file", code=job.status.lower())
+    return _render(job.result(), fmt, "word" in granularities)
+
+
+def _render(result: dict, fmt: str, words: bool):
+    if fmt == "json":
+        return jsonify({"text": result["text"]})
+    if fmt in ("text", "srt", "vtt"):
+        kind = "txt" if fmt == "text" else fmt
+        mime = {"txt": "text/plain", "srt": "application/x-subrip", "vtt": "text/vtt"}[kind]
+        return Response(render(result, kind), mimetype=mime)
+    body = {
+        "task": "transcribe",
+        "language": result["language"],
+        "duration": result["duration"],
+        "text": result["text"],
+        "segments": [{"id": n, "seek": int(s["start"] * 100), "start": s["start"], "end": s["end"], "text": s["text"]}
+                     for n, s in enumerate(result["segments"])],
+    }
+    if words:
+        body["words"] = [{"word": w["word"], "start": w["start"], "end": w["end"]}
+                         for s in result["segments"] for w in s.get("words") or ()]
+    return jsonify(body)
