@@ -17,7 +17,7 @@ from typing import Mapping
 
 from .languages import LANGUAGES
 
-ENGINES = ("faster-whisper",)
+ENGINES = ("faster-whisper", "openai-whisper")
 DEVICES = ("auto", "cpu", "cuda")
 COMPUTE_TYPES = ("auto", "default", "int8", "int8_float16", "int8_float32", "int16", "float16", "bfloat16", "float32")
 PRIORITIES = ("high", "normal", "low")
@@ -152,10 +152,19 @@ class Settings:
             )
         values.update(overrides)
         settings = cls(**values)
-        if settings.model_path is not None and not Path(settings.model_path).is_dir():
+        if settings.model_path is not None and settings.engine == "openai-whisper":
+            if not (Path(settings.model_path).is_file() or (Path(settings.model_path) / "model.bin").is_file()):
+                raise ConfigError(
+                    f"WHISPERQ_MODEL={settings.model_path!r} is neither a file nor a CTranslate2 model directory: "
+                    "with WHISPERQ_ENGINE=openai-whisper point it at an openai-whisper checkpoint (.pt), or at a "
+                    "CTranslate2 Whisper model directory (converted once into the data dir), or unset it"
+                )
+        elif settings.model_path is not None and not Path(settings.model_path).is_dir():
             raise ConfigError(
                 f"WHISPERQ_MODEL={settings.model_path!r} is not a directory: point it at a "
                 "CTranslate2 Whisper model directory (with model.bin), or unset it to use the bundled tiny.en"
+                + (" (an openai-whisper .pt checkpoint needs WHISPERQ_ENGINE=openai-whisper)"
+                   if Path(settings.model_path).is_file() else "")
             )
         return settings
 

@@ -96,6 +96,10 @@ def is_multilingual(path: str) -> bool:
     Read from the vocabulary file so the web process can validate `language` without
     loading the model.
     """
+    if Path(path).is_file():  # an openai-whisper checkpoint (WHISPERQ_ENGINE=openai-whisper)
+        from .convert import checkpoint_dims
+
+        return checkpoint_dims(path)["n_vocab"] >= 51865
     vocab = Path(path) / "vocabulary.txt"
     if not vocab.exists():
         return True
@@ -226,12 +230,17 @@ def get_engine(settings: "Settings") -> SpeechEngine:
             if _engine is None:
                 path = model_path(settings)
                 log.info("loading %s model from %s (device=%s)", settings.engine, path, settings.device)
-                _engine = FasterWhisperEngine(
-                    path,
-                    device=settings.device,
-                    compute_type=settings.compute_type,
-                    cpu_threads=settings.cpu_threads,
-                    beam_size=settings.beam_size,
-                )
+                if settings.engine == "openai-whisper":
+                    from .openai_engine import load_engine
+
+                    _engine = load_engine(settings)
+                else:
+                    _engine = FasterWhisperEngine(
+                        path,
+                        device=settings.device,
+                        compute_type=settings.compute_type,
+                        cpu_threads=settings.cpu_threads,
+                        beam_size=settings.beam_size,
+                    )
                 log.info("model loaded on %s (%s)", _engine.device, getattr(_engine, "compute_type", "?"))
     return _engine

@@ -1,0 +1,255 @@
+"""openai-whisper (PyTorch) behind the same interface as FasterWhisperEngine.
+
+Chosen with WHISPERQ_ENGINE=openai-whisper; needs the `openai-whisper` extra. It loads a
+checkpoint file (`{"dims", "model_state_dict"}`): WHISPERQ_MODEL naming a `.pt` file (an
+original openai checkpoint loads as is), else the CTranslate2 model directory (the bundled
+tiny.en by default) converted once into `$WHISPERQ_DATA_DIR/models/`, so nothing is
+downloaded. Windows are decoded together in one `whisper.decode` call per batch; each
+window's tokens are cut into segments at its timestamp tokens the way faster-whisper's
+batched pipeline cuts them, so both engines give the same segments for the same text.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+from .audio import SAMPLE_RATE
+from .speech import FasterWhisperEngine, Segment, bundled_model_path, model_path
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+
+    from config import Settings
+
+log = logging.getLogger(__name__)
+
+PREPEND_PUNCTUATIONS = "\"'“¿([{-"
+APPEND_PUNCTUATIONS = "\"'.。,，!！?？:：”)]}、"
+
+
+def resolve_torch_device(device: str) -> str:
+    """`auto` means CUDA where PyTorch sees a GPU, else CPU."""
+    if device == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def checkpoint_path(settings: "Settings") -> str:
+    """The checkpoint to load: WHISPERQ_MODEL when it is a file, else the CTranslate2
+    directory (WHISPERQ_MODEL or the bundled tiny.en) converted once into the data dir."""
+    if settings.model_path and Path(settings.model_path).is_file():
+        return settings.model_path
+    source = model_path(settings)
+    if source == bundled_model_path():
+        name = "tiny.en.pt"
+    else:
+        stat = (Path(source) / "model.bin").stat()
+        digest = hashlib.sha1(f"{Path(source).resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:10]
+        name = f"{Path(source).name}-{digest}.pt"
+    dest = settings.data_dir / "models" / name
+    if not dest.is_file():
+        from .convert import convert
+
+        log.info("converting the CTranslate2 model %s into an openai-whisper checkpoint at %s", source, dest)
+        convert(source, dest)  # atomic: workers converting at once each rename a whole file
+    return str(dest)
+
+
+class OpenAIWhisperEngine:
+    """openai-whisper run window by window, any number of windows per `whisper.decode` call.
+
+    The model is one PyTorch module whose decoding installs hooks on it (the key/value
+    cache, the alignment's attention weights), so calls into it are serialised.
+    """
+
+    name = "openai-whisper"
+
+    def __init__(self, checkpoint: str, device: str = "auto", compute_type: str = "auto", cpu_threads: int = 0,
+                 beam_size: int = 5):
+        import torch
+        import whisper
+        from whisper.model import ModelDimensions, Whisper
+
+        self.path = checkpoint
+        self.device = resolve_torch_device(device)
+        self.fp16 = self.device == "cuda" and compute_type != "float32"
+        self.compute_type = "float16" if self.fp16 else "float32"
+        self.beam_size = beam_size
+        if cpu_threads:
+            torch.set_num_threads(cpu_threads)
+        loaded = torch.load(checkpoint, map_location="cpu", weights_only=True)
+        model = Whisper(ModelDimensions(**loaded["dims"]))
+        model.load_state_dict(loaded["model_state_dict"])
+        heads = loaded.get("alignment_heads")
+        if heads:
+            mask = torch.zeros(model.dims.n_text_layer, model.dims.n_text_head, dtype=torch.bool)
+            for layer, head in heads:
+                mask[layer, head] = True
+            model.register_buffer("alignment_heads", mask.to_sparse(), persistent=False)
+        elif Path(checkpoint).stem in whisper._ALIGNMENT_HEADS:  # an original checkpoint, by its file name
+            model.set_alignment_heads(whisper._ALIGNMENT_HEADS[Path(checkpoint).stem])
+        self.model = model.to(self.device).eval()
+        self.multilingual = model.is_multilingual
+        self._lock = threading.Lock()
+        self._tokenizers: dict[tuple[str, str], Any] = {}
+
+    def _tokenizer(self, language: str, task: str):
+        from whisper.tokenizer import get_tokenizer
+
+        key = (language, task)
+        if key not in self._tokenizers:
+            self._tokenizers[key] = get_tokenizer(self.multilingual, num_languages=self.model.num_languages,
+                                                  language=language, task=task)
+        return self._tokenizers[key]
+
+    def _mel(self, chunk: "np.ndarray"):
+        """The window's log-mel over 30 s, as whisper.transcribe makes it (audio padded with silence)."""
+        import torch
+        from whisper.audio import N_FRAMES, N_SAMPLES, log_mel_spectrogram, pad_or_trim
+
+        import numpy as np
+
+        samples = torch.from_numpy(np.ascontiguousarray(chunk[:N_SAMPLES], dtype=np.float32))
+        mel = log_mel_spectrogram(samples, self.model.dims.n_mels, padding=N_SAMPLES, device=self.device)
+        return pad_or_trim(mel[:, :N_FRAMES], N_FRAMES).to(torch.float16 if self.fp16 else torch.float32)
+
+    def language_of(self, chunk: "np.ndarray", language: str | None) -> str:
+        """The language to decode a job in: the requested one, else detected on its first window."""
+        if not self.multilingual:
+            return "en"
+        if language:
+            return language
+        mel = self._mel(chunk)
+        with self._lock:
+            _tokens, probs = self.model.detect_language(mel)
+        return max(probs, key=probs.get)
+
+    def transcribe_batch(
+        self, chunks: Sequence["np.ndarray"], offsets: Sequence[float], language: str, task: str = "transcribe",
+        word_timestamps: bool = False, prompt: str | None = None, temperature: float = 0.0,
+    ) -> list[list[Segment]]:
+        """One `whisper.decode` call over several windows; segments per window, times offset."""
+        import torch
+        import whisper
+
+        if not chunks:
+            return []
+        tokenizer = self._tokenizer(language, task)
+        mels = [self._mel(c) for c in chunks]
+        options = whisper.DecodingOptions(
+            task=task, language=language if self.multilingual else "en", temperature=temperature,
+            beam_size=self.beam_size if temperature == 0 else None, prompt=prompt,
+            without_timestamps=False, fp16=self.fp16,
+        )
+        out = []
+        with self._lock, torch.no_grad():
+            results = _decoding_task(self.model, options).run(torch.stack(mels))
+            for chunk, offset, mel, result in zip(chunks, offsets, mels, results):
+                raw = split_segments(tokenizer, result.tokens, len(chunk) / SAMPLE_RATE)
+                if word_timestamps and raw:
+                    self._add_words(raw, tokenizer, mel, len(chunk))
+                out.append([_segment(s, float(offset), word_timestamps) for s in raw
+                            if s["text"].strip()])
+        return out
+
+    def _add_words(self, raw: list[dict[str, Any]], tokenizer, mel, samples: int) -> None:
+        """Word times from the alignment heads' cross-attention (whisper.timing), window-relative.
+
+        Each window starts afresh (no speech carried from a previous window): windows of
+        different jobs share a batch.
+        """
+        from whisper.audio import HOP_LENGTH, N_FRAMES
+        from whisper.timing import add_word_timestamps
+
+        add_word_timestamps(
+            segments=raw, model=self.model, tokenizer=tokenizer, mel=mel,
+            num_frames=min(N_FRAMES, math.ceil(samples / HOP_LENGTH)),
+            prepend_punctuations=PREPEND_PUNCTUATIONS, append_punctuations=APPEND_PUNCTUATIONS,
+            last_speech_timestamp=0.0,
+        )
+
+    # A whole recording in this process, `batch_size` windows per call: the same steps as
+    # the faster-whisper engine's (split, detect on the first window, batch, collect).
+    transcribe = FasterWhisperEngine.transcribe
+
+
+def _decoding_task(model, options):
+    """whisper.decode's DecodingTask, fixed for several windows with beam search.
+
+    Since openai-whisper's "Avoid rearranging all caches" (PR #1483, 2023; unfixed up to
+    20250625, open PRs #2197, #2389, #2843) the tokens are repeated per beam but the audio
+    features are not: one window broadcasts, several fail with "The size of tensor a (15)
+    must match the size of tensor b (3)". Here the features are repeated once encoded
+    (after language detection, which wants one row per window), as before that change. If
+    openai-whisper repeats them itself one day, decoding fails loudly (shapes), never silently.
+    """
+    from whisper.decoding import DecodingTask
+
+    class BatchedDecodingTask(DecodingTask):
+        def _get_audio_features(self, mel):
+            features = super()._get_audio_features(mel)
+            return features.repeat_interleave(self.n_group, dim=0) if self.n_group > 1 else features
+
+        def _detect_language(self, audio_features, tokens):
+            return super()._detect_language(audio_features[:: self.n_group], tokens)
+
+    return BatchedDecodingTask(model, options)
+
+
+def split_segments(tokenizer, tokens: Sequence[int], duration: float) -> list[dict[str, Any]]:
+    """A window's tokens cut at timestamp tokens; times relative to the window.
+
+    Two timestamps in a row close a segment and open the next; a single timestamp at the
+    end means the speech ended there. Text after the last closed segment that has no
+    closing timestamp is dropped, as faster-whisper's batched pipeline (and whisper's own
+    loop, which decodes it again from there) does. Without any pair, the whole window is
+    one segment, ending at its last timestamp or at the window's end.
+    """
+    tokens = list(tokens)
+    begin, precision = tokenizer.timestamp_begin, 0.02  # one timestamp step: 2 mel frames of 10 ms
+    single_ending = len(tokens) >= 2 and tokens[-2] < begin <= tokens[-1]
+    cuts = [i for i in range(1, len(tokens)) if tokens[i] >= begin and tokens[i - 1] >= begin]
+    segments: list[tuple[float, float, list[int]]] = []
+    if cuts:
+        if single_ending:
+            cuts.append(len(tokens))
+        last = 0
+        for cut in cuts:
+            piece = tokens[last:cut]
+            segments.append(((piece[0] - begin) * precision, (piece[-1] - begin) * precision, piece))
+            last = cut
+    else:
+        stamps = [t for t in tokens if t >= begin]
+        end = (stamps[-1] - begin) * precision if stamps and stamps[-1] != begin else duration
+        segments.append((0.0, end, tokens))
+    return [{"seek": 0, "start": start, "end": end, "tokens": piece,
+             "text": tokenizer.decode([t for t in piece if t < tokenizer.eot])} for start, end, piece in segments]
+
+
+def _segment(raw: dict[str, Any], offset: float, word_timestamps: bool) -> Segment:
+    words = None
+    if word_timestamps:
+        words = tuple({"word": w["word"].strip(), "start": round(offset + w["start"], 3),
+                       "end": round(offset + w["end"], 3), "probability": round(float(w["probability"]), 3)}
+                      for w in raw.get("words") or ())
+    return Segment(round(offset + raw["start"], 3), round(offset + raw["end"], 3), raw["text"].strip(), words)
+
+
+def load_engine(settings: "Settings") -> OpenAIWhisperEngine:
+    """The engine for a worker process, from the settings (called once, by speech.get_engine)."""
+    try:
+        import torch  # noqa: F401
+        import whisper  # noqa: F401
+    except ImportError as exc:
+        raise RuntimeError(
+            "WHISPERQ_ENGINE=openai-whisper needs PyTorch and openai-whisper: `pip install torch==2.13.0` "
+            "(or the build for your GPU), then `pip install -e '.[openai-whisper]'`"
+        ) from exc
+    return OpenAIWhisperEngine(checkpoint_path(settings), device=settings.device, compute_type=settings.compute_type,
+                               cpu_threads=settings.cpu_threads, beam_size=settings.beam_size)
