@@ -39,7 +39,9 @@ def test_past_the_budget_429_with_retry_after_high_keeps_a_reserve_and_it_reopen
     with worker.paused(celery_app):
         time.sleep(1)
         base = backlog(get_runtime()).jobs  # whatever else waits in this database
-        client = app_with(settings, queue_budget_jobs=base + 4, high_reserve=0.25,
+        # Room for three more normal jobs, and one more high one in the reserve.
+        budget = base + 4
+        client = app_with(settings, queue_budget_jobs=budget, high_reserve=0.5 / budget,
                           queue_budget_seconds=10**9).test_client()
         accepted = [post(client) for _ in range(3)]
         assert [r.status_code for r in accepted] == [202] * 3
