@@ -6,7 +6,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from sqlalchemy import create_engine, event
+from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
@@ -50,12 +50,19 @@ class Database:
         return self._engine
 
     @contextmanager
-    def session(self) -> Iterator[Session]:
-        """A session that commits on success and rolls back on error."""
+    def session(self, write: bool = False) -> Iterator[Session]:
+        """A session that commits on success and rolls back on error.
+
+        `write=True` for a read-check-write (SELECT ... FOR UPDATE): PostgreSQL locks the
+        rows; SQLite has no row locks, and pysqlite starts no transaction before a SELECT,
+        so two processes could both see a job unfinished and both finish it. There the
+        session takes SQLite's write lock first (BEGIN IMMEDIATE), waiting out others."""
         self.engine  # noqa: B018 - creates the factory
         assert self._sessions is not None
         with self._sessions() as session:
             try:
+                if write and self.url.startswith("sqlite"):
+                    session.execute(text("BEGIN IMMEDIATE"))
                 yield session
                 session.commit()
             except BaseException:

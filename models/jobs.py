@@ -116,7 +116,7 @@ def _claim(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any], wo
     FAILED one, and AttemptsExhausted when a redelivery finds no attempts left (a job
     whose workers keep dying is a poison job: it goes to the dead-letter store).
     """
-    with rt.db.session() as session:
+    with rt.db.session(write=True) as session:
         job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one_or_none()
         if job is None:
             # Submitted with transcribe.delay(path): the task id is the job id.
@@ -145,7 +145,7 @@ def _claim(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any], wo
             expired = None
     if expired is not None:  # raised after the session has committed the EXPIRED state
         raise JobExpired(expired)
-    with rt.db.session() as session:
+    with rt.db.session(write=True) as session:
         job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one()
         if job.state is JobStatus.COMPLETED:  # another delivery finished in between
             return job.result()
@@ -191,7 +191,7 @@ def prepare_job(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any
     duration = len(samples) / audio_io.SAMPLE_RATE
     windows = split_windows(samples)
     ref = rt.storage.save_samples(job_id, samples)
-    with rt.db.session() as session:
+    with rt.db.session(write=True) as session:
         stored = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one()
         if stored.cancel_requested:
             stored.cancel()
@@ -222,7 +222,7 @@ def prepare_job(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any
 def complete_job(rt: Runtime, job_id: str, data: dict[str, Any]) -> tuple[dict, bool]:
     """Store the transcript once: a job another delivery already completed keeps its own.
     Returns the stored result and whether this call stored it."""
-    with rt.db.session() as session:
+    with rt.db.session(write=True) as session:
         stored = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one()
         if stored.state is JobStatus.COMPLETED:
             return stored.result(), False
@@ -253,7 +253,7 @@ def begin_inference(rt: Runtime, job_id: str, worker: str | None, worker_id: str
     A job found already in inference was being run by a worker that is gone (this is a
     redelivery): that costs it an attempt, and the last one sends it to the dead letters.
     """
-    with rt.db.session() as session:
+    with rt.db.session(write=True) as session:
         job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one_or_none()
         if job is None:
             raise PermanentJobError(f"job {job_id} does not exist")
@@ -314,7 +314,7 @@ def record_progress(rt: Runtime, job_id: str, seconds: float) -> bool:
 
 def cancel_running(rt: Runtime, job_id: str, partial: dict[str, Any]) -> dict | None:
     """A running job stopped at a window boundary: CANCELLED, with what was transcribed."""
-    with rt.db.session() as session:
+    with rt.db.session(write=True) as session:
         job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one()
         if job.state.finished:
             return job.result()
@@ -325,7 +325,7 @@ def cancel_running(rt: Runtime, job_id: str, partial: dict[str, Any]) -> dict | 
 def cancel_job(rt: Runtime, job_id: str) -> Job:
     """Cancel a job that has not finished: one still waiting never runs; one being
     transcribed stops at its next window boundary (its worker marks it CANCELLED)."""
-    with rt.db.session() as session:
+    with rt.db.session(write=True) as session:
         job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one_or_none()
         if job is None or job.deleted_at is not None:
             raise JobNotFound(f"no job with id {job_id!r}")
@@ -347,7 +347,7 @@ def cancel_job(rt: Runtime, job_id: str) -> Job:
 def delete_job(rt: Runtime, job_id: str) -> None:
     """Remove a job's audio and transcript for good; a running job is cancelled first.
     The row stays, emptied, so that a late message finds the job gone."""
-    with rt.db.session() as session:
+    with rt.db.session(write=True) as session:
         job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one_or_none()
         if job is None or job.deleted_at is not None:
             raise JobNotFound(f"no job with id {job_id!r}")

@@ -87,7 +87,7 @@ def sweep(rt: Runtime, holdings: dict[str, set[str]], publish: Callable[[Job], N
         still = confirm(unseen)
         stuck = [(job_id, why) for job_id, why in stuck if job_id not in unseen or job_id in still]
     for job_id, why in stuck:
-        with rt.db.session() as session:
+        with rt.db.session(write=True) as session:
             job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one()
             if job.state.finished:
                 continue

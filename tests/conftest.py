@@ -113,15 +113,6 @@ def published():
     before_task_publish.disconnect(record)
 
 
-def fresh_connections(celery_app) -> None:
-    """This process's pooled broker connections died with the broker: start new pools."""
-    from kombu import pools
-
-    pools.reset()  # closes every pool kombu keeps for this process, and forgets them
-    celery_app._pool = None
-    celery_app.amqp._producer_pool = None
-
-
 @pytest.fixture()
 def restart_broker(celery_app, request):
     """A function that stops the broker for `down` seconds (then calls `during()`, the
@@ -138,7 +129,6 @@ def restart_broker(celery_app, request):
             if during is not None:
                 during()
             embedded.start()
-            fresh_connections(celery_app)
     elif url.startswith(("amqp", "pyamqp")) and ("@127.0.0.1" in url or "@localhost" in url):
         if shutil.which("rabbitmqctl") is None:
             need_service("rabbitmqctl is not on PATH: the RabbitMQ restart test needs the local broker's CLI")
@@ -150,7 +140,6 @@ def restart_broker(celery_app, request):
                 during()
             subprocess.run(["rabbitmqctl", "-q", "start_app"], check=True, timeout=120, capture_output=True)
             subprocess.run(["rabbitmqctl", "-q", "await_startup"], check=True, timeout=120, capture_output=True)
-            fresh_connections(celery_app)
     else:
         pytest.skip(f"the suite restarts only the embedded Redis or a local RabbitMQ, not {url.split('://')[0]} at this address")
     yield restart
@@ -158,6 +147,15 @@ def restart_broker(celery_app, request):
         # The workers came through it (that is what the tests show), but their consumers
         # no longer obey cancel_consumer reliably, which later tests pause them with.
         request.getfixturevalue("worker").restart_all()
+
+
+@contextmanager
+def control_connection(celery_app):
+    """A new broker connection for control commands: pooled ones may have died with a
+    broker restart, and control commands do not retry."""
+    with celery_app.connection_for_write() as conn:
+        conn.ensure_connection(max_retries=5, interval_start=0.5, interval_step=0.5)
+        yield conn
 
 
 class Worker:
@@ -183,7 +181,8 @@ def start_worker(celery_app, tmp: Path, name: str, queue: str, pool: str = "pref
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"worker exited with {proc.returncode}:\n{worker.output()}")
-        replies = celery_app.control.ping(timeout=1.0)
+        with control_connection(celery_app) as conn:
+            replies = celery_app.control.ping(timeout=1.0, connection=conn)
         nodes = [key for reply in replies for key in reply if key.startswith(f"{name}@")]
         if nodes:
             worker.node = nodes[0]
@@ -262,23 +261,28 @@ class Pools:
 
         pairs = [(q, w.node) for pool, q, w in (("prepare", PREPARE_QUEUE, self.prepare),
                                                ("inference", INFERENCE_QUEUE, self.inference)) if pool in pools]
-        for queue, node in pairs:
-            celery_app.control.cancel_consumer(queue, destination=[node], reply=True, timeout=5)
+        with control_connection(celery_app) as conn:
+            for queue, node in pairs:
+                celery_app.control.cancel_consumer(queue, destination=[node], reply=True, timeout=5, connection=conn)
         if celery_app.conf.broker_url.startswith("redis"):
             time.sleep(1.2)  # a BRPOP already waiting (1 s at most) may still take one message
         try:
             yield
         finally:
-            for queue, node in pairs:
-                celery_app.control.add_consumer(queue, destination=[node], reply=True, timeout=5)
+            with control_connection(celery_app) as conn:
+                for queue, node in pairs:
+                    celery_app.control.add_consumer(queue, destination=[node], reply=True, timeout=5, connection=conn)
 
     def prepared(self, celery_app) -> int:
         """How many transcribe tasks the prepare worker has run."""
-        stats = celery_app.control.inspect(destination=[self.prepare.node], timeout=5).stats() or {}
+        with control_connection(celery_app) as conn:
+            stats = celery_app.control.inspect(destination=[self.prepare.node], timeout=5, connection=conn).stats() or {}
         return stats.get(self.prepare.node, {}).get("total", {}).get("whisperq.transcribe", 0)
 
     def batch_sizes(self, celery_app) -> list[int]:
-        reply = celery_app.control.inspect(destination=[self.inference.node], timeout=5)._request("batcher_stats") or {}
+        with control_connection(celery_app) as conn:
+            reply = celery_app.control.inspect(destination=[self.inference.node], timeout=5,
+                                               connection=conn)._request("batcher_stats") or {}
         return reply.get(self.inference.node, {}).get("recent_sizes", [])
 
 

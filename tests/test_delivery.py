@@ -61,9 +61,12 @@ def wait_for_workers(celery_app, worker, timeout: float = 90) -> None:
     nodes = {worker.prepare.node, worker.inference.node}
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        from conftest import control_connection
+
         try:
-            answered = {key for reply in celery_app.control.ping(timeout=1.0) for key in reply}
-        except Exception:  # the client's own connection is still coming back
+            with control_connection(celery_app) as conn:
+                answered = {key for reply in celery_app.control.ping(timeout=1.0, connection=conn) for key in reply}
+        except Exception:  # the broker is still coming back
             answered = set()
         if nodes <= answered:
             return
