@@ -118,9 +118,19 @@ def check_queue(rt: Runtime, priority: str) -> None:
     )
 
 
+def free_bytes(path) -> int:
+    """Free space on the file system that holds `path`, or will once it is made."""
+    from pathlib import Path
+
+    path = Path(path)
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
 def check_disk(rt: Runtime) -> None:
     floor = rt.settings.disk_floor_mb * 1024 * 1024
-    free = shutil.disk_usage(rt.settings.data_dir).free
+    free = free_bytes(rt.settings.data_dir)
     if free < floor:
         raise DiskFull(
             f"the server is low on disk space ({free // (1024 * 1024)} MB free, the floor is "

@@ -1,7 +1,6 @@
 """Liveness and readiness probes."""
 from __future__ import annotations
 
-import shutil
 import time
 
 from flask import Blueprint, current_app, jsonify
@@ -22,6 +21,7 @@ def healthz():
 def readyz():
     """Ready when the database and the broker answer, the data dir is above its disk
     floor and an inference worker is alive (after a start-up grace); else 503 with why."""
+    from models.admission import free_bytes
     from models.workers import alive
 
     rt = current_app.extensions["whisperq"]
@@ -37,7 +37,7 @@ def readyz():
         checks["broker"] = "ok"
     except Exception as exc:
         checks["broker"] = f"unreachable: {type(exc).__name__}"
-    free_mb = shutil.disk_usage(rt.settings.data_dir).free // (1024 * 1024)
+    free_mb = free_bytes(rt.settings.data_dir) // (1024 * 1024)
     checks["disk"] = "ok" if free_mb >= rt.settings.disk_floor_mb else (
         f"{free_mb} MB free, under WHISPERQ_DISK_FLOOR_MB={rt.settings.disk_floor_mb}")
     if checks["database"] == "ok":

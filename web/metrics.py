@@ -16,7 +16,6 @@ of `whisperq_queue_depth` is the queue's depth on either broker.
 from __future__ import annotations
 
 import logging
-import shutil
 import threading
 import time
 from datetime import datetime
@@ -198,11 +197,10 @@ class ClusterCollector:
         return [jobs, waiting, running, oldest, dead, count, slots]
 
     def _disk(self, Gauge) -> list:
-        path = self.rt.settings.data_dir
-        while not path.exists() and path != path.parent:
-            path = path.parent
+        from models.admission import free_bytes
+
         return [Gauge("whisperq_data_dir_free_bytes", "Free bytes on the data dir's file system",
-                      value=float(shutil.disk_usage(path).free))]
+                      value=float(free_bytes(self.rt.settings.data_dir)))]
 
 
 def init_app(app: Flask) -> None:
