@@ -94,6 +94,15 @@ def client(app):
 
 
 @pytest.fixture()
+def live_server(app):
+    """The app over real HTTP, for browsers and HTTP clients: its base URL."""
+    from helpers import LiveServer
+
+    with LiveServer(app) as server:
+        yield server.url
+
+
+@pytest.fixture()
 def runner(app):
     return app.test_cli_runner()
 

@@ -132,3 +132,20 @@ class Receiver:
         self.release.set()
         self.server.shutdown()
         self.server.server_close()
+
+
+class LiveServer:
+    """A Flask app served over real HTTP on 127.0.0.1 in a thread; `url` is its base URL."""
+
+    def __init__(self, app):
+        from werkzeug.serving import make_server
+
+        self.httpd = make_server("127.0.0.1", 0, app, threaded=True)
+        self.url = f"http://127.0.0.1:{self.httpd.server_port}"
+
+    def __enter__(self) -> "LiveServer":
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()

@@ -6,7 +6,6 @@ The first test runs real workers; the others need none: they drive the same page
 the job API answered by a stub, so that every state and optional field is seen."""
 import re
 import shutil
-import threading
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -16,17 +15,6 @@ from helpers import CLIPS, need_service, word_error_rate
 pytestmark = pytest.mark.integration
 
 FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "EXPIRED"}
-
-
-@pytest.fixture()
-def live_server(app):
-    from werkzeug.serving import make_server
-
-    server = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
 
 
 def start_chromium(profile, javascript: bool = True):

@@ -1,29 +1,16 @@
 """The OpenAI-compatible endpoint, driven by the official `openai` client against a real
 HTTP server, real workers and real audio."""
-import threading
-
 import pytest
 
-from helpers import CLIPS, word_error_rate
+from helpers import CLIPS, LiveServer, word_error_rate
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture()
-def server(app):
-    from werkzeug.serving import make_server
-
-    httpd = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_port}"
-    httpd.shutdown()
-
-
-@pytest.fixture()
-def openai_client(server):
+def openai_client(live_server):
     openai = pytest.importorskip("openai")
-    return openai.OpenAI(base_url=f"{server}/v1", api_key="any-key", max_retries=0, timeout=120)
+    return openai.OpenAI(base_url=f"{live_server}/v1", api_key="any-key", max_retries=0, timeout=120)
 
 
 def transcribe(client, name: str = "report.opus", **options):
@@ -85,17 +72,10 @@ def test_past_the_wait_it_answers_202_with_the_job(client, settings, database, w
     from web import create_app
 
     app = create_app({"SETTINGS": dataclasses.replace(settings, sync_wait_seconds=0.0), "TESTING": True})
-    from werkzeug.serving import make_server
-
-    httpd = make_server("127.0.0.1", 0, app, threaded=True)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
-        with worker.paused(celery_app):
-            resp = requests.post(f"http://127.0.0.1:{httpd.server_port}/v1/audio/transcriptions",
-                                 files={"file": ("fox.flac", CLIPS["fox.flac"]["path"].read_bytes())},
-                                 data={"model": "whisper-1"}, timeout=30)
-    finally:
-        httpd.shutdown()
+    with LiveServer(app) as server, worker.paused(celery_app):
+        resp = requests.post(f"{server.url}/v1/audio/transcriptions",
+                             files={"file": ("fox.flac", CLIPS["fox.flac"]["path"].read_bytes())},
+                             data={"model": "whisper-1"}, timeout=30)
     assert resp.status_code == 202, resp.text
     body = resp.json()
     assert resp.headers["Location"] == body["status_url"] and body["id"] in body["status_url"]
