@@ -82,6 +82,17 @@ class Settings:
     alert_failure_rate: float
     alert_dead_letters: int
     alert_disk_free_bytes: int
+    # Security and tenancy (see models.apikeys, models.crypto, models.retention).
+    allow_anonymous: bool
+    secret_key: str | None
+    metrics_token: str | None
+    encryption_keys: str | None
+    audio_retention_seconds: float | None
+    result_retention_seconds: float | None
+    retention_interval_seconds: float
+    rate_limit_premium: str | None
+    rate_limit_standard: str | None
+    rate_limit_batch: str | None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides) -> "Settings":
@@ -140,6 +151,16 @@ class Settings:
             alert_failure_rate=env.float("WHISPERQ_ALERT_FAILURE_RATE", 0.05, low=0.0),
             alert_dead_letters=env.int("WHISPERQ_ALERT_DEAD_LETTERS", 1, low=0, high=10**9),
             alert_disk_free_bytes=env.int("WHISPERQ_ALERT_DISK_FREE_BYTES", 5 * 1024**3, low=0, high=2**62),
+            allow_anonymous=env.bool("WHISPERQ_ALLOW_ANONYMOUS", False),
+            secret_key=env.str("WHISPERQ_SECRET_KEY", None),
+            metrics_token=env.str("WHISPERQ_METRICS_TOKEN", None),
+            encryption_keys=env.encryption_keys("WHISPERQ_ENCRYPTION_KEYS"),
+            audio_retention_seconds=env.duration("WHISPERQ_AUDIO_RETENTION", 3600.0),
+            result_retention_seconds=env.duration("WHISPERQ_RESULT_RETENTION", 7 * 24 * 3600.0),
+            retention_interval_seconds=env.float("WHISPERQ_RETENTION_INTERVAL", 300.0, low=1.0),
+            rate_limit_premium=env.rate("WHISPERQ_RATE_LIMIT_PREMIUM", "600/minute"),
+            rate_limit_standard=env.rate("WHISPERQ_RATE_LIMIT_STANDARD", "120/minute"),
+            rate_limit_batch=env.rate("WHISPERQ_RATE_LIMIT_BATCH", "60/minute"),
         )
         if values["high_reserve"] >= 1:
             raise ConfigError(
@@ -235,7 +256,7 @@ class Settings:
         out = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in ("admin_token", "webhook_secret") and value:
+            if f.name in ("admin_token", "webhook_secret", "secret_key", "metrics_token", "encryption_keys") and value:
                 value = "***"
             elif f.name == "flower_basic_auth" and value:
                 value = ",".join(pair.split(":", 1)[0] + ":***" for pair in value.split(","))
@@ -385,6 +406,46 @@ class _Env:
                     "such as 10.0.0.0/8,fd00::/8 (a single address is fine too)"
                 )
         return tuple(out)
+
+    def bool(self, name: str, default: bool) -> bool:
+        value = self.raw(name)
+        if value is None:
+            return default
+        if value.lower() in ("1", "true", "yes", "on"):
+            return True
+        if value.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{name}={value!r} is not a yes/no value; set it to true or false")
+
+    def duration(self, name: str, default: float | None) -> float | None:
+        """Seconds, or a number with s, m, h or d ('90m', '7d'); 'off' keeps things for good."""
+        value = self.raw(name)
+        if value is None:
+            return default
+        if value.lower() in ("off", "never", "none"):
+            return None
+        units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+        number, unit = (value[:-1], value[-1].lower()) if value[-1].lower() in units else (value, "s")
+        try:
+            seconds = float(number) * units[unit]
+        except ValueError:
+            seconds = -1.0
+        if not seconds >= 0:
+            raise ConfigError(f"{name}={value!r} is not a duration; set it to seconds or a number with s, m, h or d "
+                              "(such as 3600, 90m, 7d), or to off")
+        return seconds
+
+    def encryption_keys(self, name: str) -> str | None:
+        value = self.raw(name)
+        if value is None:
+            return None
+        from models.crypto import parse_keys
+
+        try:
+            parse_keys(value)
+        except ValueError as exc:
+            raise ConfigError(f"{name}: {exc}") from None
+        return value
 
     def language(self, name: str, default):
         value = self.raw(name)

@@ -32,6 +32,9 @@ def pytest_configure(config) -> None:
     # Retries come quickly in tests; the defaults (2 s doubling, 3 attempts) stay otherwise.
     os.environ.setdefault("WHISPERQ_RETRY_BASE_SECONDS", "0.5")
     os.environ.setdefault("WHISPERQ_ADMIN_TOKEN", "test-admin-token")
+    # Most tests use the API as a single-user install does, without keys; the tests of
+    # keys and isolation turn anonymous use off for their own app.
+    os.environ.setdefault("WHISPERQ_ALLOW_ANONYMOUS", "true")
     # Webhook receivers in the tests listen on loopback; their retries come quickly.
     os.environ.setdefault("WHISPERQ_WEBHOOK_ALLOW_NETWORKS", "127.0.0.0/8")
     os.environ.setdefault("WHISPERQ_WEBHOOK_RETRY_BASE_SECONDS", "0.3")
