@@ -4,10 +4,12 @@ from __future__ import annotations
 import gc
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import av
 import numpy as np
 
+from .crypto import DecryptionError
 from .errors import AudioTooLong, SilentAudio, UnsupportedAudio
 
 SAMPLE_RATE = 16000
@@ -34,7 +36,13 @@ class AudioInfo:
     channels: int
 
 
-def probe(path: str | Path, max_seconds: float | None = None) -> AudioInfo:
+def _source(path: str | Path | BinaryIO):
+    """What av.open takes: a path, or a readable (and seekable) file object such as a
+    decrypting reader from models.crypto."""
+    return path if hasattr(path, "read") else str(path)
+
+
+def probe(path: str | Path | BinaryIO, max_seconds: float | None = None) -> AudioInfo:
     """Decode the whole file once to prove it is audio and to measure its true length.
 
     Container headers lie (truncated uploads, streams without a duration), so the samples
@@ -43,7 +51,7 @@ def probe(path: str | Path, max_seconds: float | None = None) -> AudioInfo:
     samples = 0
     peak = 0.0
     try:
-        with av.open(str(path), mode="r", metadata_errors="ignore") as container:
+        with av.open(_source(path), mode="r", metadata_errors="ignore") as container:
             if not container.streams.audio:
                 raise UnsupportedAudio("the file has no audio stream; upload audio such as WAV, FLAC, MP3, Ogg/Opus or M4A")
             stream = container.streams.audio[0]
@@ -59,7 +67,7 @@ def probe(path: str | Path, max_seconds: float | None = None) -> AudioInfo:
                     raise AudioTooLong(
                         f"the audio is longer than the limit of {max_seconds:.0f} s; split it into shorter files"
                     )
-    except (UnsupportedAudio, AudioTooLong):
+    except (UnsupportedAudio, AudioTooLong, DecryptionError):
         raise
     except Exception as exc:  # FFmpeg says "Invalid data found", "End of file", ...
         raise UnsupportedAudio(
@@ -72,12 +80,14 @@ def probe(path: str | Path, max_seconds: float | None = None) -> AudioInfo:
     return AudioInfo(duration=samples / rate, codec=codec, sample_rate=rate, channels=channels)
 
 
-def decode(path: str | Path) -> np.ndarray:
+def decode(path: str | Path | BinaryIO) -> np.ndarray:
     """The audio as float32 mono at 16 kHz, the model's input."""
     from faster_whisper.audio import decode_audio
 
     try:
-        audio = decode_audio(str(path), sampling_rate=SAMPLE_RATE)
+        audio = decode_audio(_source(path), sampling_rate=SAMPLE_RATE)
+    except DecryptionError:
+        raise
     except Exception as exc:
         raise UnsupportedAudio(f"the audio could not be decoded ({_reason(exc)})") from exc
     finally:

@@ -10,7 +10,8 @@ import http.client
 import logging
 import socket
 from pathlib import Path
-from urllib.parse import urljoin
+from typing import BinaryIO, Callable
+from urllib.parse import urljoin, urlsplit
 
 from .errors import InvalidRequest, PermanentJobError, TransientJobError
 from .webhooks import Deadline, check_addresses, describe_error, open_pinned, parse_url, resolve_host
@@ -25,8 +26,9 @@ _REDIRECTS = (301, 302, 303, 307, 308)
 __all__ = ["fetch_audio", "MAX_REDIRECTS"]
 
 
-def fetch_audio(url: str, dest: Path, settings) -> int:
-    """Download `url` to `dest`; the number of bytes written.
+def fetch_audio(url: str, dest: Path, settings, create: Callable[[Path], BinaryIO] | None = None) -> int:
+    """Download `url` to `dest`; the number of bytes written. `create(dest)` opens the file to
+    write (storage passes an encrypting writer); a plain file by default.
 
     PermanentJobError for what retrying cannot fix (a 4xx, too large, a refused address, a bad
     URL), TransientJobError for what may pass (a 5xx, 429, a time-out, a dropped connection).
@@ -49,12 +51,13 @@ def fetch_audio(url: str, dest: Path, settings) -> int:
                     if not location:
                         raise PermanentJobError(f"audio_url answered HTTP {response.status} without a Location; "
                                                 "give the audio file's final URL")
-                    log.info("audio_url %s redirects to %s", target.url, location)
+                    # Hosts only: a URL's path names the client's file (and may carry a signature).
+                    log.info("audio_url on %s redirects to %s", target.host, urlsplit(urljoin(target.url, location)).hostname)
                     url = urljoin(target.url, location)
                     continue
                 _check_status(response, settings.max_upload_bytes)
                 created = True
-                written = _stream(response, dest, settings.max_upload_bytes)
+                written = _stream(response, dest, settings.max_upload_bytes, create)
                 if deadline.expired:  # the deadline shut the socket: what looked like the end was not
                     raise TimeoutError
                 return written
@@ -112,10 +115,10 @@ def _too_large(limit: int) -> PermanentJobError:
                              "(WHISPERQ_MAX_UPLOAD_MB); send a shorter or more compressed file")
 
 
-def _stream(response: http.client.HTTPResponse, dest: Path, limit: int) -> int:
+def _stream(response: http.client.HTTPResponse, dest: Path, limit: int, create=None) -> int:
     """Copy the body to dest, stopping as soon as it passes the limit."""
     written = 0
-    with open(dest, "wb") as out:
+    with (create(dest) if create is not None else open(dest, "wb")) as out:
         while True:
             chunk = response.read(min(CHUNK_BYTES, limit + 1 - written))
             if not chunk:

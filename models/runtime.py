@@ -17,6 +17,9 @@ class Runtime:
     storage: LocalStorage = field(init=False)
 
     def __post_init__(self) -> None:
+        from .crypto import keyring_for, set_keyring
+
+        set_keyring(keyring_for(self.settings))  # encryption at rest: files and transcripts
         self.db = Database(self.settings.database_url)
         self.storage = LocalStorage(self.settings.data_dir)
 

@@ -1,13 +1,22 @@
-"""Audio storage by reference: the message and the job row carry a reference, never bytes."""
+"""Audio storage by reference: the message and the job row carry a reference, never bytes.
+
+What the store writes is encrypted at rest (models.crypto): uploads as they arrive, fetched
+audio and the prepared samples. A file the caller owns is read in place, as it is.
+"""
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 import re
 import shutil
 import tempfile
 import unicodedata
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Callable
+
+from .crypto import Keyring, current_keyring
+from .sealed import EncryptedWriter, open_decrypted, open_stored
 
 _SUFFIX = re.compile(r"^\.[a-z0-9]{1,8}$")
 
@@ -42,16 +51,26 @@ class LocalStorage:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-    def spool(self, stream: BinaryIO, limit: int | None = None) -> Path:
-        """Copy an upload to a private temporary file on the same disk as the store."""
-        fd, name = tempfile.mkstemp(dir=self.tmp_dir, prefix="upload-")
+    def spool(self, stream: BinaryIO, limit: int | None = None,
+              too_large: Callable[[], BaseException] | None = None) -> "SealedSpool":
+        """Copy an upload, encrypted, to a temporary file on the same disk as the store."""
+        spool = SealedSpool(self.tmp_dir, limit, too_large)
         try:
-            with os.fdopen(fd, "wb") as out:
-                shutil.copyfileobj(stream, out, length=1024 * 1024)
+            shutil.copyfileobj(stream, spool, length=1024 * 1024)
+            return spool.finish()
         except BaseException:
-            os.unlink(name)
+            spool.discard()
             raise
-        return Path(name)
+
+    def open(self, ref: str) -> BinaryIO:
+        """A stored file's plaintext (decrypted), or the caller's own file as it is."""
+        if not self.owns(ref):
+            return open(self.path(ref), "rb")
+        return open_stored(self.path(ref), what=f"stored file {ref}")
+
+    def writer(self, path: str | Path) -> EncryptedWriter:
+        """Write a file into the store encrypted (atomically: see EncryptedWriter)."""
+        return EncryptedWriter(path)
 
     def adopt(self, tmp: Path, job_id: str, suffix: str) -> str:
         """Move a spooled file into the store under the job's id; returns its reference."""
@@ -84,13 +103,108 @@ class LocalStorage:
         dest = self.root / ref
         dest.parent.mkdir(parents=True, exist_ok=True)
         pcm = np.clip(np.round(samples * 32768.0), -32768, 32767).astype(np.int16)
-        tmp = dest.with_suffix(".tmp")
-        with open(tmp, "wb") as fh:
+        with EncryptedWriter(dest) as fh:
             np.save(fh, pcm)
-        os.replace(tmp, dest)
         return ref
 
     def load_samples(self, ref: str):
         import numpy as np
 
-        return np.load(self.path(ref)).astype(np.float32) / 32768.0
+        with self.open(ref) as fh:
+            return np.load(fh).astype(np.float32) / 32768.0
+
+
+class SealedSpool:
+    """An upload as it arrives: encrypted into `directory` while it is hashed (sha256 of
+    the plaintext) and counted, refused with `too_large()` the moment it passes `limit`.
+    Once seek() or read() is called it is complete, and reads back decrypted.
+    `discard()` removes every trace; `path` is the finished file (for `adopt`)."""
+
+    def __init__(self, directory: str | Path, limit: int | None = None,
+                 too_large: Callable[[], BaseException] | None = None, keyring: Keyring | None = None):
+        self._keyring = keyring or current_keyring()
+        fd, name = tempfile.mkstemp(dir=directory, prefix="upload-")  # holds the name until the file replaces it
+        os.close(fd)
+        self.path = Path(name)
+        self.name = name
+        self.limit, self._too_large = limit, too_large or (lambda: ValueError(f"the upload is over {limit} bytes"))
+        self.sha256 = hashlib.sha256()
+        self.size = 0
+        self.closed = False
+        self._reader: io.BufferedReader | None = None
+        try:
+            self._writer = EncryptedWriter(self.path, self._keyring)
+        except BaseException:
+            self.path.unlink(missing_ok=True)
+            raise
+
+    def write(self, data) -> int:
+        if self._reader is not None or self._writer.closed:
+            raise ValueError("the upload is complete; it cannot be written to")
+        n = len(memoryview(data).cast("B"))
+        if self.limit is not None and self.size + n > self.limit:
+            self.discard()
+            raise self._too_large()
+        self.sha256.update(data)
+        self._writer.write(data)
+        self.size += n
+        return n
+
+    def finish(self) -> "SealedSpool":
+        if self._reader is None:
+            self._writer.close()
+            self._reader = open_decrypted(self.path, self._keyring, "the upload")
+        return self
+
+    def open(self) -> io.BufferedReader:
+        """A new reader of the complete upload."""
+        self.finish()
+        return open_decrypted(self.path, self._keyring, "the upload")
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return self._reader is None
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return self.finish()._reader.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._reader.tell() if self._reader is not None else self.size
+
+    def read(self, size: int = -1) -> bytes:
+        return self.finish()._reader.read(size)
+
+    def readline(self, size: int = -1) -> bytes:
+        return self.finish()._reader.readline(size)
+
+    def readinto(self, buffer) -> int:
+        return self.finish()._reader.readinto(buffer)
+
+    def __iter__(self):
+        return iter(self.finish()._reader)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        """Let go of open files (the file itself stays until discard() or adopt)."""
+        self.closed = True
+        if self._reader is not None:
+            self._reader.close()
+        elif not self._writer.closed:
+            self._writer.abort()
+
+    def release(self) -> None:
+        """The file has been moved into the store: discard() no longer touches it."""
+        self.close()
+        self.path = None
+
+    def discard(self) -> None:
+        self.close()  # an unfinished file's temporary part goes with its writer
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)

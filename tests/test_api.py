@@ -124,7 +124,11 @@ def test_accepted_upload_answers_202_and_publishes_only_references(client, setti
     assert len(str(message)) < 1000  # ids and references, never audio bytes
 
     stored = settings.data_dir / args[0]
-    assert stored.read_bytes() == FOX
+    assert FOX[:4096] not in stored.read_bytes()  # encrypted at rest (tests/test_encryption.py)
+    from models.crypto import open_decrypted
+
+    with open_decrypted(stored) as fh:
+        assert fh.read() == FOX
     job = client.get(f"/v1/jobs/{body['job_id']}").get_json()
     assert job["filename"] == "fox.flac" and job["priority"] == "high"
     assert job["audio_duration"] == pytest.approx(4.3, abs=0.05)

@@ -8,7 +8,9 @@ import unicodedata
 from typing import Callable, Mapping
 
 from celery import Celery
+from flask import Request, current_app
 from werkzeug.datastructures import FileStorage
+from werkzeug.exceptions import RequestEntityTooLarge
 
 from config import publish_transcribe
 from models import audio as audio_io
@@ -18,7 +20,7 @@ from models import idempotency
 from models.jobs import check_options, create_job, discard_job, get_job
 from models.runtime import Runtime
 from models.speech import check_language, is_multilingual, model_path
-from models.storage import clean_filename, safe_suffix
+from models.storage import SealedSpool, clean_filename, safe_suffix
 from models.webhooks import check_url
 
 log = logging.getLogger(__name__)
@@ -37,11 +39,11 @@ def _text(form: Mapping, name: str) -> str | None:
     return value
 
 
-def parse_options(form: Mapping, settings) -> dict:
+def parse_options(form: Mapping, settings, default_priority: str = "normal") -> dict:
     language = (_text(form, "language") or "").strip().lower() or None
     if language == "auto":
         language = None
-    priority = (_text(form, "priority") or "normal").strip().lower()
+    priority = (_text(form, "priority") or default_priority).strip().lower()
     task = (_text(form, "task") or "transcribe").strip().lower()
     check_options(language, priority, task)
     language = language or settings.default_language
@@ -93,14 +95,15 @@ def check_filename(name: str) -> None:
 
 def submit_upload(rt: Runtime, celery: Celery, upload: FileStorage | None, form: Mapping[str, str],
                   files=None, idempotency_key: str | None = None,
-                  admit: Callable[[str], None] | None = None) -> tuple[Job, bool]:
+                  admit: Callable[[str], None] | None = None, owner: str | None = None,
+                  default_priority: str = "normal") -> tuple[Job, bool]:
     """Validate, store, record the PENDING job, then publish. On any error nothing remains.
 
     Returns the job and whether it is new: a repeated Idempotency-Key with the same
     request returns the job made the first time.
     """
     check_fields(form, files or {})
-    options = parse_options(form, rt.settings)
+    options = parse_options(form, rt.settings, default_priority)
     if admit is not None:
         admit(options["priority"])
     if upload is None or not upload.filename:
@@ -108,38 +111,45 @@ def submit_upload(rt: Runtime, celery: Celery, upload: FileStorage | None, form:
     check_filename(upload.filename)
     if idempotency_key is not None:
         check_idempotency_key(idempotency_key)
-    spooled = rt.storage.spool(upload.stream)
+    spooled = upload.stream
+    if not isinstance(spooled, SealedSpool):  # not parsed by UploadRequest: spool it encrypted now
+        spooled = rt.storage.spool(upload.stream, limit=rt.settings.max_upload_bytes, too_large=RequestEntityTooLarge)
     try:
-        if spooled.stat().st_size == 0:
+        spooled.finish()
+        if spooled.size == 0:
             raise InvalidRequest("the uploaded file is empty; choose a file with audio in it")
-        fingerprint = _fingerprint(spooled, upload.filename, options)
+        fingerprint = _fingerprint(spooled.sha256, upload.filename, options)
         if idempotency_key is not None:
             earlier = idempotency.lookup(rt, idempotency_key, fingerprint)
             if earlier is not None:
-                spooled.unlink(missing_ok=True)
+                spooled.discard()
                 return get_job(rt, earlier), False
-        info = audio_io.probe(spooled, max_seconds=rt.settings.max_audio_seconds)
+        with spooled.open() as fh:
+            info = audio_io.probe(fh, max_seconds=rt.settings.max_audio_seconds)
         job = create_job(
             rt,
-            spooled,
+            spooled.path,
             filename=clean_filename(upload.filename),
             suffix=safe_suffix(upload.filename),
             duration=info.duration,
+            owner=owner,
             **options,
         )
+        spooled.release()  # moved into the store
     except BaseException:
-        spooled.unlink(missing_ok=True)
+        spooled.discard()
         raise
     return _enqueue(rt, celery, job, idempotency_key, fingerprint)
 
 
 def submit_url(rt: Runtime, celery: Celery, body, idempotency_key: str | None = None,
-               admit: Callable[[str], None] | None = None) -> tuple[Job, bool]:
+               admit: Callable[[str], None] | None = None, owner: str | None = None,
+               default_priority: str = "normal") -> tuple[Job, bool]:
     """A job whose audio the preparation pool fetches from `audio_url` (JSON body)."""
     if not isinstance(body, dict):
         raise InvalidRequest('send a JSON object such as {"audio_url": "https://example.com/call.mp3"}')
     check_fields(body, {}, source="audio_url")
-    options = parse_options(body, rt.settings)
+    options = parse_options(body, rt.settings, default_priority)
     if admit is not None:
         admit(options["priority"])
     url = body.get("audio_url")
@@ -154,7 +164,7 @@ def submit_url(rt: Runtime, celery: Celery, body, idempotency_key: str | None = 
         if earlier is not None:
             return get_job(rt, earlier), False
     name = clean_filename(url.rsplit("/", 1)[-1].split("?", 1)[0]) or None
-    job = create_job(rt, None, filename=name, suffix="", duration=None, audio_url=url, **options)
+    job = create_job(rt, None, filename=name, suffix="", duration=None, audio_url=url, owner=owner, **options)
     return _enqueue(rt, celery, job, idempotency_key, fingerprint)
 
 
@@ -178,13 +188,32 @@ def check_idempotency_key(key: str) -> None:
         raise InvalidRequest(f"Idempotency-Key must be 1 to {idempotency.MAX_KEY_LENGTH} printable ASCII characters")
 
 
-def _fingerprint(path, filename: str, options: dict) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1024 * 1024), b""):
-            digest.update(block)
+def _fingerprint(content, filename: str, options: dict) -> str:
+    """sha256 of the file (`content`, hashed as it arrived), its name and the options."""
+    digest = content.copy()
     digest.update(json.dumps([filename, options], sort_keys=True).encode())
     return digest.hexdigest()
+
+
+class UploadRequest(Request):
+    """Flask's request, with file parts spooled encrypted into the data dir's tmp folder
+    as they arrive (werkzeug would spool them in plaintext to /tmp), hashed and counted
+    on the way, and refused with 413 the moment one passes WHISPERQ_MAX_UPLOAD_MB, even
+    in a chunked request without a Content-Length. Whatever the view does not keep is
+    removed when the request ends."""
+
+    def _get_file_stream(self, total_content_length, content_type, filename=None, content_length=None):
+        rt = current_app.extensions["whisperq"]
+        spool = SealedSpool(rt.storage.tmp_dir, limit=rt.settings.max_upload_bytes, too_large=RequestEntityTooLarge)
+        self.__dict__.setdefault("_whisperq_spools", []).append(spool)
+        return spool
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            for spool in self.__dict__.pop("_whisperq_spools", ()):
+                spool.discard()
 
 
 def publish(rt: Runtime, celery: Celery, job: Job) -> None:

@@ -1,0 +1,247 @@
+"""Encryption at rest: the keys, and the transcripts' column types.
+
+WHISPERQ_ENCRYPTION_KEYS holds ``KEYID:BASE64KEY`` entries separated by commas; the first
+is the active key (it encrypts), every key decrypts, so a key is rotated by putting a new
+one first, restarting, running ``whisperq encryption rotate`` and then dropping the old
+one. Without the variable a key is generated once into the data dir (fine for one machine,
+not for production: the key then sits beside the data it protects).
+
+Files use a chunked AES-256-GCM format (models.sealed); database values are single
+AES-256-GCM tokens ``wqe1:KEYID:base64(nonce || ciphertext)``. Each master key is split
+with HKDF into a value key and per-file keys, so no two uses share a key and nonce.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+import re
+import secrets
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from sqlalchemy import JSON, Text, TypeDecorator
+
+log = logging.getLogger(__name__)
+
+KEY_ID = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
+KEY_BYTES = 32
+VALUE_PREFIX = "wqe1:"
+KEY_FILE = "encryption-key"
+GENERATE_HINT = ("generate a key with `whisperq encryption new-key` (or `python -c \"import base64,os; "
+                 "print('k1:' + base64.b64encode(os.urandom(32)).decode())\"`)")
+
+
+class DecryptionError(ValueError):
+    """Stored data could not be decrypted: tampered, truncated, or under a key this
+    process does not have. ``key_id`` is set when the key is the problem."""
+
+    def __init__(self, message: str, *, key_id: str | None = None, missing_key: bool = False):
+        super().__init__(message)
+        self.key_id = key_id
+        self.missing_key = missing_key
+
+
+def new_key_line(key_id: str | None = None) -> str:
+    """A fresh ``KEYID:BASE64`` entry for WHISPERQ_ENCRYPTION_KEYS."""
+    key_id = key_id or "k" + secrets.token_hex(4)
+    if not KEY_ID.match(key_id):
+        raise ValueError(f"key id {key_id!r} must be 1 to 32 letters, digits, '-' or '_'")
+    return f"{key_id}:{base64.b64encode(secrets.token_bytes(KEY_BYTES)).decode()}"
+
+
+def parse_keys(text: str) -> list[tuple[str, bytes]]:
+    """``KEYID:BASE64KEY[,KEYID:BASE64KEY...]``: the first encrypts, all decrypt."""
+    out: list[tuple[str, bytes]] = []
+    for n, entry in enumerate((e.strip() for e in (text or "").split(",")), 1):
+        if not entry:
+            continue
+        key_id, sep, b64 = entry.partition(":")
+        key_id, b64 = key_id.strip(), b64.strip()
+        if not sep or not key_id or not b64:
+            raise ValueError(f"entry {n} is not KEYID:BASE64KEY; separate keys with commas and {GENERATE_HINT}")
+        if not KEY_ID.match(key_id):
+            raise ValueError(f"entry {n}: key id {key_id!r} must be 1 to 32 letters, digits, '-' or '_'")
+        key = _b64decode(b64)
+        if key is None or len(key) != KEY_BYTES:
+            got = "not base64" if key is None else f"{len(key)} bytes"
+            raise ValueError(f"key {key_id!r} is {got}; a key is {KEY_BYTES} random bytes in base64 (44 characters): "
+                             + GENERATE_HINT)
+        if any(key_id == seen for seen, _ in out):
+            raise ValueError(f"key id {key_id!r} appears twice; give each key its own id")
+        out.append((key_id, key))
+    if not out:
+        raise ValueError(f"no key given; set KEYID:BASE64KEY, {GENERATE_HINT}")
+    return out
+
+
+def _b64decode(text: str) -> bytes | None:
+    """Standard or URL-safe base64, padding optional; None when it is not base64."""
+    padded = text + "=" * (-len(text) % 4)
+    try:
+        return base64.b64decode(padded.replace("-", "+").replace("_", "/"), validate=True)
+    except (binascii.Error, ValueError):
+        return None
+
+
+def _derive(key: bytes, info: bytes, salt: bytes | None = None) -> bytes:
+    return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=salt, info=info).derive(key)
+
+
+@dataclass(frozen=True)
+class Keyring:
+    """The keys in force: `active` encrypts, any of `keys` decrypts."""
+
+    keys: tuple[tuple[str, bytes], ...] = field(repr=False)  # never print key material
+    source: str = "WHISPERQ_ENCRYPTION_KEYS"
+
+    @property
+    def active(self) -> str:
+        return self.keys[0][0]
+
+    @property
+    def ids(self) -> list[str]:
+        return [key_id for key_id, _ in self.keys]
+
+    def key(self, key_id: str, what: str = "the data") -> bytes:
+        for kid, key in self.keys:
+            if kid == key_id:
+                return key
+        raise DecryptionError(
+            f"{what} is encrypted with key id {key_id!r}, which is not configured ({self.source} has "
+            f"{', '.join(self.ids)}); add that key after the active one in WHISPERQ_ENCRYPTION_KEYS",
+            key_id=key_id, missing_key=True)
+
+    def file_key(self, key_id: str, salt: bytes, what: str) -> bytes:
+        return _derive(self.key(key_id, what), b"whisperq file v1", salt)
+
+    def value_cipher(self, key_id: str, what: str = "a stored transcript") -> AESGCM:
+        cache = self.__dict__.setdefault("_value_ciphers", {})
+        if key_id not in cache:
+            cache[key_id] = AESGCM(_derive(self.key(key_id, what), b"whisperq value v1"))
+        return cache[key_id]
+
+
+_current: Keyring | None = None
+_lock = threading.Lock()
+_warned: set[str] = set()
+
+
+def keyring_for(settings) -> Keyring:
+    """The settings' keys, or else the key generated once into the data dir."""
+    if settings.encryption_keys:
+        return Keyring(tuple(parse_keys(settings.encryption_keys)))
+    from config.settings import generated_secret
+
+    path = Path(settings.data_dir) / KEY_FILE
+    generated_secret(path, lambda: new_key_line("local-" + secrets.token_hex(4)))
+    if str(path) not in _warned:
+        _warned.add(str(path))
+        log.warning("WHISPERQ_ENCRYPTION_KEYS is not set: audio and transcripts are encrypted with a key generated "
+                    "into %s, beside the data; in production set WHISPERQ_ENCRYPTION_KEYS from a secret store", path)
+    try:
+        return Keyring(tuple(parse_keys(path.read_text().strip())), source=str(path))
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+
+
+def set_keyring(keyring: Keyring) -> None:
+    global _current
+    _current = keyring
+
+
+def current_keyring() -> Keyring:
+    """This process's keys (set where the Runtime is built; else from the environment)."""
+    global _current
+    if _current is None:
+        with _lock:
+            if _current is None:
+                from config import Settings
+
+                _current = keyring_for(Settings.from_env())
+    return _current
+
+
+def encrypt_value(text: str, keyring: Keyring | None = None) -> str:
+    keyring = keyring or current_keyring()
+    key_id = keyring.active
+    nonce = secrets.token_bytes(12)
+    sealed = keyring.value_cipher(key_id).encrypt(nonce, text.encode("utf-8"), f"{VALUE_PREFIX}{key_id}".encode())
+    return f"{VALUE_PREFIX}{key_id}:{base64.b64encode(nonce + sealed).decode()}"
+
+
+def value_key_id(value) -> str | None:
+    """The key id of an encrypted value; None for a value stored before encryption."""
+    if isinstance(value, str) and value.startswith(VALUE_PREFIX):
+        return value[len(VALUE_PREFIX):].split(":", 1)[0]
+    return None
+
+
+def decrypt_value(value: str, keyring: Keyring | None = None) -> str:
+    """The text of a token; a value without the prefix (written before encryption) as it is."""
+    key_id = value_key_id(value)
+    if key_id is None:
+        return value
+    keyring = keyring or current_keyring()
+    try:
+        blob = base64.b64decode(value.split(":", 2)[2], validate=True)
+        aad = f"{VALUE_PREFIX}{key_id}".encode()
+        return keyring.value_cipher(key_id).decrypt(blob[:12], blob[12:], aad).decode("utf-8")
+    except DecryptionError:
+        raise
+    except Exception:
+        raise DecryptionError(f"a stored value under key id {key_id!r} failed authentication (it was altered or "
+                              "belongs to another key with the same id)", key_id=key_id) from None
+
+
+class EncryptedText(TypeDecorator):
+    """Text encrypted with the active key; rows written before encryption read as they are."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):
+        return None if value is None else encrypt_value(value)
+
+    def process_result_value(self, value, dialect):
+        return None if value is None else decrypt_value(value)
+
+
+class EncryptedJSON(TypeDecorator):
+    """JSON encrypted as one token, stored as a JSON string: existing JSON columns keep
+    their type (no migration); an old row's plain JSON reads as it is."""
+
+    impl = JSON
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):
+        return None if value is None else encrypt_value(json.dumps(value, ensure_ascii=False))
+
+    def process_result_value(self, value, dialect):
+        if isinstance(value, str) and value_key_id(value) is not None:
+            return json.loads(decrypt_value(value))
+        return value
+
+
+# The file format lives in models.sealed; it is part of this API (imported lazily: sealed
+# imports this module).
+_SEALED = ("EncryptedWriter", "open_decrypted", "open_stored", "is_encrypted", "file_key_id", "MAGIC", "CHUNK_BYTES")
+
+
+def __getattr__(name: str):
+    if name in _SEALED:
+        from . import sealed
+
+        return getattr(sealed, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "parse_keys", "new_key_line", "Keyring", "keyring_for", "set_keyring", "current_keyring", "DecryptionError",
+    "encrypt_value", "decrypt_value", "value_key_id", "EncryptedText", "EncryptedJSON", *_SEALED,
+]

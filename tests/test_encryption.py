@@ -1,0 +1,559 @@
+"""Encryption at rest: the file format, the values, the keys, rotation, and a real job whose
+files and transcript are never on disk in plaintext."""
+from __future__ import annotations
+
+import base64
+import dataclasses
+import io
+import json
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from helpers import CLIPS, LiveServer, wait_for_job, word_error_rate
+from models import crypto
+from models.crypto import (
+    CHUNK_BYTES,
+    MAGIC,
+    DecryptionError,
+    EncryptedWriter,
+    Keyring,
+    decrypt_value,
+    encrypt_value,
+    open_decrypted,
+    parse_keys,
+)
+
+FOX = CLIPS["fox.flac"]["path"].read_bytes()
+PLAIN_MAGIC = (b"RIFF", b"ID3", b"fLaC", b"OggS", b"\x93NUMPY", b"\xff\xfb", b"\xff\xf1")
+KIB = 1024
+
+
+def key(key_id: str) -> str:
+    return f"{key_id}:{base64.b64encode(os.urandom(32)).decode()}"
+
+
+def ring(*entries: str) -> Keyring:
+    return Keyring(tuple(parse_keys(",".join(entries))))
+
+
+A, B = key("a"), key("b")
+
+
+@pytest.fixture(autouse=True)
+def keep_keyring():
+    """Tests here switch the process's keys; the next test gets the suite's back."""
+    before = crypto._current
+    yield
+    crypto.set_keyring(before)
+
+
+def seal(path: Path, data: bytes, keyring: Keyring, step: int = 10_000) -> Path:
+    with EncryptedWriter(path, keyring) as out:
+        for n in range(0, len(data), step):
+            out.write(data[n:n + step])
+    return path
+
+
+def assert_not_plain(path: Path, plaintext: bytes | None = None) -> None:
+    data = path.read_bytes()
+    assert not data.startswith(PLAIN_MAGIC), f"{path} starts like plaintext audio: {data[:8]!r}"
+    assert data.startswith(MAGIC), f"{path} is not in the encrypted format"
+    if plaintext:
+        assert plaintext[:4096] not in data and plaintext[-4096:] not in data
+
+
+# --- the file format ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("size", [0, 1, 64 * KIB - 1, 64 * KIB, 64 * KIB + 1, 3 * 64 * KIB, 3_000_017])
+def test_round_trip(tmp_path, size):
+    keys = ring(A)
+    data = os.urandom(size)
+    path = seal(tmp_path / "f", data, keys, step=max(1, size // 7 or 1))
+    chunks = max(1, -(-size // CHUNK_BYTES))
+    assert path.stat().st_size == len(MAGIC) + 1 + 1 + 16 + 7 + size + 16 * chunks
+    assert_not_plain(path, data if size >= 64 else None)
+    with open_decrypted(path, keys) as fh:
+        assert fh.read() == data
+        assert fh.seek(0, io.SEEK_END) == size
+    assert [p.name for p in tmp_path.iterdir()] == ["f"]  # no temporary part left
+
+
+def test_seek_anywhere(tmp_path):
+    keys = ring(A)
+    data = os.urandom(5 * CHUNK_BYTES + 123)
+    import random
+
+    rnd = random.Random(7)
+    with open_decrypted(seal(tmp_path / "f", data, keys), keys) as fh:
+        for _ in range(200):
+            pos, n = rnd.randrange(len(data) + 10), rnd.randrange(1, 3 * CHUNK_BYTES)
+            fh.seek(pos)
+            assert fh.read(n) == data[pos:pos + n]
+            assert fh.tell() == min(len(data), pos + n) if pos <= len(data) else True
+        fh.seek(-100, io.SEEK_END)
+        assert fh.read() == data[-100:]
+        fh.seek(CHUNK_BYTES - 3)
+        fh.seek(10, io.SEEK_CUR)
+        assert fh.read(5) == data[CHUNK_BYTES + 7:CHUNK_BYTES + 12]
+
+
+def test_pyav_reads_an_mp4_whose_index_is_at_the_end(tmp_path):
+    """An M4A as most encoders write it (moov after mdat): PyAV must seek to read it."""
+    import av
+    import numpy as np
+
+    from models import audio
+
+    samples = audio.decode(CLIPS["fox.flac"]["path"])
+    plain = tmp_path / "fox.m4a"
+    with av.open(str(plain), "w", format="mp4") as out:
+        stream = out.add_stream("aac", rate=16000, layout="mono")
+        frame = av.AudioFrame.from_ndarray(samples[None, :].astype(np.float32), format="fltp", layout="mono")
+        frame.sample_rate = 16000
+        for packet in stream.encode(frame):
+            out.mux(packet)
+        for packet in stream.encode(None):
+            out.mux(packet)
+    data = plain.read_bytes()
+    assert data.index(b"moov") > data.index(b"mdat")
+    keys = ring(A)
+    path = seal(tmp_path / "sealed.m4a", data, keys)
+    with open_decrypted(path, keys) as fh:
+        info = audio.probe(fh)
+    assert info.codec == "aac" and info == audio.probe(plain)  # AAC adds priming samples: compare with the plain file
+    with open_decrypted(path, keys) as fh:
+        assert np.array_equal(audio.decode(fh), audio.decode(plain))
+
+
+def _sealed_file(tmp_path, keys, chunks: int = 4) -> tuple[Path, bytes]:
+    data = os.urandom(chunks * CHUNK_BYTES - 1000)
+    return seal(tmp_path / "f", data, keys), data
+
+
+def _read_all(path, keys) -> bytes:
+    with open_decrypted(path, keys) as fh:
+        return fh.read()
+
+
+@pytest.mark.parametrize("damage", ["flip-body", "flip-header", "flip-tag", "truncate-chunk", "truncate-bytes",
+                                    "swap", "drop-middle", "append", "splice"])
+def test_tampering_is_detected(tmp_path, damage):
+    keys = ring(A)
+    path, _ = _sealed_file(tmp_path, keys)
+    raw = bytearray(path.read_bytes())
+    header, sealed = len(MAGIC) + 1 + 1 + 16 + 7, CHUNK_BYTES + 16
+    body = [bytes(raw[header + i * sealed:header + (i + 1) * sealed]) for i in range(4)]
+    if damage == "flip-body":
+        raw[header + sealed + 500] ^= 0x01
+    elif damage == "flip-header":
+        raw[len(MAGIC) + 3] ^= 0x80  # the salt
+    elif damage == "flip-tag":
+        raw[header + sealed - 1] ^= 0x01
+    elif damage == "truncate-chunk":  # a whole number of chunks: only the last-chunk flag tells
+        raw = raw[:header + 2 * sealed]
+    elif damage == "truncate-bytes":
+        raw = raw[:-7]
+    elif damage == "swap":
+        raw = raw[:header] + body[1] + body[0] + body[2] + body[3]
+    elif damage == "drop-middle":
+        raw = raw[:header] + body[0] + body[2] + body[3]
+    elif damage == "append":
+        raw = raw + body[1]
+    elif damage == "splice":  # a chunk from another file under the same key
+        (tmp_path / "other").mkdir()
+        o = _sealed_file(tmp_path / "other", keys)[0].read_bytes()
+        raw = raw[:header + sealed] + o[header + sealed:header + 2 * sealed] + raw[header + 2 * sealed:]
+    path.write_bytes(bytes(raw))
+    with pytest.raises(DecryptionError, match="failed authentication|truncated") as err:
+        _read_all(path, keys)
+    assert str(path) in str(err.value)
+
+
+def test_an_unknown_key_id_is_named(tmp_path):
+    path, _ = _sealed_file(tmp_path, ring(A), chunks=1)
+    with pytest.raises(DecryptionError) as err:
+        _read_all(path, ring(B))
+    assert err.value.missing_key and err.value.key_id == "a"
+    assert "key id 'a', which is not configured" in str(err.value) and str(path) in str(err.value)
+    # The same id with other key material: authentication fails, it does not decrypt to junk.
+    with pytest.raises(DecryptionError, match="failed authentication"):
+        _read_all(path, ring(key("a")))
+
+
+def test_a_writer_that_fails_leaves_nothing(tmp_path):
+    with pytest.raises(RuntimeError):
+        with EncryptedWriter(tmp_path / "f", ring(A)) as out:
+            out.write(b"x" * 100_000)
+            raise RuntimeError("the source broke")
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- keys and values ---------------------------------------------------------------------
+
+def test_parse_keys():
+    raw = os.urandom(32)
+    keys = parse_keys(f" new:{base64.urlsafe_b64encode(raw).decode().rstrip('=')} , old:{base64.b64encode(raw).decode()}")
+    assert keys == [("new", raw), ("old", raw)]
+    assert Keyring(tuple(keys)).active == "new"
+    for bad, words in [("", "no key given"), ("abc", "not KEYID:BASE64KEY"), ("a b:" + "A" * 44, "key id"),
+                       ("a:" + base64.b64encode(os.urandom(16)).decode(), "16 bytes"), ("a:!!!!", "not base64"),
+                       (f"{A},{key('a')}", "appears twice")]:
+        with pytest.raises(ValueError, match=words) as err:
+            parse_keys(bad)
+        assert "new-key" in str(err.value) or "twice" in str(err.value) or "key id" in str(err.value)
+
+
+def test_a_bad_setting_stops_the_process(tmp_path):
+    from config import ConfigError, Settings
+
+    with pytest.raises(ConfigError, match="WHISPERQ_ENCRYPTION_KEYS: .*whisperq encryption new-key"):
+        Settings.from_env({"WHISPERQ_DATA_DIR": str(tmp_path), "WHISPERQ_ENCRYPTION_KEYS": "k1:c2hvcnQ="})
+
+
+def test_a_generated_key_is_shared_and_private(tmp_path, settings):
+    from concurrent.futures import ThreadPoolExecutor
+
+    local = dataclasses.replace(settings, data_dir=tmp_path, encryption_keys=None)
+    with ThreadPoolExecutor(8) as pool:
+        rings = list(pool.map(lambda _: crypto.keyring_for(local), range(16)))
+    assert len({r.keys for r in rings}) == 1 and rings[0].active.startswith("local-")
+    assert (tmp_path / "encryption-key").stat().st_mode & 0o777 == 0o600
+    assert [p.name for p in tmp_path.iterdir()] == ["encryption-key"]
+
+
+def test_values():
+    keys = ring(A)
+    token = encrypt_value("the quick brown fox ✓", keys)
+    assert token.startswith("wqe1:a:") and "fox" not in token
+    assert decrypt_value(token, keys) == "the quick brown fox ✓"
+    assert encrypt_value("same", keys) != encrypt_value("same", keys)  # a fresh nonce each time
+    assert decrypt_value("written before encryption", keys) == "written before encryption"
+    with pytest.raises(DecryptionError) as err:
+        decrypt_value(token, ring(B))
+    assert err.value.missing_key
+    blob = bytearray(base64.b64decode(token.split(":", 2)[2]))
+    blob[-1] ^= 1
+    with pytest.raises(DecryptionError, match="failed authentication"):
+        decrypt_value("wqe1:a:" + base64.b64encode(bytes(blob)).decode(), keys)
+    with pytest.raises(DecryptionError, match="failed authentication"):  # the key id is bound to the token
+        decrypt_value(token.replace("wqe1:a:", "wqe1:b:"), ring(B, A))
+
+
+def test_columns_encrypt_and_read_old_rows(tmp_path):
+    from sqlalchemy import Column, MetaData, String, Table, create_engine, insert, select
+
+    crypto.set_keyring(ring(A))
+    table = Table("t", MetaData(), Column("id", String, primary_key=True),
+                  Column("words", crypto.EncryptedText), Column("parts", crypto.EncryptedJSON))
+    engine = create_engine(f"sqlite:///{tmp_path / 'c.db'}")
+    table.metadata.create_all(engine)
+    with engine.begin() as conn:
+        conn.execute(insert(table).values(id="new", words="hello fox", parts=[{"text": "hello fox"}]))
+        conn.execute(text("INSERT INTO t VALUES ('old', 'plain words', '[{\"text\": \"plain\"}]')"))
+        conn.execute(insert(table).values(id="none", words=None, parts=None))
+    with engine.connect() as conn:
+        rows = {r.id: (r.words, r.parts) for r in conn.execute(select(table))}
+        raw = dict(conn.execute(text("SELECT id, words || ' ' || parts FROM t WHERE id = 'new'")).all())
+    assert rows == {"new": ("hello fox", [{"text": "hello fox"}]), "old": ("plain words", [{"text": "plain"}]),
+                    "none": (None, None)}
+    assert "fox" not in raw["new"] and raw["new"].count("wqe1:a:") == 2
+
+
+# --- storage -------------------------------------------------------------------------------
+
+@pytest.fixture()
+def private_rt(tmp_path, settings):
+    """A runtime on its own data dir and database, under key A."""
+    from models.runtime import Runtime
+
+    def make(keys: str | None = A) -> Runtime:
+        rt = Runtime(dataclasses.replace(settings, data_dir=tmp_path / "data", encryption_keys=keys,
+                                         database_url=f"sqlite:///{tmp_path / 'jobs.db'}"))
+        rt.db.create_all()
+        return rt
+
+    return make
+
+
+def test_samples_and_owned_files(private_rt, tmp_path):
+    import numpy as np
+
+    from models import jobs
+
+    rt = private_rt()
+    mine = tmp_path / "caller's own.flac"
+    mine.write_bytes(FOX)
+    before = mine.stat()
+    job_id = "0123abcd-0000-4000-8000-000000000001"
+    prepared = jobs.prepare_job(rt, job_id, str(mine))  # an absolute path: read in place
+    assert mine.read_bytes() == FOX and mine.stat().st_mtime_ns == before.st_mtime_ns
+    path = rt.storage.path(prepared["prepared"])
+    assert_not_plain(path)
+    samples = rt.storage.load_samples(prepared["prepared"])
+    from models import audio
+
+    assert np.allclose(samples, audio.decode(mine), atol=1 / 32768 + 1e-6)
+
+
+def test_a_worker_without_the_key_retries_and_a_damaged_file_fails(private_rt):
+    from models import jobs
+    from models.errors import PermanentJobError, TransientJobError
+
+    rt = private_rt(A)
+    made = []
+    for _ in range(2):
+        spool = rt.storage.spool(io.BytesIO(FOX))
+        made.append(jobs.create_job(rt, spool.path, filename=None, suffix=".flac", duration=4.3, language="en",
+                                    priority="normal"))
+        spool.release()
+    rt_b = private_rt(B)
+    with pytest.raises(TransientJobError, match="key id 'a'.*WHISPERQ_ENCRYPTION_KEYS"):
+        jobs.prepare_job(rt_b, made[0].id, made[0].audio_ref)
+    rt = private_rt(A)
+    path = rt.storage.path(made[1].audio_ref)
+    raw = bytearray(path.read_bytes())
+    raw[-100] ^= 1
+    path.write_bytes(bytes(raw))
+    with pytest.raises(PermanentJobError, match="failed decryption"):
+        jobs.prepare_job(rt, made[1].id, made[1].audio_ref)
+    assert jobs.get_job(rt, made[1].id).status == "FAILED"
+
+
+def test_fetched_audio_is_written_encrypted(private_rt):
+    from helpers import Receiver
+    from models import jobs
+
+    rt = private_rt()
+    with Receiver({"/fox.flac": (200, {"Content-Type": "audio/flac"}, FOX)}) as server:
+        job = jobs.create_job(rt, None, filename="fox.flac", suffix="", duration=None, language="en",
+                              priority="normal", audio_url=server.url("/fox.flac"))
+        jobs.prepare_job(rt, job.id, "")
+    stored = jobs.get_job(rt, job.id)
+    assert stored.audio_duration == pytest.approx(4.3, abs=0.05)
+    assert_not_plain(rt.storage.path(stored.audio_ref), FOX)
+    with rt.storage.open(stored.audio_ref) as fh:
+        assert fh.read() == FOX
+    assert list((rt.storage.root / "tmp").iterdir()) == []
+
+
+def test_an_upload_spool_is_encrypted_as_it_arrives(private_rt):
+    import hashlib
+
+    from models.storage import SealedSpool
+
+    rt = private_rt()
+    spool = SealedSpool(rt.storage.tmp_dir, limit=len(FOX))
+    spool.write(FOX[:70_000])
+    for path in rt.storage.tmp_dir.iterdir():  # half-way: the name placeholder and the part being written
+        assert FOX[1000:3000] not in path.read_bytes()
+    spool.write(FOX[70_000:])
+    assert spool.seek(0) == 0 and spool.read() == FOX
+    assert spool.size == len(FOX) and spool.sha256.hexdigest() == hashlib.sha256(FOX).hexdigest()
+    assert [p.name for p in rt.storage.tmp_dir.iterdir()] == [spool.path.name]
+    assert_not_plain(spool.path, FOX)
+    with pytest.raises(ValueError, match="complete"):
+        spool.write(b"more")
+    spool.discard()
+    over = SealedSpool(rt.storage.tmp_dir, limit=100, too_large=lambda: OverflowError("too big"))
+    with pytest.raises(OverflowError):
+        over.write(b"x" * 101)
+    assert list(rt.storage.tmp_dir.iterdir()) == []
+
+
+def test_an_upload_from_any_stream_is_spooled_encrypted(private_rt, monkeypatch):
+    """submit_upload's fallback, for a FileStorage that UploadRequest did not parse."""
+    from werkzeug.datastructures import FileStorage
+
+    from web import uploads
+
+    app = upload_app(private_rt)
+    rt = app.extensions["whisperq"]
+    monkeypatch.setattr(uploads, "publish", lambda *a: None)  # this private job must not reach the workers
+    with app.test_request_context():
+        job, created = uploads.submit_upload(rt, None, FileStorage(io.BytesIO(FOX), "fox.flac"), {})
+    assert created and job.audio_duration == pytest.approx(4.3, abs=0.05)
+    assert_not_plain(rt.storage.path(job.audio_ref), FOX)
+    assert list(rt.storage.tmp_dir.iterdir()) == []
+
+
+def upload_app(private_rt, max_upload_mb: int = 200):
+    from web import create_app
+
+    rt = private_rt()
+    return create_app({"SETTINGS": dataclasses.replace(rt.settings, max_upload_mb=max_upload_mb), "TESTING": True})
+
+
+@pytest.mark.parametrize("data, name, status", [
+    (b"", "empty.flac", 400), (b"hello, not audio\n" * 100, "notes.wav", 415), (FOX, "../x.flac", 400),
+    (FOX * 14, "big.flac", 413)])
+def test_refused_uploads_leave_nothing_in_tmp(private_rt, data, name, status):
+    app = upload_app(private_rt, max_upload_mb=1)
+    resp = app.test_client().post("/v1/jobs", data={"file": (io.BytesIO(data), name)}, content_type="multipart/form-data")
+    assert resp.status_code == status, resp.get_json()
+    tmp = app.extensions["whisperq"].storage.tmp_dir
+    assert list(tmp.iterdir()) == []
+
+
+def test_a_chunked_upload_over_the_limit_is_refused_while_it_streams(private_rt):
+    """No Content-Length, so only counting the bytes as they arrive can stop it: 413 after
+    about 1 MB of a 64 MB body, and nothing left behind."""
+    app = upload_app(private_rt, max_upload_mb=1)
+    tmp = app.extensions["whisperq"].storage.tmp_dir
+    sent = {"bytes": 0}
+    with LiveServer(app) as server:
+        port = int(server.url.rsplit(":", 1)[1])
+        sock = socket.create_connection(("127.0.0.1", port), timeout=20)
+        sock.sendall(b"POST /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n"
+                     b"Content-Type: multipart/form-data; boundary=xyz\r\n\r\n")
+
+        def chunk(data: bytes) -> bytes:
+            return b"%x\r\n%s\r\n" % (len(data), data)
+
+        def send():
+            try:
+                sock.sendall(chunk(b'--xyz\r\nContent-Disposition: form-data; name="file"; filename="a.flac"\r\n\r\n'))
+                block = os.urandom(64 * KIB)
+                for _ in range(1024):  # 64 MB, far past the limit
+                    sock.sendall(chunk(block))
+                    sent["bytes"] += len(block)
+            except OSError:
+                pass  # the server stopped reading: expected
+
+        sender = threading.Thread(target=send, daemon=True)
+        sender.start()
+        reply = b""
+        while b"\r\n\r\n" not in reply or b"}" not in reply:
+            part = sock.recv(65536)
+            if not part:
+                break
+            reply += part
+        sock.close()
+        sender.join(10)
+    status, body = reply.split(b"\r\n", 1)[0], reply.split(b"\r\n\r\n", 1)[1]
+    assert b" 413 " in status, reply[:300]
+    assert b"WHISPERQ_MAX_UPLOAD_MB" in body and b"too_large" in body
+    assert sent["bytes"] < 16 * 1024 * 1024  # refused early, not after the whole body
+    deadline = time.monotonic() + 5
+    while list(tmp.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert list(tmp.iterdir()) == []
+
+
+# --- rotation ------------------------------------------------------------------------------
+
+def test_rotation(private_rt, monkeypatch):
+    from click.testing import CliRunner
+
+    from models import jobs
+    from models.job import Job
+    from web.cli import cli
+
+    rt = private_rt(A)
+    spool = rt.storage.spool(io.BytesIO(FOX))
+    job = jobs.create_job(rt, spool.path, filename="fox.flac", suffix=".flac", duration=4.3, language="en",
+                          priority="normal")
+    spool.release()
+    jobs.prepare_job(rt, job.id, job.audio_ref)
+    jobs.complete_job(rt, job.id, {"text": "the quick brown fox", "language": "en", "duration": 4.3,
+                                   "segments": [{"start": 0.0, "end": 4.3, "text": "the quick brown fox"}]})
+    legacy = rt.storage.root / "audio" / "le" / "legacy.flac"  # stored before encryption existed
+    legacy.parent.mkdir(parents=True)
+    legacy.write_bytes(FOX)
+    with rt.db.session() as s:
+        s.add(Job(id="1e9acy00-0000-4000-8000-000000000000", audio_ref="audio/le/legacy.flac", priority="normal",
+                  status="PENDING"))
+    with rt.db.engine.begin() as conn:
+        conn.execute(text("UPDATE jobs SET status = 'COMPLETED', result_text = 'old plain words', "
+                          "result_segments = '[]' WHERE id LIKE '1e9acy%'"))
+
+    env = {"WHISPERQ_DATA_DIR": str(rt.settings.data_dir), "DATABASE_URL": rt.settings.database_url}
+    runner = CliRunner()
+
+    def whisperq(*args: str, keys: str):
+        result = runner.invoke(cli, ["encryption", *args], env={**env, "WHISPERQ_ENCRYPTION_KEYS": keys},
+                               catch_exceptions=False)
+        return result
+
+    status = json.loads(whisperq("status", "--json", keys=f"{B},{A}").output)
+    assert status["active"] == "b" and status["files"] == {"a": 2, "(unencrypted)": 1}
+    assert status["transcripts"] == {"a": 1, "(unencrypted)": 1}
+
+    result = whisperq("rotate", keys=f"{B},{A}")
+    assert result.exit_code == 0, result.output
+    assert "files         3 re-encrypted, 0 already current" in result.output
+    assert "transcripts   2 re-encrypted" in result.output
+    again = whisperq("rotate", keys=f"{B},{A}")
+    assert "0 re-encrypted, 3 already current" in again.output
+
+    status = json.loads(whisperq("status", "--json", keys=B).output)
+    assert status["files"] == {"b": 3} and status["transcripts"] == {"b": 2}
+    rt_b = private_rt(B)  # the old key dropped: everything still reads
+    for ref in (job.audio_ref, "audio/le/legacy.flac"):
+        assert_not_plain(rt_b.storage.path(ref), FOX)
+        with rt_b.storage.open(ref) as fh:
+            assert fh.read() == FOX
+    assert rt_b.storage.load_samples(f"prepared/{job.id[:2]}/{job.id}.npy").size > 60_000
+    assert jobs.get_job(rt_b, job.id).result()["text"] == "the quick brown fox"
+    assert jobs.get_job(rt_b, "1e9acy00-0000-4000-8000-000000000000").result_text == "old plain words"
+
+    failing = runner.invoke(cli, ["encryption", "rotate"], env={**env, "WHISPERQ_ENCRYPTION_KEYS": key("c")})
+    assert failing.exit_code == 1 and "key id 'b', which is not configured" in failing.output
+
+
+def test_rotation_does_not_bring_back_a_file_deleted_meanwhile(tmp_path):
+    from models.rotation import _Gone, _replace_if_unchanged
+
+    dest, tmp = tmp_path / "audio.flac", tmp_path / ".audio.flac.part"
+    dest.write_bytes(b"old")
+    inode = dest.stat().st_ino
+    tmp.write_bytes(b"new")
+    dest.unlink()  # a DELETE or retention got there first
+    with pytest.raises(_Gone):
+        _replace_if_unchanged(tmp, dest, inode)
+    assert not dest.exists()
+    dest.write_bytes(b"old")
+    _replace_if_unchanged(tmp, dest, dest.stat().st_ino)
+    assert dest.read_bytes() == b"new" and not tmp.exists()
+
+
+# --- the whole path ------------------------------------------------------------------------
+
+def test_a_real_job_leaves_nothing_in_plaintext(client, settings, database, worker, caplog, celery_app):
+    caplog.set_level("DEBUG")
+    name = "board-meeting-7f3a.flac"
+    resp = client.post("/v1/jobs", data={"file": (io.BytesIO(FOX), name), "language": "en"},
+                       content_type="multipart/form-data")
+    assert resp.status_code == 202, resp.get_json()
+    job_id = resp.get_json()["job_id"]
+    done = wait_for_job(client, job_id)
+    assert done["status"] == "COMPLETED", done
+    words = done["result"]["text"]
+    assert word_error_rate(CLIPS["fox.flac"]["text"], words) < 0.25
+
+    checked = 0
+    for path in settings.data_dir.rglob("*"):
+        if (not path.is_file() or path.name.startswith("whisperq.db") or path.name in ("encryption-key", "webhook-secret")
+                or path.relative_to(settings.data_dir).parts[0] == "models"):  # converted model weights
+            continue
+        data = path.read_bytes()
+        assert not data.startswith(PLAIN_MAGIC), f"{path} is plaintext audio"
+        assert FOX[1000:3000] not in data
+        checked += 1
+    assert checked >= 1
+    with database.session() as s:
+        ref, raw_text, raw_segments = s.execute(
+            text("SELECT audio_ref, result_text, result_segments FROM jobs WHERE id = :id"), {"id": job_id}).one()
+    assert_not_plain(settings.data_dir / ref, FOX)
+    for raw in (raw_text, str(raw_segments)):
+        assert "wqe1:" in raw and "fox" not in raw.lower() and words.strip()[:12] not in raw
+    for logs in (worker.output(), caplog.text):  # the workers', and the web's (this process)
+        assert name not in logs and words.strip() not in logs
+    # Nor does the result backend (Redis, or the database on RabbitMQ) keep a copy: an API
+    # job's messages ask it to keep nothing, through preparation, inference and retries.
+    assert celery_app.backend.get_task_meta(job_id)["status"] == "PENDING"
