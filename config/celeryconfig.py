@@ -101,6 +101,7 @@ def celery_config(settings: Settings) -> dict:
             "whisperq.transcribe": {"queue": PREPARE_QUEUE, "routing_key": QUEUES[PREPARE_QUEUE]},
             "whisperq.infer": {"queue": INFERENCE_QUEUE, "routing_key": QUEUES[INFERENCE_QUEUE]},
             "whisperq.sweep": {"queue": PREPARE_QUEUE, "routing_key": QUEUES[PREPARE_QUEUE]},
+            "whisperq.retention": {"queue": PREPARE_QUEUE, "routing_key": QUEUES[PREPARE_QUEUE]},
             "whisperq.notify": {"queue": NOTIFY_QUEUE, "routing_key": QUEUES[NOTIFY_QUEUE]},
         },
         beat_schedule={
@@ -109,6 +110,12 @@ def celery_config(settings: Settings) -> dict:
                 "schedule": settings.sweep_interval_seconds,
                 "options": {"expires": settings.sweep_interval_seconds, "priority": broker_priority("high", broker)},
             },
+            # Audio and transcripts past WHISPERQ_AUDIO_RETENTION / WHISPERQ_RESULT_RETENTION.
+            "whisperq-retention": {
+                "task": "whisperq.retention",
+                "schedule": settings.retention_interval_seconds,
+                "options": {"expires": settings.retention_interval_seconds, "priority": broker_priority("high", broker)},
+            },
         },
         task_default_priority=broker_priority("normal", broker),
         task_queue_max_priority=AMQP_MAX_PRIORITY,
@@ -116,7 +123,8 @@ def celery_config(settings: Settings) -> dict:
         task_send_sent_event=True,
         worker_send_task_events=True,
         result_extended=True,
-        result_expires=7 * 24 * 3600,
+        # transcribe.delay() results: no longer than transcripts are kept (WHISPERQ_RESULT_RETENTION).
+        result_expires=int(min(settings.result_retention_seconds or 7 * 24 * 3600, 7 * 24 * 3600)),
         worker_max_memory_per_child=None,
         timezone="UTC",
         enable_utc=True,

@@ -10,7 +10,7 @@ from sqlalchemy import JSON, ForeignKey, Integer, String, Text, select
 from sqlalchemy.orm import Mapped, mapped_column
 
 from .db import Base
-from .errors import InvalidRequest, JobNotFound
+from .errors import AudioPurged, InvalidRequest, JobNotFound
 from .job import Job, JobStatus, UTCDateTime, utcnow
 from .runtime import Runtime
 
@@ -77,12 +77,17 @@ def get_dead(rt: Runtime, job_id: str) -> dict[str, Any]:
 
 def take_for_replay(rt: Runtime, job_id: str) -> Job:
     """Reset a dead job to PENDING with its attempts cleared; the caller publishes it."""
-    with rt.db.session() as session:
+    with rt.db.session(write=True) as session:  # retention may be purging it right now
+        job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one_or_none()
         dead = session.get(DeadLetter, job_id)
-        job = session.get(Job, job_id)
         if dead is None or job is None:
             raise JobNotFound(f"no dead-lettered job with id {job_id!r}")
-        if job.audio_owned and not rt.storage.path(job.audio_ref).exists():
+        if job.audio_purged_at is not None and (job.audio_owned or not job.audio_ref):
+            raise AudioPurged(f"job {job_id}'s audio was deleted after the retention period "
+                              "(WHISPERQ_AUDIO_RETENTION); it cannot be replayed: submit the audio again")
+        job.audio_purged_at = None  # a caller's own file: purge its prepared copy again later
+        # A job by URL whose audio was never fetched (audio_ref "") fetches it again.
+        if job.audio_owned and job.audio_ref and not rt.storage.path(job.audio_ref).exists():
             raise InvalidRequest(f"job {job_id}'s audio has been deleted; it cannot be replayed")
         job.reset_for_replay()
         session.delete(dead)
@@ -99,9 +104,12 @@ def replay(rt: Runtime, celery, job_id: str) -> Job:
     job = take_for_replay(rt, job_id)
     try:
         publish_transcribe(celery, job)
-    except Exception:
+    except Exception as exc:
+        from .errors import BrokerUnavailable
+
         bury(rt, job_id, "whisperq.transcribe", "replay could not be published", None)
-        raise
+        raise BrokerUnavailable("the job queue is unreachable right now; the job stays in the dead letters, "
+                                "try again shortly") from exc
     log.info("job %s replayed from the dead-letter queue", job_id)
     return job
 

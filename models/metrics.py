@@ -52,6 +52,8 @@ class _Metrics:
                                 ["status"], registry=registry)
         self.retries = Counter("whisperq_job_retries", "Attempts sent back to the queue after a failure",
                                registry=registry)
+        self.purged = Counter("whisperq_retention_deleted", "What retention deleted (models.retention), by kind",
+                              ["kind"], registry=registry)
         # Every series from the start, so that rate() sees the first job too.
         for tier in PRIORITIES:
             self.wait.labels(tier)
@@ -134,6 +136,19 @@ def observe_batch(record) -> None:
         m.batch_wait.observe(max(0.0, record.wait_ms / 1000))
     except Exception:
         log.warning("metrics: batch not recorded", exc_info=True)
+
+
+def count_purged(counts: dict[str, int]) -> None:
+    """A retention pass ran (models.retention): what it deleted, by kind."""
+    if not _enabled:
+        return
+    try:
+        m = _get()
+        for kind, n in counts.items():
+            if n:
+                m.purged.labels(kind).inc(n)
+    except Exception:
+        log.warning("metrics: retention counts not recorded", exc_info=True)
 
 
 def _seconds(later: datetime | None, earlier: datetime | None) -> float | None:

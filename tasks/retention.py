@@ -1,0 +1,13 @@
+"""`whisperq.retention` (beat, every WHISPERQ_RETENTION_INTERVAL): delete what ended jobs
+no longer need once their retention has passed (see models.retention)."""
+from __future__ import annotations
+
+from celery import shared_task
+
+from models.retention import run_retention
+from models.runtime import get_runtime
+
+
+@shared_task(name="whisperq.retention", bind=True, ignore_result=True)
+def retention(self) -> dict:
+    return run_retention(get_runtime(), celery=self.app)
