@@ -247,7 +247,7 @@ def scripted_job(app, monkeypatch):
         def to_dict(self):
             return dict(state["job"])
 
-    monkeypatch.setattr("web.pages.get_job", lambda rt, job_id: Stub())
+    monkeypatch.setattr("web.pages.get_job", lambda rt, job_id, **kw: Stub())  # kw: owner=
     app.view_functions["api.show"] = lambda job_id: jsonify(state["job"])
 
     def cancel():

@@ -46,7 +46,9 @@ def init_app(app: Flask) -> None:
     @app.errorhandler(HTTPException)
     def _http_error(exc: HTTPException):
         code = (exc.name or "error").lower().replace(" ", "_")
-        return error_response(exc.code or 500, code, exc.description or exc.name)
+        # Keep what the exception says beyond its page, such as a 405's Allow header.
+        headers = {k: v for k, v in exc.get_headers() if k.lower() != "content-type"}
+        return error_response(exc.code or 500, code, exc.description or exc.name, headers)
 
     @app.errorhandler(Exception)
     def _unexpected(exc: Exception):

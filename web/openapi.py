@@ -1,0 +1,261 @@
+"""`GET /openapi.json`: the API described in OpenAPI 3.0.3, written next to the code it
+describes. tests/test_openapi.py fails when a route and this document disagree, and
+tests/test_schemathesis.py fuzzes every operation against it."""
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Blueprint, current_app, jsonify
+
+from models.formats import FORMATS
+from models.job import JobStatus
+
+from .openapi_schemas import STRING, choice, ref, schemas
+
+bp = Blueprint("openapi", __name__)
+
+JSON = "application/json"
+ANYONE: list = []  # no authentication at all
+KEY_OR_ANONYMOUS = [{"bearerAuth": []}, {}]  # a key; none while WHISPERQ_ALLOW_ANONYMOUS is on
+KEY = [{"bearerAuth": []}]
+
+
+def error(description: str, schema: str = "Error", headers: dict | None = None) -> dict:
+    out: dict[str, Any] = {"description": description, "content": {JSON: {"schema": ref(schema)}}}
+    if headers:
+        out["headers"] = headers
+    return out
+
+
+RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before trying again.", "schema": {"type": "integer"}}}
+LOCATION = {"Location": {"description": "The job's status URL.", "schema": {"type": "string"}}}
+
+
+def errors(*codes: int, schema: str = "Error") -> dict:
+    """The error responses an operation can give, by status."""
+    text = {
+        400: "The request is wrong (a field, an option, the body); the message says what to change.",
+        401: "`unauthorized`: no API key where one is needed, or an unknown or revoked key.",
+        403: "`forbidden`: the key's tier may not ask for this priority (admin API: it is off).",
+        404: "`not_found`: no such job, or the job belongs to another key.",
+        409: "The job is not in a state that allows this (`not_ready`, `idempotency_conflict`, `audio_deleted`).",
+        410: "`result_deleted`: retention deleted the transcript (WHISPERQ_RESULT_RETENTION).",
+        413: "`too_large`: over WHISPERQ_MAX_UPLOAD_MB; `audio_too_long`: over the audio length limit.",
+        415: "`unsupported_media_type` (send multipart or JSON) or `unsupported_audio` (not decodable audio).",
+        422: "`silent_audio`: decodable, but nothing louder than -60 dBFS in it.",
+        429: "`rate_limited` (this client) or `queue_full` (the queue's budget for this priority is used up).",
+        431: "`headers_too_large`: the request headers total more than 16 KiB.",
+        503: "`broker_unavailable` or `disk_full`: nothing was stored; try again after Retry-After.",
+    }
+    out = {}
+    for code in codes:
+        # 431 comes from the app before any view, in the app's own error shape.
+        out[str(code)] = error(text[code], "Error" if code == 431 else schema,
+                               RETRY_AFTER if code in (429, 503) else None)
+    return out
+
+
+def query(name: str, schema: dict, description: str) -> dict:
+    return {"name": name, "in": "query", "required": False, "schema": schema, "description": description}
+
+
+JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string", "minLength": 1},
+          "description": "The job's id, as `POST /v1/jobs` returned it."}
+IDEMPOTENCY_KEY = {
+    "name": "Idempotency-Key", "in": "header", "required": False,
+    "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[\\x20-\\x7e]+$"},
+    "description": "Repeat a submission safely: the same key and request within 24 h return the job made the "
+                   "first time (200); the same key with a different request is 409.",
+}
+
+
+def ok(description: str, schema: dict | None = None, media: str = JSON, headers: dict | None = None) -> dict:
+    out: dict[str, Any] = {"description": description}
+    if schema is not None:
+        out["content"] = {media: {"schema": schema}}
+    if headers:
+        out["headers"] = headers
+    return out
+
+
+def op(op_id: str, summary: str, responses: dict, security: list = KEY_OR_ANONYMOUS, tag: str = "jobs",
+       **extra: Any) -> dict:
+    return {"operationId": op_id, "summary": summary, "tags": [tag], "security": security,
+            "responses": responses, **extra}
+
+
+def paths() -> dict:
+    job = ref("Job")
+    admin = {"security": KEY, "tag": "admin"}
+    transcript_media = {"text/plain": {"schema": STRING}, JSON: {"schema": ref("Transcript")},
+                        "application/x-subrip": {"schema": STRING}, "text/vtt": {"schema": STRING}}
+    return {
+        "/v1/jobs": {
+            "post": op(
+                "createJob", "Submit audio: an upload (multipart) or a URL to fetch (JSON)",
+                {"202": ok("Accepted: the job is queued.", job, headers=LOCATION),
+                 "200": ok("The job an earlier request with this Idempotency-Key made.", job, headers=LOCATION),
+                 **errors(400, 401, 403, 409, 413, 415, 422, 429, 431, 503)},
+                parameters=[IDEMPOTENCY_KEY],
+                requestBody={"required": True, "content": {
+                    "multipart/form-data": {"schema": ref("Upload")},
+                    JSON: {"schema": ref("UrlSubmission")}}},
+            ),
+            "get": op(
+                "listJobs", "List jobs, newest first, a page at a time",
+                {"200": ok("A page of jobs; follow next_url (or pass next_cursor) for the next.", ref("JobList")),
+                 **errors(400, 401, 431)},
+                parameters=[
+                    query("status", choice([s.value for s in JobStatus], any_case=True),
+                          "Only jobs in this status: " + ", ".join(s.value for s in JobStatus) + " (any letter case)."),
+                    query("limit", {"type": "integer", "minimum": 1, "maximum": 200, "default": 50}, "Page size."),
+                    query("cursor", STRING, "next_cursor from the previous page."),
+                ],
+            ),
+        },
+        "/v1/jobs/{job_id}": {
+            "parameters": [JOB_ID],
+            "get": op("getJob", "A job: its status, progress, estimates and (once done) its transcript",
+                      {"200": ok("The job.", job), **errors(401, 404, 431)}),
+            "delete": op("deleteJob", "Delete a job's audio and transcript (a running job stops)",
+                         {"204": ok("Deleted."), **errors(401, 404, 431)}),
+        },
+        "/v1/jobs/{job_id}/cancel": {
+            "parameters": [JOB_ID],
+            "post": op("cancelJob", "Cancel a job that has not finished",
+                       {"200": ok("Cancelled: it was waiting.", job),
+                        "202": ok("Cancel requested: the running job stops at its next window.", job),
+                        **errors(401, 404, 409, 431)}),
+        },
+        "/v1/jobs/{job_id}/transcript": {
+            "parameters": [JOB_ID],
+            "get": op(
+                "getTranscript", "Download the transcript of a COMPLETED (or partial, CANCELLED) job",
+                {"200": {"description": "The transcript in the asked format.", "content": transcript_media,
+                         "headers": {"Content-Disposition": {"description": "With `download`: an attachment.",
+                                                             "schema": STRING}}},
+                 **errors(400, 401, 404, 409, 410, 431)},
+                parameters=[
+                    query("format", {**choice(FORMATS, any_case=True, blank=True), "default": "txt"},
+                          "txt (the default), json, srt or vtt (any letter case)."),
+                    query("download", STRING, "Any non-empty value: send it as a file to save."),
+                ],
+            ),
+        },
+        "/v1/models": {
+            "get": op("listModels", "The model names `/v1/audio/transcriptions` accepts (OpenAI-compatible)",
+                      {"200": ok("The models.", {"type": "object", "required": ["object", "data"], "properties": {
+                          "object": {"type": "string", "enum": ["list"]},
+                          "data": {"type": "array", "items": {"type": "object", "required": ["id"], "properties": {
+                              "id": STRING, "object": STRING, "created": {"type": "integer"},
+                              "owned_by": STRING}}}}}),
+                       **errors(401, 431, schema="OpenAIError")}, tag="openai"),
+        },
+        "/v1/audio/transcriptions": {
+            "post": op(
+                "createTranscription", "OpenAI-compatible transcription: waits up to WHISPERQ_SYNC_WAIT_SECONDS",
+                {"200": {"description": "The transcript, in response_format.", "content": {
+                    JSON: {"schema": ref("Transcription")}, "text/plain": {"schema": STRING},
+                    "application/x-subrip": {"schema": STRING}, "text/vtt": {"schema": STRING}}},
+                 "202": ok("Still transcribing at the deadline: poll the job.", ref("TranscriptionJob"),
+                           headers=LOCATION),
+                 **errors(400, 401, 403, 413, 429, 431, 503, schema="OpenAIError")},
+                tag="openai",
+                requestBody={"required": True, "content": {"multipart/form-data": {
+                    "schema": ref("TranscriptionRequest")}}},
+            ),
+        },
+        "/v1/admin/dead-letters/{job_id}": {
+            "parameters": [JOB_ID],
+            "get": op("getDeadLetter", "One dead letter: the error, traceback and attempts",
+                      {"200": ok("The dead letter.", ref("DeadLetter")), **errors(401, 403, 404, 431)}, **admin),
+            "delete": op("purgeDeadLetter", "Purge one dead letter (its job stays FAILED)",
+                         {"204": ok("Purged."), **errors(401, 403, 404, 431)}, **admin),
+        },
+        "/v1/admin/dead-letters/{job_id}/replay": {
+            "parameters": [JOB_ID],
+            "post": op("replayDeadLetter", "Queue a dead job again with its attempts reset",
+                       {"202": ok("Queued again.", {"type": "object", "required": ["job_id", "status"], "properties": {
+                           "job_id": STRING, "status": STRING}}),
+                        **errors(400, 401, 403, 404, 409, 431, 503)}, **admin),
+        },
+        "/v1/admin/dead-letters": {
+            "get": op("listDeadLetters", "Jobs that used up their attempts, newest first",
+                      {"200": ok("The dead letters.", {"type": "object", "required": ["dead_letters"], "properties": {
+                          "dead_letters": {"type": "array", "items": ref("DeadLetter")}}}),
+                       **errors(400, 401, 403, 431)},
+                      parameters=[query("limit", {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100},
+                                        "How many.")], **admin),
+            "delete": op("purgeDeadLetters", "Purge every dead letter (their jobs stay FAILED)",
+                         {"200": ok("How many were purged.", {"type": "object", "required": ["purged"],
+                                                              "properties": {"purged": {"type": "integer"}}}),
+                          **errors(401, 403, 431)}, **admin),
+        },
+        "/healthz": {"get": op("healthz", "Liveness: the web process answers", {
+            "200": ok("Alive.", {"type": "object", "required": ["status"],
+                                 "properties": {"status": {"type": "string", "enum": ["ok"]}}})},
+            security=ANYONE, tag="operations")},
+        "/readyz": {"get": op("readyz", "Readiness: database, broker, disk floor and an inference worker", {
+            "200": ok("Ready.", ref("Readiness")), "503": ok("Not ready; `checks` says what is not.", ref("Readiness"))},
+            security=ANYONE, tag="operations")},
+        "/metrics": {"get": op("metrics", "Prometheus metrics for the whole cluster", {
+            "200": {"description": "Prometheus text format, or OpenMetrics when the Accept header asks for it.",
+                    "content": {"text/plain": {"schema": STRING}, "application/openmetrics-text": {"schema": STRING}}},
+            "401": {"description": "WHISPERQ_METRICS_TOKEN is set and the request does not carry it as a bearer "
+                                   "token (JSON when the Accept header asks for it, else a page).",
+                    "content": {JSON: {"schema": ref("Error")}, "text/html": {"schema": STRING}}}},
+            tag="operations",
+            description="Needs `Authorization: Bearer $WHISPERQ_METRICS_TOKEN` when that is set; open otherwise.")},
+        "/openapi.json": {"get": op("openapi", "This document", {
+            "200": ok("The OpenAPI document.", {"type": "object"})}, security=ANYONE, tag="operations")},
+    }
+
+
+def document(models: list[str]) -> dict:
+    components = schemas(models)
+    return {
+        "openapi": "3.0.3",
+        "info": {
+            "title": "whisperq",
+            "version": _version(),
+            "description": "Self-hosted speech-to-text on a queue. Submit audio with `POST /v1/jobs`, follow the "
+                           "job at its status URL, download the transcript. Errors are "
+                           "`{\"error\": {\"code\", \"message\"}}` (OpenAI's shape on `/v1/audio/transcriptions` "
+                           "and `/v1/models`). Every response under `/v1/` is `Cache-Control: no-store`. The "
+                           "web page's own calls carry its session cookie and an `X-CSRF-Token` header instead "
+                           "of a key.",
+        },
+        "tags": [{"name": "jobs"}, {"name": "openai"}, {"name": "admin"}, {"name": "operations"}],
+        "security": KEY_OR_ANONYMOUS,
+        "paths": paths(),
+        "components": {
+            "securitySchemes": {"bearerAuth": {
+                "type": "http", "scheme": "bearer",
+                "description": "`Authorization: Bearer <api key>` on `/v1/`: an unknown or revoked key is 401; a "
+                               "key whose tier may not ask for a priority is 403; another key's job is 404. With "
+                               "WHISPERQ_ALLOW_ANONYMOUS on, requests without a key are served too. `/v1/admin/` "
+                               "takes an admin key or WHISPERQ_ADMIN_TOKEN; `/metrics` takes "
+                               "WHISPERQ_METRICS_TOKEN when that is set."}},
+            "schemas": components,
+        },
+    }
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("whisperq")
+    except PackageNotFoundError:
+        return "0"
+
+
+@bp.get("/openapi.json")
+def openapi():
+    from .openai_api import model_names
+
+    cached = current_app.extensions.get("whisperq_openapi")
+    if cached is None:
+        cached = document(model_names(current_app.extensions["whisperq"].settings))
+        current_app.extensions["whisperq_openapi"] = cached
+    return jsonify(cached)

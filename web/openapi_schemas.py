@@ -1,0 +1,177 @@
+"""The shapes in the API's OpenAPI document (web/openapi.py): jobs, transcripts, errors,
+the submission bodies, dead letters and the OpenAI-compatible bodies."""
+from __future__ import annotations
+
+from config import LANGUAGES, PRIORITIES
+from models.formats import FORMATS
+from models.job import JobStatus
+
+
+def ref(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def nullable(schema: dict) -> dict:
+    return {**schema, "nullable": True}
+
+
+STRING = {"type": "string"}
+TIME = nullable({"type": "string", "format": "date-time"})
+
+
+def choice(values, *, any_case: bool = False, blank: bool = False, padded: bool = False) -> dict:
+    """One of `values`, as leniently as the app reads it: in any letter case, empty (for the
+    default) or with spaces around it where it does. A pattern says exactly that, so a
+    value the app accepts is never called invalid (nor the reverse). The description names
+    the plain values."""
+    def word(value: str) -> str:
+        escaped = "".join("\\" + c if c in ".^$*+?()[]{}|\\/" else c for c in value)
+        return "".join(f"[{c.upper()}{c.lower()}]" if any_case and c.isalpha() else c for c in escaped)
+
+    alternatives = "(?:" + "|".join(word(v) for v in values) + ")"
+    if padded:
+        alternatives = "\\s*" + alternatives + "\\s*"
+    pattern = "^(?:" + alternatives + ")" + ("?" if blank else "") + "$"
+    return {"type": "string", "pattern": pattern, "example": list(values)[0]}
+
+
+def options(json_body: bool) -> dict:
+    """The job options a submission may carry (form fields, or JSON members)."""
+    maybe = nullable if json_body else (lambda s: s)
+    return {
+        "language": maybe({"type": "string", "description": "Language code such as `en`; empty or `auto` detects "
+                                                              "it. Codes: " + ", ".join(sorted(LANGUAGES)) + "."}),
+        "priority": maybe({**choice(PRIORITIES, any_case=True, blank=True, padded=True),
+                           "description": "`high`, `normal` or `low`; default `normal` (or the API key's tier "
+                                          "default); a key's tier may not allow `high` (403)."}),
+        "task": maybe({**choice(("transcribe", "translate"), any_case=True, blank=True, padded=True),
+                       "description": "`transcribe` (the default) or `translate` (to English; needs a "
+                                      "multilingual model)."}),
+        "callback_url": maybe({"type": "string", "format": "uri",
+                               "description": "A public http(s) URL that is POSTed the job when it ends."}),
+        "word_timestamps": maybe({"type": "boolean", "default": False}),
+        "prompt": maybe({"type": "string", "maxLength": 1000, "description": "Whisper's initial prompt."}),
+        "temperature": maybe({"type": "number", "minimum": 0, "maximum": 1}),
+    }
+
+
+def schemas(models: list[str]) -> dict:
+    return {
+        "Error": {
+            "type": "object", "required": ["error"],
+            "properties": {"error": {"type": "object", "required": ["code", "message"], "properties": {
+                "code": {"type": "string", "description": "Stable, machine-readable, e.g. `invalid_request`."},
+                "message": {"type": "string", "description": "What is wrong and how to fix it."}}}},
+        },
+        "OpenAIError": {
+            "type": "object", "required": ["error"],
+            "description": "OpenAI's error shape (`type`, `param`); errors met before the endpoint is reached "
+                           "(431, authentication) may come in whisperq's shape, which has `code` and `message` too.",
+            "properties": {"error": {"type": "object", "required": ["message"], "properties": {
+                "message": STRING, "type": STRING, "param": nullable(STRING), "code": nullable(STRING)}}},
+        },
+        "Segment": {
+            "type": "object", "required": ["start", "end", "text"],
+            "properties": {"start": {"type": "number"}, "end": {"type": "number"}, "text": STRING,
+                           "words": {"type": "array", "items": {"type": "object", "properties": {
+                               "word": STRING, "start": {"type": "number"}, "end": {"type": "number"},
+                               "probability": {"type": "number"}}}}},
+        },
+        "Transcript": {
+            "type": "object", "required": ["job_id", "text", "language", "duration", "segments"],
+            "properties": {"job_id": STRING, "text": STRING, "language": nullable(STRING),
+                           "duration": nullable({"type": "number"}),
+                           "segments": {"type": "array", "items": ref("Segment")},
+                           "partial": {"type": "boolean", "description": "Cancelled part-way: what was done."}},
+        },
+        "WebhookDelivery": {
+            "type": "object", "properties": {"id": STRING, "event": STRING, "status": STRING,
+                                             "next_attempt_at": TIME, "attempts": {"type": "array", "items": {}}},
+        },
+        "Job": {
+            "type": "object",
+            "required": ["job_id", "status", "priority", "created_at", "attempts", "progress", "status_url",
+                         "cancel_url", "transcript_urls"],
+            "properties": {
+                "job_id": STRING,
+                "status": {"type": "string", "enum": [s.value for s in JobStatus]},
+                "task": {"type": "string", "enum": ["transcribe", "translate"]},
+                "language": nullable(STRING),
+                "priority": {"type": "string", "enum": list(PRIORITIES)},
+                "filename": nullable(STRING),
+                "audio_duration": nullable({"type": "number"}),
+                "created_at": {"type": "string", "format": "date-time"},
+                "started_at": TIME, "finished_at": TIME,
+                "attempts": {"type": "integer", "minimum": 0},
+                "stage": nullable({"type": "string", "enum": ["prepare", "queued", "infer"]}),
+                "progress": {"type": "number", "minimum": 0, "maximum": 1},
+                "word_timestamps": {"type": "boolean"},
+                "audio_url": nullable(STRING), "callback_url": nullable(STRING),
+                "next_attempt_at": TIME, "error": nullable(STRING),
+                "result": {"allOf": [ref("Transcript")], "nullable": True},
+                "audio_purged_at": TIME, "result_purged_at": TIME,
+                "notice": nullable({"type": "string", "description": "Why `result` is empty (retention)."}),
+                "queue_position": nullable({"type": "integer", "minimum": 0}),
+                "estimated_start_at": TIME, "estimated_finish_at": TIME,
+                "status_url": STRING, "cancel_url": STRING,
+                "transcript_url": {"type": "string", "description": "Only in the answer to a submission."},
+                "transcript_urls": {"type": "object", "properties": {f: STRING for f in FORMATS}},
+                "webhook_deliveries": {"type": "array", "items": ref("WebhookDelivery"),
+                                       "description": "Only on `GET /v1/jobs/{job_id}` of a job with a callback_url."},
+            },
+        },
+        "JobList": {
+            "type": "object", "required": ["jobs", "next_cursor", "next_url"],
+            "properties": {"jobs": {"type": "array", "items": ref("Job")}, "next_cursor": nullable(STRING),
+                           "next_url": nullable(STRING)},
+        },
+        "Upload": {
+            "type": "object", "required": ["file"], "additionalProperties": False,
+            "properties": {"file": {"type": "string", "format": "binary", "description": "The audio (or video)."},
+                           **options(json_body=False)},
+        },
+        "UrlSubmission": {
+            "type": "object", "required": ["audio_url"], "additionalProperties": False,
+            "properties": {"audio_url": {"type": "string", "format": "uri",
+                                         "description": "A public http(s) URL the preparation pool fetches."},
+                           **options(json_body=True)},
+        },
+        "DeadLetter": {
+            "type": "object", "required": ["job_id", "error", "attempts", "failed_at"],
+            "properties": {"job_id": STRING, "task": STRING, "error": STRING, "traceback": nullable(STRING),
+                           "attempts": {"type": "integer"}, "worker": nullable(STRING), "submitted_at": TIME,
+                           "failed_at": {"type": "string", "format": "date-time"}, "replays": {"type": "integer"}},
+        },
+        "TranscriptionRequest": {
+            "type": "object", "required": ["file", "model"],
+            "properties": {
+                "file": {"type": "string", "format": "binary"},
+                "model": {**choice(models, padded=True), "description": "One of `GET /v1/models`."},
+                "language": STRING, "prompt": {"type": "string", "maxLength": 1000},
+                "response_format": {**choice(("json", "text", "srt", "vtt", "verbose_json"), blank=True,
+                                             padded=True),
+                                    "description": "json (the default), text, srt, vtt or verbose_json."},
+                "temperature": {"type": "number", "minimum": 0, "maximum": 1},
+                "timestamp_granularities[]": {"type": "array", "items": {"type": "string",
+                                                                        "enum": ["segment", "word"]},
+                                              "description": "Needs response_format `verbose_json`."},
+            },
+        },
+        "Transcription": {
+            "type": "object", "required": ["text"],
+            "description": "`json`: the text; `verbose_json` adds language, duration, segments (and words).",
+            "properties": {"text": STRING, "task": STRING, "language": nullable(STRING),
+                           "duration": nullable({"type": "number"}), "segments": {"type": "array", "items": {}},
+                           "words": {"type": "array", "items": {}}},
+        },
+        "Readiness": {
+            "type": "object", "required": ["status", "checks"],
+            "properties": {"status": {"type": "string", "enum": ["ready", "not_ready"]},
+                           "checks": {"type": "object", "additionalProperties": STRING}},
+        },
+        "TranscriptionJob": {
+            "type": "object", "required": ["id", "object", "status", "status_url"],
+            "properties": {"id": STRING, "object": {"type": "string", "enum": ["transcription.job"]},
+                           "status": STRING, "status_url": STRING, "message": STRING},
+        },
+    }
