@@ -236,20 +236,13 @@ class Settings:
         every process sharing the data dir signs with the same key."""
         if self.webhook_secret:
             return self.webhook_secret
-        path = self.data_dir / "webhook-secret"
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".webhook-secret-")  # mode 0600
-            try:
-                with os.fdopen(fd, "w") as out:
-                    out.write("whsec_" + base64.b64encode(secrets.token_bytes(32)).decode() + "\n")
-                try:
-                    os.link(tmp, path)  # atomic: the first process to get here wins, the others read its key
-                except FileExistsError:
-                    pass
-            finally:
-                os.unlink(tmp)
-        return path.read_text().strip()
+        return generated_secret(self.data_dir / "webhook-secret",
+                                lambda: "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode())
+
+    def session_secret(self) -> str:
+        """WHISPERQ_SECRET_KEY (signs the web page's session cookie), or one generated once
+        into the data dir."""
+        return self.secret_key or generated_secret(self.data_dir / "session-secret", lambda: secrets.token_urlsafe(32))
 
     def describe(self) -> dict[str, str]:
         """Settings as strings with passwords masked, for logs and `whisperq config`."""
@@ -264,6 +257,24 @@ class Settings:
                 value = ",".join(str(v) for v in value)
             out[f.name] = _mask(str(value)) if value is not None else ""
         return out
+
+
+def generated_secret(path: Path, make) -> str:
+    """A secret made once into `path` (mode 0600) and read by every process after: the
+    first process to get here wins the race, the others read its secret."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")  # mode 0600
+        try:
+            with os.fdopen(fd, "w") as out:
+                out.write(make() + "\n")
+            try:
+                os.link(tmp, path)  # atomic, and never replaces a secret already there
+            except FileExistsError:
+                pass
+        finally:
+            os.unlink(tmp)
+    return path.read_text().strip()
 
 
 def parse_rate(text: str) -> tuple[int, int]:

@@ -167,18 +167,23 @@ class RateLimiter:
         return headers
 
 
-def rate_limiter(settings) -> RateLimiter | None:
-    """The shared per-client limiter: in WHISPERQ_REDIS_URL, else in the broker when it is
-    Redis; None when rate limiting is off or there is no Redis to count in."""
-    if settings.rate_limit is None:
+_UNSET = object()
+
+
+def rate_limiter(settings, rate=_UNSET) -> RateLimiter | None:
+    """The shared per-client limiter for `rate` (WHISPERQ_RATE_LIMIT by default): in
+    WHISPERQ_REDIS_URL, else in the broker when it is Redis; None when rate limiting is
+    off or there is no Redis to count in."""
+    rate = settings.rate_limit if rate is _UNSET else rate
+    if rate is None:
         return None
     url = settings.redis_url or (settings.broker_url if (settings.broker_url or "").startswith(("redis", "rediss"))
                                  else None)
     if url is None:
-        log.warning("WHISPERQ_RATE_LIMIT is set but there is no Redis to count in (set WHISPERQ_REDIS_URL); "
-                    "per-client rate limits are off")
+        log.warning("a rate limit (%s) is set but there is no Redis to count in (set WHISPERQ_REDIS_URL); "
+                    "per-client rate limits are off", rate)
         return None
     import redis
 
-    limit, window = parse_rate(settings.rate_limit)
+    limit, window = parse_rate(rate)
     return RateLimiter(redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2), limit, window)

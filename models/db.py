@@ -74,7 +74,7 @@ class Database:
         concurrent CREATE TABLEs collide, so a loser looks again and finds the tables."""
         from sqlalchemy.exc import DBAPIError
 
-        from . import deadletter, idempotency, job, notify, workers  # noqa: F401 - registers the tables
+        from . import apikeys, deadletter, idempotency, job, notify, workers  # noqa: F401 - registers the tables
 
         for attempt in range(3):
             try:
@@ -99,6 +99,9 @@ class Database:
                     if column.name not in present and column.nullable:
                         kind = column.type.compile(dialect=self.engine.dialect)
                         conn.exec_driver_sql(f'ALTER TABLE {table.name} ADD COLUMN "{column.name}" {kind}')
+                        for index in table.indexes:
+                            if list(index.columns) == [column]:
+                                index.create(conn, checkfirst=True)
 
     def ping(self) -> None:
         with self.engine.connect() as conn:

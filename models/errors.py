@@ -45,6 +45,20 @@ class JobNotReady(WhisperqError):
     http_status = 409
 
 
+class ResultPurged(WhisperqError):
+    """Retention deleted the transcript (WHISPERQ_RESULT_RETENTION); the job's record stays."""
+
+    code = "result_deleted"
+    http_status = 410
+
+
+class AudioPurged(WhisperqError):
+    """Retention deleted the job's audio (WHISPERQ_AUDIO_RETENTION): it cannot run again."""
+
+    code = "audio_deleted"
+    http_status = 409
+
+
 class BrokerUnavailable(WhisperqError):
     code = "broker_unavailable"
     http_status = 503
@@ -99,6 +113,7 @@ class UnsupportedMediaType(WhisperqError):
 class Unauthorized(WhisperqError):
     code = "unauthorized"
     http_status = 401
+    headers = {"WWW-Authenticate": 'Bearer realm="whisperq"'}
 
 
 class Forbidden(WhisperqError):

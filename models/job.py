@@ -6,9 +6,10 @@ import uuid
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Float, Integer, String, Text, TypeDecorator
+from sqlalchemy import DateTime, Float, Integer, String, Text, TypeDecorator
 from sqlalchemy.orm import Mapped, mapped_column
 
+from .crypto import EncryptedJSON, EncryptedText
 from .db import Base
 
 
@@ -76,6 +77,10 @@ EVENTS = {JobStatus.COMPLETED: "job.completed", JobStatus.FAILED: "job.failed",
           JobStatus.CANCELLED: "job.cancelled", JobStatus.EXPIRED: "job.expired"}
 
 
+# What a job whose transcript retention deleted says instead of its transcript.
+RESULT_PURGED = "the transcript was deleted after the retention period (WHISPERQ_RESULT_RETENTION)"
+
+
 def new_job_id() -> str:
     return str(uuid.uuid4())
 
@@ -98,9 +103,9 @@ class Job(Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     worker: Mapped[str | None] = mapped_column(String(255))
     error: Mapped[str | None] = mapped_column(Text)
-    result_text: Mapped[str | None] = mapped_column(Text)
+    result_text: Mapped[str | None] = mapped_column(EncryptedText)  # encrypted at rest (models.crypto)
     result_language: Mapped[str | None] = mapped_column(String(8))
-    result_segments: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
+    result_segments: Mapped[list[dict[str, Any]] | None] = mapped_column(EncryptedJSON)
     processing_seconds: Mapped[float | None] = mapped_column(Float)
     # Where a PROCESSING job is: "prepare", "queued" (for inference) or "infer"; and which
     # worker process holds its message.
@@ -126,6 +131,12 @@ class Job(Base):
     cancel_requested: Mapped[bool | None] = mapped_column(default=False)
     # DELETE: audio and transcript are gone; the row stays so a late message finds it.
     deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # Retention (models.retention) deleted the audio, or the transcript, at these times.
+    audio_purged_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    result_purged_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # The API key that submitted it (models.apikeys); None for anonymous use and for
+    # transcribe.delay() callers. Other keys get 404 for it.
+    owner: Mapped[str | None] = mapped_column(String(36), index=True)
 
     @property
     def state(self) -> JobStatus:
@@ -250,5 +261,8 @@ class Job(Base):
             "callback_url": self.callback_url,
             "next_attempt_at": iso(self.next_attempt_at),
             "error": self.error,
-            "result": self.result(),
+            "result": None if self.result_purged_at is not None else self.result(),
+            "audio_purged_at": iso(self.audio_purged_at),
+            "result_purged_at": iso(self.result_purged_at),
+            "notice": RESULT_PURGED if self.result_purged_at is not None else None,
         }

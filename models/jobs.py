@@ -34,6 +34,14 @@ from .windows import split_windows
 log = logging.getLogger(__name__)
 
 TASKS = ("transcribe", "translate")
+# `owner=ANY` (the default) acts on any job: workers, operators and admin keys. Web
+# requests pass their principal's owner (a key id, or None for anonymous use), and a job
+# recorded under another owner is "not found", as if it did not exist.
+ANY = object()
+
+
+def _visible(job: Job | None, owner) -> bool:
+    return job is not None and job.deleted_at is None and (owner is ANY or job.owner == owner)
 
 
 def check_options(language: str | None, priority: str, task: str) -> None:
@@ -64,6 +72,7 @@ def create_job(
     audio_url: str | None = None,
     prompt: str | None = None,
     temperature: float | None = None,
+    owner: str | None = None,
 ) -> Job:
     """Move a validated upload into storage and record its PENDING job (before publishing).
     A job submitted by URL has no file yet: the preparation pool fetches it."""
@@ -76,7 +85,7 @@ def create_job(
                 audio_ref=ref, audio_owned=True, filename=filename,
                 audio_duration=round(duration, 3) if duration is not None else None, attempts=0,
                 callback_url=callback_url, word_timestamps=word_timestamps, audio_url=audio_url,
-                prompt=prompt, temperature=temperature,
+                prompt=prompt, temperature=temperature, owner=owner,
             )
             session.add(job)
     except BaseException:
@@ -88,10 +97,10 @@ def create_job(
     return job
 
 
-def get_job(rt: Runtime, job_id: str) -> Job:
+def get_job(rt: Runtime, job_id: str, owner=ANY) -> Job:
     with rt.db.session() as session:
         job = session.get(Job, job_id)
-        if job is None or job.deleted_at is not None:
+        if not _visible(job, owner):
             raise JobNotFound(f"no job with id {job_id!r}")
         session.expunge(job)
         return job
@@ -184,7 +193,7 @@ def prepare_job(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any
         if not path.is_file():
             # Shared storage may not have caught up yet: worth another attempt.
             raise TransientJobError(f"the audio file {job.audio_ref!r} does not exist or is not readable by the worker")
-        samples = audio_io.decode(path)
+        samples = _decode_stored(rt, job.audio_ref)
     except (UnsupportedAudio, InvalidRequest, PermanentJobError) as exc:
         fail_job(rt, job_id, str(exc))
         raise PermanentJobError(str(exc)) from exc
@@ -217,6 +226,23 @@ def prepare_job(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any
         "prompt": job.prompt,
         "temperature": job.temperature,
     }
+
+
+def _decode_stored(rt: Runtime, ref: str):
+    """The stored audio's samples (decrypted as they are read). A key this worker lacks may
+    be a configuration still rolling out: retried. A file that fails authentication is not."""
+    from .crypto import DecryptionError
+
+    try:
+        with rt.storage.open(ref) as fh:
+            return audio_io.decode(fh)
+    except DecryptionError as exc:
+        log.error("%s", exc)  # for the operator: which file, which key, which chunk
+        if exc.missing_key:
+            raise TransientJobError(f"the stored audio is encrypted with key id {exc.key_id!r}, which this worker "
+                                    "does not have; add it to WHISPERQ_ENCRYPTION_KEYS") from None
+        raise PermanentJobError("the stored audio failed decryption (it was altered or damaged); "
+                                "submit the audio again") from None
 
 
 def complete_job(rt: Runtime, job_id: str, data: dict[str, Any]) -> tuple[dict, bool]:
@@ -322,12 +348,12 @@ def cancel_running(rt: Runtime, job_id: str, partial: dict[str, Any]) -> dict | 
         return job.result()
 
 
-def cancel_job(rt: Runtime, job_id: str) -> Job:
+def cancel_job(rt: Runtime, job_id: str, owner=ANY) -> Job:
     """Cancel a job that has not finished: one still waiting never runs; one being
     transcribed stops at its next window boundary (its worker marks it CANCELLED)."""
     with rt.db.session(write=True) as session:
         job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one_or_none()
-        if job is None or job.deleted_at is not None:
+        if not _visible(job, owner):
             raise JobNotFound(f"no job with id {job_id!r}")
         if job.state.finished:
             raise JobNotReady(f"job {job_id} is already {job.status}; only PENDING or PROCESSING jobs can be cancelled")
@@ -344,12 +370,12 @@ def cancel_job(rt: Runtime, job_id: str) -> Job:
     return job
 
 
-def delete_job(rt: Runtime, job_id: str) -> None:
+def delete_job(rt: Runtime, job_id: str, owner=ANY) -> None:
     """Remove a job's audio and transcript for good; a running job is cancelled first.
     The row stays, emptied, so that a late message finds the job gone."""
     with rt.db.session(write=True) as session:
         job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one_or_none()
-        if job is None or job.deleted_at is not None:
+        if not _visible(job, owner):
             raise JobNotFound(f"no job with id {job_id!r}")
         if not job.state.finished:
             if job.state is JobStatus.PENDING or job.stage == "queued":
@@ -368,10 +394,12 @@ def delete_job(rt: Runtime, job_id: str) -> None:
 
 
 def list_jobs(rt: Runtime, status: str | None = None, limit: int = 50,
-              cursor: tuple[Any, str] | None = None) -> tuple[list[Job], tuple[Any, str] | None]:
+              cursor: tuple[Any, str] | None = None, owner=ANY) -> tuple[list[Job], tuple[Any, str] | None]:
     """Jobs newest first; `cursor` is the (created_at, id) of the last job of the previous
     page. Returns the page and the next cursor (None on the last page)."""
     query = select(Job).where(Job.deleted_at.is_(None))
+    if owner is not ANY:
+        query = query.where(Job.owner.is_(None) if owner is None else Job.owner == owner)
     if status is not None:
         query = query.where(Job.status == status)
     if cursor is not None:
@@ -395,8 +423,9 @@ def _fetch(rt: Runtime, job: Job) -> str:
 
     tmp = rt.storage.tmp_dir / f"fetch-{job.id}"
     try:
-        fetch_audio(job.audio_url, tmp, rt.settings)
-        info = audio_io.probe(tmp, max_seconds=rt.settings.max_audio_seconds)
+        fetch_audio(job.audio_url, tmp, rt.settings, create=rt.storage.writer)  # written encrypted
+        with rt.storage.open(f"tmp/{tmp.name}") as fh:
+            info = audio_io.probe(fh, max_seconds=rt.settings.max_audio_seconds)
         ref = rt.storage.adopt(tmp, job.id, safe_suffix(urlsplit(job.audio_url).path))
     except (UnsupportedAudio, AudioTooLong) as exc:
         raise PermanentJobError(f"the audio at audio_url: {exc}") from exc

@@ -70,11 +70,20 @@ def _after_failure(task: Task, job_id: str, exc: BaseException):
         # Celery records the rejection as the task's failure, so r.get() raises it; on
         # RabbitMQ the rejected message goes on to the dead-letter exchange.
         raise JobDeadLettered(f"{reason} (the job is in the dead-letter queue)", requeue=False)
-    publish_transcribe(task.app, get_job(rt, job_id), countdown=delay, reply_to=task.request.reply_to)
+    publish_transcribe(task.app, get_job(rt, job_id), countdown=delay, reply_to=task.request.reply_to,
+                       ignore_result=_ignores_result(task))
     raise Ignore()
 
 
-@shared_task(name="whisperq.transcribe", bind=True, base=TranscribeTask, acks_late=True, reject_on_worker_lost=True)
+def _ignores_result(task: Task) -> bool:
+    """A job from the API keeps its transcript in the job row (encrypted) only: its
+    messages ask the result backend to keep nothing, through the replace and retries."""
+    return bool(getattr(task.request, "ignore_result", False))
+
+
+# resultrepr_maxsize=0: the task-succeeded event (which Flower shows) carries no transcript.
+@shared_task(name="whisperq.transcribe", bind=True, base=TranscribeTask, acks_late=True, reject_on_worker_lost=True,
+             resultrepr_maxsize=0)
 def transcribe(self, audio: str, language: str | None = None, priority: str = "normal", task: str = "transcribe") -> dict:
     job_id = self.request.id
     worker = self.request.hostname or socket.gethostname()
@@ -88,11 +97,11 @@ def transcribe(self, audio: str, language: str | None = None, priority: str = "n
     tier = prepared["priority"]
     return self.replace(
         infer.s(prepared).set(queue=INFERENCE_QUEUE, priority=broker_priority(tier, self.app.conf.broker_url),
-                              reply_to=self.request.reply_to)
+                              reply_to=self.request.reply_to, ignore_result=_ignores_result(self))
     )
 
 
-@shared_task(name="whisperq.infer", bind=True, acks_late=True, reject_on_worker_lost=True)
+@shared_task(name="whisperq.infer", bind=True, acks_late=True, reject_on_worker_lost=True, resultrepr_maxsize=0)
 def infer(self, prepared: dict) -> dict:
     rt = get_runtime()
     worker = self.request.hostname or socket.gethostname()

@@ -2,6 +2,7 @@
 RabbitMQ management API derived from the broker URL. Flower's API with and without the
 password is checked end to end in test_run.py."""
 import os
+import time
 import subprocess
 import sys
 from pathlib import Path
@@ -65,3 +66,44 @@ def test_flower_refuses_a_network_address_without_auth(tmp_path):
     assert out.returncode != 0
     assert "FLOWER_BASIC_AUTH is not set" in out.stderr and "FLOWER_ADDRESS=0.0.0.0" in out.stderr
     assert not (tmp_path / "flower.db").exists()
+
+
+def test_task_events_carry_no_transcript(client, worker, celery_app):
+    """Flower shows what the task events carry: ids and references, never the transcript."""
+    import io
+    import threading
+
+    from helpers import CLIPS, wait_for_job
+
+    events: list[dict] = []
+    ready = threading.Event()
+    with celery_app.connection_for_read() as conn:
+        receiver = celery_app.events.Receiver(conn, handlers={"*": events.append})
+
+        def capture():
+            ready.set()
+            try:
+                receiver.capture(limit=None, timeout=None, wakeup=False)
+            except Exception:  # the connection closes under it at the end
+                pass
+
+        thread = threading.Thread(target=capture, daemon=True)
+        thread.start()
+        ready.wait(5)
+        time.sleep(1.0)  # the receiver's queue is bound
+        resp = client.post("/v1/jobs", data={"file": (io.BytesIO(CLIPS["fox.flac"]["path"].read_bytes()), "fox.flac")},
+                           content_type="multipart/form-data")
+        job_id = resp.get_json()["job_id"]
+        done = wait_for_job(client, job_id)
+        assert done["status"] == "COMPLETED"
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not any(
+                e.get("type") == "task-succeeded" and e.get("uuid") == job_id for e in events):
+            time.sleep(0.2)
+        receiver.should_stop = True
+    succeeded = [e for e in events if e.get("type") == "task-succeeded" and e.get("uuid") == job_id]
+    assert succeeded, sorted({e.get("type") for e in events})
+    words = [w for w in done["result"]["text"].split() if len(w) > 3]
+    for event in events:
+        shown = repr(event)
+        assert not any(w in shown for w in words), event

@@ -52,9 +52,15 @@ def test_pages_load_only_local_scripts_and_styles(client):
         resp.close()
 
 
+def csrf(client) -> str:
+    """The session's CSRF token, as the form carries it (web/auth.py)."""
+    return re.search(r'name="csrf_token" value="([^"]+)"', client.get("/").get_data(as_text=True)).group(1)
+
+
 def test_form_upload_redirects_to_the_job_page(client, published):
     resp = client.post("/", data={"file": (io.BytesIO(CLIPS["fox.flac"]["path"].read_bytes()), "fox.flac"),
-                                  "priority": "low", "language": ""}, content_type="multipart/form-data")
+                                  "priority": "low", "language": "", "csrf_token": csrf(client)},
+                       content_type="multipart/form-data")
     assert resp.status_code == 303
     job_id = resp.headers["Location"].rsplit("/", 1)[-1]
     assert len(published) == 1 and published[0][0]["id"] == job_id
@@ -74,7 +80,8 @@ def test_form_upload_redirects_to_the_job_page(client, published):
 
 def test_form_shows_the_error_and_keeps_nothing(client, settings, published):
     before = stored_files(settings)
-    resp = client.post("/", data={"file": (io.BytesIO(b"not audio at all" * 100), "x.mp3")}, content_type="multipart/form-data")
+    resp = client.post("/", data={"file": (io.BytesIO(b"not audio at all" * 100), "x.mp3"), "csrf_token": csrf(client)},
+                       content_type="multipart/form-data")
     assert resp.status_code == 415
     page = resp.get_data(as_text=True)
     alert = re.search(r'<p class="error" role="alert" id="error">(.*?)</p>', page, re.S)
@@ -83,8 +90,18 @@ def test_form_shows_the_error_and_keeps_nothing(client, settings, published):
     assert stored_files(settings) == before and published == []
 
 
+def test_form_without_its_csrf_token_is_refused_and_keeps_nothing(client, settings, published):
+    before = stored_files(settings)
+    resp = client.post("/", data={"file": (io.BytesIO(CLIPS["fox.flac"]["path"].read_bytes()), "fox.flac"),
+                                  "csrf_token": "forged"}, content_type="multipart/form-data")
+    assert resp.status_code == 403
+    assert "security token" in resp.get_data(as_text=True)
+    assert stored_files(settings) == before and published == []
+
+
 def test_form_keeps_the_chosen_options_after_an_error(client):
-    resp = client.post("/", data={"priority": "high", "language": "en"}, content_type="multipart/form-data")
+    resp = client.post("/", data={"priority": "high", "language": "en", "csrf_token": csrf(client)},
+                       content_type="multipart/form-data")
     assert resp.status_code == 400
     page = resp.get_data(as_text=True)
     assert "No audio file: send it as the multipart form field" in page
@@ -114,7 +131,7 @@ class StubJob:
 @pytest.fixture()
 def job_page(client, monkeypatch):
     def render(**fields):
-        monkeypatch.setattr("web.pages.get_job", lambda rt, job_id: StubJob(**fields))
+        monkeypatch.setattr("web.pages.get_job", lambda rt, job_id, owner=None: StubJob(**fields))
         resp = client.get("/jobs/stub-job")
         assert resp.status_code == 200
         return resp.get_data(as_text=True)

@@ -16,6 +16,9 @@ MAX_HEADER_BYTES = 16 * 1024
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     """Build the app. `test_config` may carry a ready `SETTINGS` object and Flask keys."""
     app = Flask(__name__)
+    from .uploads import UploadRequest
+
+    app.request_class = UploadRequest  # uploads spooled encrypted, hashed and size-checked as they arrive
     test_config = dict(test_config or {})
     settings: Settings = test_config.pop("SETTINGS", None) or Settings.from_env()
     app.config.from_mapping(
@@ -33,9 +36,10 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.extensions["celery"] = celery = make_celery(settings)
     notify.set_publisher(lambda ids: publish_notify(celery, ids))
 
-    from . import admin, admission, api, errors, health, metrics, openai_api, pages
+    from . import admin, admission, api, auth, errors, health, metrics, openai_api, openapi, pages, security
 
     errors.init_app(app)
+    auth.init_app(app)
     app.register_blueprint(api.bp)
     app.register_blueprint(openai_api.bp)
     app.after_request(admission.add_rate_headers)
@@ -43,6 +47,8 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.register_blueprint(health.bp)
     metrics.init_app(app)
     app.register_blueprint(pages.bp)
+    app.register_blueprint(openapi.bp)
+    security.init_app(app)
     @app.before_request
     def _limit_headers():
         # gunicorn refuses a single header line over 32 KiB itself (web.server answers

@@ -1,10 +1,8 @@
-"""Admin API for operators: the dead-letter queue. Needs `Authorization: Bearer
-$WHISPERQ_ADMIN_TOKEN`; without that setting the admin API is off."""
+"""Admin API for operators: the dead-letter queue. Needs an admin API key (`whisperq
+keys create --admin`) or `Authorization: Bearer $WHISPERQ_ADMIN_TOKEN`."""
 from __future__ import annotations
 
-import hmac
-
-from flask import Blueprint, current_app, jsonify, request
+from flask import Blueprint, current_app, g, jsonify, request
 
 from models.deadletter import get_dead, list_dead, purge, replay
 from models.errors import Forbidden, InvalidRequest, Unauthorized
@@ -14,12 +12,13 @@ bp = Blueprint("admin", __name__, url_prefix="/v1/admin")
 
 @bp.before_request
 def _require_admin():
-    token = current_app.extensions["whisperq"].settings.admin_token
-    if not token:
-        raise Forbidden("the admin API is off; set WHISPERQ_ADMIN_TOKEN to turn it on")
-    sent = request.headers.get("Authorization", "")
-    if not sent.startswith("Bearer ") or not hmac.compare_digest(sent[7:].encode(), token.encode()):
-        raise Unauthorized("send the admin token as 'Authorization: Bearer <WHISPERQ_ADMIN_TOKEN>'")
+    found = g.get("principal")  # web.auth identified the caller, or refused a bad key
+    if found is not None and found.admin:
+        return
+    if found is None or found.anonymous:
+        raise Unauthorized("send an admin API key (whisperq keys create --admin) or WHISPERQ_ADMIN_TOKEN as "
+                           "'Authorization: Bearer <key>'")
+    raise Forbidden("this API key is not an admin key; the admin API needs one made with `whisperq keys create --admin`")
 
 
 def _rt():
@@ -29,7 +28,7 @@ def _rt():
 @bp.get("/dead-letters")
 def dead_letters():
     limit = request.args.get("limit", "100")
-    if not limit.isdigit() or not 1 <= int(limit) <= 1000:
+    if not (limit.isascii() and limit.isdigit()) or not 1 <= int(limit) <= 1000:  # "²".isdigit() too
         raise InvalidRequest("limit must be a whole number from 1 to 1000")
     return jsonify({"dead_letters": list_dead(_rt(), int(limit))})
 

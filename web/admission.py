@@ -15,18 +15,33 @@ _UNSET = object()
 
 
 def client_key() -> str:
-    """Who is asking: the bearer token (hashed) when there is one, else the address."""
+    """Who is asking: the API key when there is one, else the bearer token (hashed), else
+    the address."""
+    found = g.get("principal")
+    if found is not None and found.owner is not None:
+        return "key:" + found.owner
     auth = request.headers.get("Authorization", "")
     if auth.lower().startswith("bearer ") and auth[7:].strip():
         return "key:" + hashlib.sha256(auth[7:].strip().encode()).hexdigest()[:32]
     return "addr:" + (request.remote_addr or "unknown")
 
 
+def _rate() -> str | None:
+    """The key's tier sets its rate (WHISPERQ_RATE_LIMIT_<TIER>); anonymous use has
+    WHISPERQ_RATE_LIMIT."""
+    settings = current_app.extensions["whisperq"].settings
+    found = g.get("principal")
+    if found is not None and found.tier is not None:
+        return getattr(settings, f"rate_limit_{found.tier}")
+    return settings.rate_limit
+
+
 def _limiter():
-    limiter = current_app.extensions.get("ratelimiter", _UNSET)
+    rate = _rate()
+    limiters = current_app.extensions.setdefault("ratelimiters", {})
+    limiter = limiters.get(rate, _UNSET)
     if limiter is _UNSET:
-        limiter = rate_limiter(current_app.extensions["whisperq"].settings)
-        current_app.extensions["ratelimiter"] = limiter
+        limiter = limiters[rate] = rate_limiter(current_app.extensions["whisperq"].settings, rate)
     return limiter
 
 
@@ -47,7 +62,11 @@ def admit_submission() -> None:
 
 
 def admit_priority(priority: str) -> None:
-    """Once the priority is known: normal and low may not use the high reserve."""
+    """Once the priority is known: the key's tier must allow it (403), and normal and low
+    may not use the high reserve."""
+    from .auth import current
+
+    current().check_priority(priority)
     if priority != "high":
         check_queue(current_app.extensions["whisperq"], priority)
 

@@ -9,7 +9,7 @@ from datetime import datetime
 
 from flask import Blueprint, Response, current_app, jsonify, request, url_for
 
-from models.errors import InvalidRequest, JobNotReady, UnsupportedMediaType
+from models.errors import InvalidRequest, JobNotReady, ResultPurged, UnsupportedMediaType
 from models.eta import estimate
 from models.formats import FORMATS, MIME_TYPES, render
 from models.job import Job, JobStatus
@@ -18,6 +18,7 @@ from models.notify import deliveries_of
 from models.runtime import Runtime
 
 from .admission import admit_priority, admit_submission
+from .auth import current, scope, scoped_idempotency_key
 from .uploads import submit_upload, submit_url
 
 bp = Blueprint("api", __name__, url_prefix="/v1")
@@ -46,18 +47,21 @@ def job_body(job: Job, detail: bool = True) -> dict:
 def create():
     admit_submission()  # before the body is read
     celery = current_app.extensions["celery"]
-    key = request.headers.get("Idempotency-Key")
+    key = scoped_idempotency_key(request.headers.get("Idempotency-Key"))
+    who = current()
     if request.mimetype == "application/json":
         try:
             payload = json.loads(request.get_data(cache=False) or b"null")
         except ValueError as exc:
             raise InvalidRequest(f"the body is not valid JSON ({exc})") from None
-        job, created = submit_url(runtime(), celery, payload, idempotency_key=key, admit=admit_priority)
+        job, created = submit_url(runtime(), celery, payload, idempotency_key=key, admit=admit_priority,
+                                  owner=who.owner, default_priority=who.default_priority())
     elif request.mimetype == "multipart/form-data":
         if "boundary" not in request.mimetype_params:
             raise InvalidRequest("malformed multipart body: the Content-Type has no boundary")
         job, created = submit_upload(runtime(), celery, request.files.get("file"), request.form,
-                                     files=request.files, idempotency_key=key, admit=admit_priority)
+                                     files=request.files, idempotency_key=key, admit=admit_priority,
+                                     owner=who.owner, default_priority=who.default_priority())
     else:
         raise UnsupportedMediaType(
             "send the audio as multipart/form-data with the file in field 'file', or JSON with its URL in "
@@ -76,10 +80,10 @@ def index():
         if status not in JobStatus.__members__:
             raise InvalidRequest(f"status {status!r} is not one of: {', '.join(JobStatus.__members__)}")
     raw_limit = request.args.get("limit", "50")
-    if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_LIMIT:
+    if not (raw_limit.isascii() and raw_limit.isdigit()) or not 1 <= int(raw_limit) <= MAX_LIMIT:  # not "²"
         raise InvalidRequest(f"limit must be a whole number from 1 to {MAX_LIMIT}")
     cursor = _decode_cursor(request.args.get("cursor"))
-    jobs, following = list_jobs(runtime(), status, int(raw_limit), cursor)
+    jobs, following = list_jobs(runtime(), status, int(raw_limit), cursor, owner=scope())
     body = {"jobs": [job_body(job, detail=False) for job in jobs], "next_cursor": None, "next_url": None}
     if following is not None:
         token = _encode_cursor(following)
@@ -99,26 +103,29 @@ def _decode_cursor(token: str | None) -> tuple[datetime, str] | None:
         return None
     try:
         created, job_id = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
-        return datetime.fromisoformat(created), str(job_id)
+        when = datetime.fromisoformat(created)
+        if when.tzinfo is None:  # the cursors given out carry their zone; a naive one cannot be compared
+            raise ValueError(created)
+        return when, str(job_id)
     except (ValueError, TypeError):
         raise InvalidRequest("cursor is not one this API gave out; pass next_cursor from the previous page") from None
 
 
 @bp.get("/jobs/<job_id>")
 def show(job_id: str):
-    return jsonify(job_body(get_job(runtime(), job_id)))
+    return jsonify(job_body(get_job(runtime(), job_id, owner=scope())))
 
 
 @bp.post("/jobs/<job_id>/cancel")
 def cancel(job_id: str):
-    job = cancel_job(runtime(), job_id)
+    job = cancel_job(runtime(), job_id, owner=scope())
     # CANCELLED at once if it was waiting; a running job stops at its next window.
     return jsonify(job_body(job)), 200 if job.state is JobStatus.CANCELLED else 202
 
 
 @bp.delete("/jobs/<job_id>")
 def remove(job_id: str):
-    delete_job(runtime(), job_id)
+    delete_job(runtime(), job_id, owner=scope())
     # transcribe.delay() callers read results from the result backend: it goes too.
     try:
         current_app.extensions["celery"].AsyncResult(job_id).forget()
@@ -132,7 +139,10 @@ def transcript(job_id: str):
     fmt = (request.args.get("format") or "txt").lower()
     if fmt not in FORMATS:
         raise InvalidRequest(f"format {fmt!r} is not one of: {', '.join(FORMATS)}")
-    job = get_job(runtime(), job_id)
+    job = get_job(runtime(), job_id, owner=scope())
+    if job.result_purged_at is not None:
+        raise ResultPurged(f"job {job_id}'s transcript was deleted after the retention period "
+                           "(WHISPERQ_RESULT_RETENTION); the job's status is still shown")
     result = job.result()
     if result is None:
         raise JobNotReady(f"job {job_id} is {job.status}; the transcript is available once it is COMPLETED")

@@ -48,6 +48,9 @@ def run(procfile: str) -> None:
         except RuntimeError as exc:
             raise click.ClickException(str(exc)) from exc
         click.echo(f"embedded Redis broker on 127.0.0.1:{broker.port} (data in {broker.directory})")
+    # A single-user install: the upload page and the API work without a key. Set
+    # WHISPERQ_ALLOW_ANONYMOUS=false (and make keys with `whisperq keys create`) to need one.
+    env.setdefault("WHISPERQ_ALLOW_ANONYMOUS", "true")
     Settings.from_env(env)  # the processes will read the same; fail here, not in three places
     from models.db import Database
 
@@ -203,6 +206,26 @@ def status(as_json: bool) -> None:
         click.echo("warning: no inference worker is alive; jobs wait until one starts")
 
 
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def retention(as_json: bool) -> None:
+    """Delete now what retention would (audio past WHISPERQ_AUDIO_RETENTION, transcripts
+    past WHISPERQ_RESULT_RETENTION, leftover files), as beat's `whisperq.retention` does."""
+    from models.retention import run_retention
+
+    rt = _runtime()
+    try:
+        celery = make_celery(rt.settings)  # to remove purged jobs' result-backend entries
+    except ConfigError:
+        celery = None
+    counts = run_retention(rt, celery=celery)
+    if as_json:
+        click.echo(json.dumps(counts, indent=2))
+        return
+    for key, value in counts.items():
+        click.echo(f"{key.replace('_', ' '):28} {value}")
+
+
 @cli.group()
 def dlq() -> None:
     """The dead-letter queue: jobs that used up their attempts."""
@@ -263,3 +286,12 @@ def dlq_purge(job_ids: tuple[str, ...], purge_all: bool) -> None:
     if not job_ids and not purge_all:
         raise click.UsageError("name the job ids to purge, or pass --all")
     click.echo(f"purged {purge(_runtime(), list(job_ids) or None)} dead letters")
+
+
+from .keys_cli import keys  # noqa: E402 - the group uses _runtime above
+
+cli.add_command(keys)
+
+from .cli_encryption import encryption  # noqa: E402
+
+cli.add_command(encryption)

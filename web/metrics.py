@@ -218,5 +218,33 @@ def init_app(app: Flask) -> None:
 def metrics():
     from prometheus_client.exposition import choose_encoder
 
+    _check_token()
+
     encoder, content_type = choose_encoder(request.headers.get("Accept"))
     return Response(encoder(current_app.extensions["whisperq_metrics_registry"]), content_type=content_type)
+
+
+def _check_token() -> None:
+    """With WHISPERQ_METRICS_TOKEN set, /metrics needs it (or an admin key) as a bearer
+    token, as Prometheus sends with `authorization: {credentials: ...}` in its scrape job."""
+    import hmac
+
+    from models.apikeys import BadKey, authenticate
+    from models.errors import Unauthorized
+
+    settings = current_app.extensions["whisperq"].settings
+    if not settings.metrics_token:
+        return
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    token = token.strip()
+    if scheme.lower() == "bearer" and token:
+        if hmac.compare_digest(token.encode(), settings.metrics_token.encode()):
+            return
+        if settings.admin_token and hmac.compare_digest(token.encode(), settings.admin_token.encode()):
+            return
+        try:
+            if authenticate(current_app.extensions["whisperq"], token).admin:
+                return
+        except BadKey:
+            pass
+    raise Unauthorized("/metrics needs 'Authorization: Bearer <WHISPERQ_METRICS_TOKEN>' (or an admin API key)")

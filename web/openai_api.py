@@ -4,7 +4,8 @@
     client = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused")
     client.audio.transcriptions.create(model="whisper-1", file=open("call.flac", "rb"))
 
-A request becomes an ordinary job at `high` priority, through the same queue and pools,
+A request becomes an ordinary job at `high` priority (or the highest the API key's tier
+allows), through the same queue and pools,
 and the connection waits for it up to WHISPERQ_SYNC_WAIT_SECONDS. Past that it answers
 `202` with the job's id and `Location`, instead of tying up the connection: poll the job
 there. Errors come in OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
@@ -25,6 +26,7 @@ from models.jobs import get_job
 from models.speech import bundled_model_path
 
 from .admission import admit_priority, admit_submission
+from .auth import current
 from .uploads import submit_upload
 
 bp = Blueprint("openai", __name__, url_prefix="/v1")
@@ -96,13 +98,15 @@ def transcriptions():
     if granularities and fmt != "verbose_json":
         return openai_error(400, "timestamp_granularities needs response_format verbose_json",
                             param="timestamp_granularities[]")
-    fields = MultiDict({"priority": "high", "word_timestamps": "true" if "word" in granularities else "false"})
+    # The highest priority the caller's tier allows: `high` for anonymous use and premium keys.
+    who = current()
+    fields = MultiDict({"priority": who.max_priority, "word_timestamps": "true" if "word" in granularities else "false"})
     for name in ("language", "prompt", "temperature"):
         if form.get(name) not in (None, ""):
             fields[name] = form[name]
     job, _ = submit_upload(rt, current_app.extensions["celery"], request.files.get("file"), fields,
                            files=MultiDict({"file": request.files["file"]}) if "file" in request.files else {},
-                           admit=admit_priority)
+                           admit=admit_priority, owner=who.owner)
     deadline = time.monotonic() + rt.settings.sync_wait_seconds
     while True:
         job = get_job(rt, job.id)

@@ -9,13 +9,14 @@ from __future__ import annotations
 import math
 from datetime import datetime, timezone
 
-from flask import Blueprint, current_app, redirect, render_template, request, url_for
+from flask import Blueprint, current_app, g, redirect, render_template, request, url_for
 
 from config import LANGUAGES, PRIORITIES
 from models.errors import WhisperqError
 from models.formats import FORMATS
 from models.jobs import get_job
 
+from . import auth
 from .admission import admit_priority, admit_submission
 from .uploads import submit_upload
 
@@ -91,9 +92,13 @@ def index():
 def upload():
     try:
         admit_submission()
+        auth.check_csrf()
+        form = request.form.copy()
+        form.pop(auth.CSRF_FIELD, None)
         job, _ = submit_upload(
             current_app.extensions["whisperq"], current_app.extensions["celery"], request.files.get("file"),
-            request.form, files=request.files, admit=admit_priority,
+            form, files=request.files, admit=admit_priority, owner=g.principal.owner,
+            default_priority=g.principal.default_priority(),
         )
     except WhisperqError as exc:
         return _form(str(exc), exc.http_status)
@@ -102,7 +107,7 @@ def upload():
 
 @bp.get("/jobs/<job_id>")
 def job(job_id: str):
-    data = get_job(current_app.extensions["whisperq"], job_id).to_dict()
+    data = get_job(current_app.extensions["whisperq"], job_id, owner=auth.scope()).to_dict()
     status_url = url_for("api.show", job_id=job_id)
     downloads = {f: url_for("api.transcript", job_id=job_id, format=f, download=1) for f in FORMATS}
     return render_template(
@@ -116,6 +121,33 @@ def job(job_id: str):
         stages=STAGE_LABELS,
         finished=data["status"] in FINISHED,
     )
+
+
+@bp.route("/login", methods=["GET", "POST"])
+def login():
+    """Sign the browser in with an API key; the session cookie carries the key's id."""
+    from models.apikeys import authenticate
+
+    target = auth.safe_next(request.values.get("next"))
+    if request.method == "GET":
+        return render_template("login.html", next=target, error=None)
+    error, status = None, 200
+    try:
+        auth.check_csrf()
+        found = authenticate(current_app.extensions["whisperq"], (request.form.get("key") or "").strip())
+    except WhisperqError as exc:
+        error, status = str(exc), exc.http_status
+    if error is not None:
+        return render_template("login.html", next=target, error=error), status
+    auth.sign_in(found)
+    return redirect(target, code=303)
+
+
+@bp.post("/logout")
+def logout():
+    auth.check_csrf()
+    auth.sign_out()
+    return redirect(url_for("pages.login"), code=303)
 
 
 @bp.app_template_filter("clock")

@@ -216,7 +216,8 @@
     button.disabled = true;
     cancelling = true;
     setText($("cancel-status"), "Cancelling…");
-    fetch(cancelUrl, { method: "POST", headers: { Accept: "application/json" } })
+    var csrf = document.querySelector("meta[name=csrf-token]");
+    fetch(cancelUrl, { method: "POST", headers: { Accept: "application/json", "X-CSRF-Token": csrf ? csrf.content : "" } })
       .then(function (resp) {
         return resp.json().catch(function () { return null; }).then(function (body) {
           if (!resp.ok) {

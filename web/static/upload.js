@@ -127,6 +127,8 @@
     var xhr = new XMLHttpRequest();
     xhr.open("POST", form.getAttribute("data-api-url"));
     xhr.setRequestHeader("Accept", "application/json");
+    var csrf = document.querySelector("meta[name=csrf-token]");
+    if (csrf) xhr.setRequestHeader("X-CSRF-Token", csrf.content);  // the session's token (web/auth.py)
     xhr.upload.addEventListener("progress", function (e) {
       if (!e.lengthComputable) return;
       bar.max = e.total;

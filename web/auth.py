@@ -1,0 +1,163 @@
+"""Who is asking: API keys for services, a signed session cookie for the web page.
+
+- `Authorization: Bearer wq_...` is an API key (models.apikeys); WHISPERQ_ADMIN_TOKEN as
+  a bearer acts as an admin. An unknown or revoked key is refused with 401, even where
+  anonymous use is allowed: a client that sends a key means to use it. (There, a bearer
+  that is no whisperq key at all, such as the "unused" OpenAI's SDKs must send, is
+  ignored.)
+- The web page signs in with a key once (/login); the session cookie (HttpOnly,
+  SameSite=Lax, signed with WHISPERQ_SECRET_KEY) then carries the key's id, and every
+  request that changes something must bring the session's CSRF token, in the form field
+  `csrf_token` or the `X-CSRF-Token` header.
+- With WHISPERQ_ALLOW_ANONYMOUS (on with `make run`, off otherwise) a request with no
+  key acts anonymously: it sees the anonymous jobs only, and the upload page needs no
+  sign-in.
+"""
+from __future__ import annotations
+
+import hmac
+import secrets
+from datetime import timedelta
+from urllib.parse import urlsplit
+
+from flask import Flask, current_app, g, redirect, request, session, url_for
+
+from models.apikeys import ANONYMOUS, PREFIX, BadKey, Principal, authenticate, principal_for_key_id
+from models.errors import Forbidden, Unauthorized
+
+# Blueprints whose requests act for someone; the rest (health, metrics, static files,
+# the API description) answer everyone or check their own token.
+_ACTING = ("api", "openai", "pages", "admin")
+_OPEN_PAGES = ("pages.login", "pages.logout")
+_UNSAFE = ("POST", "PUT", "PATCH", "DELETE")
+CSRF_FIELD = "csrf_token"
+CSRF_HEADER = "X-CSRF-Token"
+
+
+class NotSignedIn(Unauthorized):
+    """No key, on an install that does not allow anonymous use."""
+
+
+def init_app(app: Flask) -> None:
+    settings = app.extensions["whisperq"].settings
+    app.secret_key = settings.session_secret()
+    app.config.update(
+        SESSION_COOKIE_NAME="whisperq_session",
+        SESSION_COOKIE_HTTPONLY=True,
+        SESSION_COOKIE_SAMESITE="Lax",
+        SESSION_COOKIE_SECURE=(settings.public_url or "").startswith("https://"),
+        PERMANENT_SESSION_LIFETIME=timedelta(hours=12),
+    )
+    app.before_request(_identify)
+    app.context_processor(lambda: {"csrf_token": csrf_token, "principal": g.get("principal")})
+
+
+def _identify():
+    if request.blueprint not in _ACTING or request.endpoint in _OPEN_PAGES:
+        return None
+    try:
+        g.principal = principal()
+    except NotSignedIn:
+        if request.blueprint == "pages":
+            return redirect(url_for("pages.login", next=request.full_path.rstrip("?")))
+        raise
+    # The upload page checks its token itself, after the cheap checks and before the body.
+    if request.method in _UNSAFE and g.get("by_cookie") and request.endpoint != "pages.upload":
+        check_csrf(header_only=request.blueprint != "pages")
+    return None
+
+
+def principal() -> Principal:
+    rt = current_app.extensions["whisperq"]
+    auth = request.headers.get("Authorization")
+    if auth is not None:
+        scheme, _, token = auth.partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise BadKey("send the API key as 'Authorization: Bearer <key>'")
+        admin_token = rt.settings.admin_token
+        if admin_token and hmac.compare_digest(token.encode(), admin_token.encode()):
+            return Principal(owner=None, tier="premium", admin=True, name="admin token")
+        if rt.settings.allow_anonymous and not token.startswith(PREFIX):
+            # OpenAI's SDKs must send some key ("unused"): where anonymous use is allowed,
+            # a token that is no whisperq key is no claim to be anyone.
+            return ANONYMOUS
+        return authenticate(rt, token)
+    key_id = session.get("key_id")
+    if key_id:
+        found = principal_for_key_id(rt, key_id)
+        if found is not None:
+            g.by_cookie = True
+            return found
+        session.clear()  # its key was revoked: sign the browser out
+    if rt.settings.allow_anonymous:
+        g.by_cookie = request.blueprint == "pages"
+        return ANONYMOUS
+    raise NotSignedIn(
+        "this server needs an API key: send it as 'Authorization: Bearer <key>' (an operator creates one with "
+        "`whisperq keys create`)"
+    )
+
+
+def current() -> Principal:
+    return g.principal
+
+
+def csrf_token() -> str:
+    token = session.get("csrf")
+    if not token:
+        token = session["csrf"] = secrets.token_urlsafe(32)
+    return token
+
+
+def check_csrf(header_only: bool = False) -> None:
+    """The session's token must come back with any change made through the cookie: a
+    page on another site can make the browser send the cookie, but cannot read the token."""
+    expected = session.get("csrf")
+    sent = request.headers.get(CSRF_HEADER)
+    if sent is None and not header_only:
+        sent = request.form.get(CSRF_FIELD)
+    if not expected or not sent or not hmac.compare_digest(sent.encode(), expected.encode()):
+        raise Forbidden("the form's security token is missing or out of date; reload the page and try again")
+
+
+def sign_in(found: Principal) -> None:
+    session.clear()  # a new session: nothing from before signing in carries over
+    session["key_id"] = found.owner
+    session["csrf"] = secrets.token_urlsafe(32)
+    session.permanent = True
+
+
+def sign_out() -> None:
+    session.clear()
+
+
+def safe_next(target: str | None) -> str:
+    """Where to go after signing in: a path on this site only, never another host."""
+    if not target:
+        return url_for("pages.index")
+    parts = urlsplit(target)
+    if parts.scheme or parts.netloc or not target.startswith("/") or target.startswith("//") or "\\" in target:
+        return url_for("pages.index")
+    return target
+
+
+def scope():
+    """Whose jobs this request may see: all of them for an admin, else its owner's."""
+    from models.jobs import ANY
+
+    found = g.principal
+    return ANY if found.admin else found.owner
+
+
+def scoped_idempotency_key(key: str | None) -> str | None:
+    """Idempotency keys are each client's own: two keys using the same one do not meet."""
+    import hashlib
+
+    owner = g.principal.owner
+    if key is None or owner is None:
+        return key
+    from .uploads import check_idempotency_key
+
+    check_idempotency_key(key)
+    return "k:" + hashlib.sha256(f"{owner}\0{key}".encode()).hexdigest()

@@ -1,0 +1,68 @@
+"""`whisperq keys`: create, list and revoke API keys (see models.apikeys)."""
+from __future__ import annotations
+
+import json
+
+import click
+
+from models.apikeys import TIERS
+
+
+@click.group()
+def keys() -> None:
+    """API keys: each client's own jobs, tier (priority and rate) and admin rights."""
+
+
+def _rt():
+    from .cli import _runtime
+
+    return _runtime()
+
+
+@keys.command("create")
+@click.option("--name", required=True, help="Who or what uses the key (shown in `keys list`).")
+@click.option("--tier", type=click.Choice(list(TIERS)), default="standard", show_default=True,
+              help="premium: priority up to high; standard: up to normal; batch: low only.")
+@click.option("--admin", is_flag=True, help="Sees every job and reaches the admin API (dead letters).")
+def create(name: str, tier: str, admin: bool) -> None:
+    """Make a key and print it once: only its hash is stored."""
+    from models.apikeys import create_key
+    from models.errors import WhisperqError
+
+    try:
+        record, token = create_key(_rt(), name, tier, admin=admin)
+    except WhisperqError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(token)
+    click.echo(f"key {record.id} ({record.name}, tier {record.tier}{', admin' if record.admin else ''}): "
+               "shown this once; keep it in a secret store", err=True)
+
+
+@keys.command("list")
+@click.option("--all", "include_revoked", is_flag=True, help="Include revoked keys.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def list_(include_revoked: bool, as_json: bool) -> None:
+    """The keys: id, start of the key, name, tier, last use."""
+    from models.apikeys import list_keys
+
+    found = [k.to_dict() for k in list_keys(_rt(), include_revoked=include_revoked)]
+    if as_json:
+        click.echo(json.dumps(found, indent=2))
+        return
+    for k in found:
+        state = f"revoked {k['revoked_at']}" if k["revoked_at"] else f"last used {k['last_used_at'] or 'never'}"
+        click.echo(f"{k['id']}  {k['key']:<12} {k['tier']:<9}{' admin' if k['admin'] else '':<6} {k['name']}  ({state})")
+
+
+@keys.command("revoke")
+@click.argument("key")
+def revoke(key: str) -> None:
+    """Revoke a key by its id or the start of the key; its next request gets 401."""
+    from models.apikeys import revoke_key
+    from models.errors import WhisperqError
+
+    try:
+        record = revoke_key(_rt(), key)
+    except WhisperqError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"revoked {record.id} ({record.name})")
