@@ -35,6 +35,9 @@ def pytest_configure(config) -> None:
     # Most tests use the API as a single-user install does, without keys; the tests of
     # keys and isolation turn anonymous use off for their own app.
     os.environ.setdefault("WHISPERQ_ALLOW_ANONYMOUS", "true")
+    # One key for every run: a PostgreSQL test database outlives the run's data dir, and
+    # a key generated into that dir would leave the next run rows it cannot decrypt.
+    os.environ.setdefault("WHISPERQ_ENCRYPTION_KEYS", "test:4BhyR0TH0wSvs+Lxxn+GUw1KjIYpsahZajx2f5AvVsw=")
     # Webhook receivers in the tests listen on loopback; their retries come quickly.
     os.environ.setdefault("WHISPERQ_WEBHOOK_ALLOW_NETWORKS", "127.0.0.0/8")
     os.environ.setdefault("WHISPERQ_WEBHOOK_RETRY_BASE_SECONDS", "0.3")

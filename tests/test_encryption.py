@@ -10,6 +10,7 @@ import os
 import socket
 import threading
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -557,3 +558,25 @@ def test_a_real_job_leaves_nothing_in_plaintext(client, settings, database, work
     # Nor does the result backend (Redis, or the database on RabbitMQ) keep a copy: an API
     # job's messages ask it to keep nothing, through preparation, inference and retries.
     assert celery_app.backend.get_task_meta(job_id)["status"] == "PENDING"
+
+
+def test_a_transcript_under_a_missing_key_is_a_clear_error(client, database):
+    """A row sealed under a key the server no longer has: the API says what to fix."""
+    import uuid
+
+    from sqlalchemy import text as sql
+
+    job_id = str(uuid.uuid4())
+    with database.session() as s:
+        s.execute(sql("INSERT INTO jobs (id, status, task, priority, audio_ref, audio_owned, attempts, created_at, "
+                      "result_text) VALUES (:id, 'COMPLETED', 'transcribe', 'normal', '', true, 1, :now, :text)"),
+                  {"id": job_id, "now": datetime.now(timezone.utc).replace(tzinfo=None),
+                   "text": "wqe1:gone:" + base64.b64encode(bytes(40)).decode()})
+    try:
+        resp = client.get(f"/v1/jobs/{job_id}")
+        assert resp.status_code == 500
+        assert resp.get_json()["error"]["code"] == "decryption_failed"
+        assert "WHISPERQ_ENCRYPTION_KEYS" in resp.get_json()["error"]["message"]
+    finally:
+        with database.session() as s:
+            s.execute(sql("DELETE FROM jobs WHERE id = :id"), {"id": job_id})

@@ -406,7 +406,8 @@ def test_a_transcript_sealed_with_a_key_no_longer_configured_is_purged_all_same(
 
     job_id = make(rt, "COMPLETED", 8 * DAY)
     retired = crypto.current_keyring()
-    crypto.set_keyring(crypto.keyring_for(dataclasses.replace(rt.settings, data_dir=tmp_path / "other")))
+    crypto.set_keyring(crypto.keyring_for(dataclasses.replace(rt.settings, data_dir=tmp_path / "other",
+                                                              encryption_keys=None)))
     try:
         with pytest.raises(crypto.DecryptionError):
             row(rt, job_id)

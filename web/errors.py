@@ -6,6 +6,7 @@ import logging
 from flask import Flask, jsonify, make_response, render_template, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
+from models.crypto import DecryptionError
 from models.errors import WhisperqError
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,12 @@ def init_app(app: Flask) -> None:
         # Keep what the exception says beyond its page, such as a 405's Allow header.
         headers = {k: v for k, v in exc.get_headers() if k.lower() != "content-type"}
         return error_response(exc.code or 500, code, exc.description or exc.name, headers)
+
+    @app.errorhandler(DecryptionError)
+    def _undecryptable(exc: DecryptionError):
+        log.error("stored data could not be decrypted on %s %s: %s", request.method, request.path, exc)
+        return error_response(500, "decryption_failed", "stored data could not be decrypted with the keys this server "
+                              "has; an operator must check WHISPERQ_ENCRYPTION_KEYS (the log says which key is missing)")
 
     @app.errorhandler(Exception)
     def _unexpected(exc: Exception):
