@@ -228,20 +228,7 @@ class EncryptedJSON(TypeDecorator):
         return value
 
 
-# The file format lives in models.sealed; it is part of this API (imported lazily: sealed
-# imports this module).
-_SEALED = ("EncryptedWriter", "open_decrypted", "open_stored", "is_encrypted", "file_key_id", "MAGIC", "CHUNK_BYTES")
-
-
-def __getattr__(name: str):
-    if name in _SEALED:
-        from . import sealed
-
-        return getattr(sealed, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 __all__ = [
     "parse_keys", "new_key_line", "Keyring", "keyring_for", "set_keyring", "current_keyring", "DecryptionError",
-    "encrypt_value", "decrypt_value", "value_key_id", "EncryptedText", "EncryptedJSON", *_SEALED,
+    "encrypt_value", "decrypt_value", "value_key_id", "EncryptedText", "EncryptedJSON",
 ]

@@ -10,7 +10,7 @@ from sqlalchemy import JSON, ForeignKey, Integer, String, Text, select
 from sqlalchemy.orm import Mapped, mapped_column
 
 from .db import Base
-from .errors import AudioPurged, InvalidRequest, JobNotFound
+from .errors import AudioPurged, BrokerUnavailable, InvalidRequest, JobNotFound
 from .job import Job, JobStatus, UTCDateTime, utcnow
 from .runtime import Runtime
 
@@ -105,8 +105,6 @@ def replay(rt: Runtime, celery, job_id: str) -> Job:
     try:
         publish_transcribe(celery, job)
     except Exception as exc:
-        from .errors import BrokerUnavailable
-
         bury(rt, job_id, "whisperq.transcribe", "replay could not be published", None)
         raise BrokerUnavailable("the job queue is unreachable right now; the job stays in the dead letters, "
                                 "try again shortly") from exc

@@ -125,7 +125,7 @@ def test_accepted_upload_answers_202_and_publishes_only_references(client, setti
 
     stored = settings.data_dir / args[0]
     assert FOX[:4096] not in stored.read_bytes()  # encrypted at rest (tests/test_encryption.py)
-    from models.crypto import open_decrypted
+    from models.sealed import open_decrypted
 
     with open_decrypted(stored) as fh:
         assert fh.read() == FOX

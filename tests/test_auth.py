@@ -135,9 +135,8 @@ def test_tier_rate_limit(settings, database, celery_app):
 
 def test_idempotency_keys_are_per_api_key(secure, keys):
     client = secure.test_client()
-    a = submit(client, keys["alice"], ) if False else client.post(
-        "/v1/jobs", data={"file": (io.BytesIO(FOX), "fox.flac")}, content_type="multipart/form-data",
-        headers={**bearer(keys["alice"]), "Idempotency-Key": "order-7"})
+    a = client.post("/v1/jobs", data={"file": (io.BytesIO(FOX), "fox.flac")}, content_type="multipart/form-data",
+                    headers={**bearer(keys["alice"]), "Idempotency-Key": "order-7"})
     b = client.post("/v1/jobs", data={"file": (io.BytesIO(FOX), "fox.flac")}, content_type="multipart/form-data",
                     headers={**bearer(keys["bob"]), "Idempotency-Key": "order-7"})
     assert a.status_code == 202 and b.status_code == 202

@@ -18,17 +18,8 @@ from sqlalchemy import text
 
 from helpers import CLIPS, LiveServer, wait_for_job, word_error_rate
 from models import crypto
-from models.crypto import (
-    CHUNK_BYTES,
-    MAGIC,
-    DecryptionError,
-    EncryptedWriter,
-    Keyring,
-    decrypt_value,
-    encrypt_value,
-    open_decrypted,
-    parse_keys,
-)
+from models.crypto import DecryptionError, Keyring, decrypt_value, encrypt_value, parse_keys
+from models.sealed import CHUNK_BYTES, MAGIC, EncryptedWriter, open_decrypted
 
 FOX = CLIPS["fox.flac"]["path"].read_bytes()
 PLAIN_MAGIC = (b"RIFF", b"ID3", b"fLaC", b"OggS", b"\x93NUMPY", b"\xff\xfb", b"\xff\xf1")

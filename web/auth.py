@@ -67,16 +67,28 @@ def _identify():
     return None
 
 
+def bearer_token() -> str | None:
+    """The request's bearer token; None without an Authorization header, BadKey (401)
+    for one that is not `Bearer <token>`."""
+    auth = request.headers.get("Authorization")
+    if auth is None:
+        return None
+    scheme, _, token = auth.partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise BadKey("send the API key as 'Authorization: Bearer <key>'")
+    return token
+
+
+def matches(token: str, secret: str | None) -> bool:
+    return bool(secret) and hmac.compare_digest(token.encode(), secret.encode())
+
+
 def principal() -> Principal:
     rt = current_app.extensions["whisperq"]
-    auth = request.headers.get("Authorization")
-    if auth is not None:
-        scheme, _, token = auth.partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not token:
-            raise BadKey("send the API key as 'Authorization: Bearer <key>'")
-        admin_token = rt.settings.admin_token
-        if admin_token and hmac.compare_digest(token.encode(), admin_token.encode()):
+    token = bearer_token()
+    if token is not None:
+        if matches(token, rt.settings.admin_token):
             return Principal(owner=None, tier="premium", admin=True, name="admin token")
         if rt.settings.allow_anonymous and not token.startswith(PREFIX):
             # OpenAI's SDKs must send some key ("unused"): where anonymous use is allowed,

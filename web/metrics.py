@@ -227,24 +227,19 @@ def metrics():
 def _check_token() -> None:
     """With WHISPERQ_METRICS_TOKEN set, /metrics needs it (or an admin key) as a bearer
     token, as Prometheus sends with `authorization: {credentials: ...}` in its scrape job."""
-    import hmac
-
     from models.apikeys import BadKey, authenticate
     from models.errors import Unauthorized
 
-    settings = current_app.extensions["whisperq"].settings
-    if not settings.metrics_token:
+    from .auth import bearer_token, matches
+
+    rt = current_app.extensions["whisperq"]
+    if not rt.settings.metrics_token:
         return
-    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-    token = token.strip()
-    if scheme.lower() == "bearer" and token:
-        if hmac.compare_digest(token.encode(), settings.metrics_token.encode()):
+    try:
+        token = bearer_token()
+        if token is not None and (matches(token, rt.settings.metrics_token) or matches(token, rt.settings.admin_token)
+                                  or authenticate(rt, token).admin):
             return
-        if settings.admin_token and hmac.compare_digest(token.encode(), settings.admin_token.encode()):
-            return
-        try:
-            if authenticate(current_app.extensions["whisperq"], token).admin:
-                return
-        except BadKey:
-            pass
+    except BadKey:
+        pass
     raise Unauthorized("/metrics needs 'Authorization: Bearer <WHISPERQ_METRICS_TOKEN>' (or an admin API key)")
