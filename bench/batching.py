@@ -40,7 +40,7 @@ def drain(engine: FasterWhisperEngine, jobs, batch_size: int, wait_ms: int = 50)
     results: list = []
 
     def one_job(samples):
-        futures = batcher.submit("en", [(samples[w.start:w.end], w.offset) for w in split_windows(samples)])
+        futures = batcher.submit("en", [(w.samples(samples), w.time_map()) for w in split_windows(samples)])
         results.append([f.result() for f in futures])
 
     threads = [threading.Thread(target=one_job, args=(j,)) for j in jobs]

@@ -44,7 +44,7 @@ def workloads() -> dict[str, tuple[list, str]]:
     clips = [(report, 0.0), (fox, 0.0)] * 4
     clips_text = " ".join([CLIPS["report.opus"]["text"], CLIPS["fox.flac"]["text"]] * 4)
     samples, long_text = long_recording()
-    long = [(samples[w.start:w.end], w.offset) for w in split_windows(samples)]
+    long = [(w.samples(samples), w.time_map()) for w in split_windows(samples)]
     return {"clips": (clips, clips_text), "long": (long, long_text)}
 
 

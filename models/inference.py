@@ -20,6 +20,7 @@ from .jobs import begin_inference, cancel_running, complete_job, record_progress
 from .metrics import observe_batch
 from .runtime import Runtime
 from .speech import Transcript, get_engine
+from .windows import Window
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,8 @@ def infer_job(rt: Runtime, prepared: dict[str, Any], batcher: Batcher, worker: s
         samples = rt.storage.load_samples(prepared["prepared"])
     except FileNotFoundError as exc:
         raise TransientJobError("the prepared audio is missing; the job will be prepared again") from exc
-    chunks = [(samples[s:e], s / SAMPLE_RATE) for s, e in prepared["windows"]]
+    windows = [Window.from_message(w) for w in prepared["windows"]]
+    chunks = [(w.samples(samples), w.time_map()) for w in windows]
     try:
         language = prepared.get("language")
         if chunks:
@@ -90,7 +92,7 @@ def infer_job(rt: Runtime, prepared: dict[str, Any], batcher: Batcher, worker: s
         segments = []
         for n, fut in enumerate(futures):
             segments.extend(fut.result(timeout=max(0.0, deadline - time.monotonic())))
-            done_seconds = prepared["windows"][n][1] / SAMPLE_RATE
+            done_seconds = windows[n].end / SAMPLE_RATE
             if record_progress(rt, job_id, done_seconds) and n + 1 < len(futures):
                 batcher.cancel(futures[n + 1:])
                 partial = Transcript.from_segments(segments, language, duration)

@@ -218,7 +218,7 @@ def prepare_job(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any
         "job_id": job_id,
         "prepared": ref,
         "duration": round(duration, 3),
-        "windows": [[w.start, w.end] for w in windows],
+        "windows": [w.to_message() for w in windows],
         "language": job.language,
         "task": job.task,
         "priority": job.priority,

@@ -4,9 +4,10 @@ Chosen with WHISPERQ_ENGINE=openai-whisper; needs the `openai-whisper` extra. It
 checkpoint file (`{"dims", "model_state_dict"}`): WHISPERQ_MODEL naming a `.pt` file (an
 original openai checkpoint loads as is), else the CTranslate2 model directory (the bundled
 tiny.en by default) converted once into `$WHISPERQ_DATA_DIR/models/`, so nothing is
-downloaded. Windows are decoded together in one `whisper.decode` call per batch; each
-window's tokens are cut into segments at its timestamp tokens the way faster-whisper's
-batched pipeline cuts them, so both engines give the same segments for the same text.
+downloaded. Windows are decoded together in one `whisper.decode` call per batch, as the
+faster-whisper engine decodes them (text without timestamp tokens, words aligned by
+cross-attention, segments cut by models.segments), so both engines give the same segments
+for the same text.
 """
 from __future__ import annotations
 
@@ -18,18 +19,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from .audio import SAMPLE_RATE
-from .speech import FasterWhisperEngine, Segment, bundled_model_path, model_path
+from .segments import Segment, window_segments
+from .speech import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, FasterWhisperEngine, bundled_model_path, model_path
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
 
     from config import Settings
 
+    from .windows import TimeMap
+
 log = logging.getLogger(__name__)
-
-PREPEND_PUNCTUATIONS = "\"'“¿([{-"
-APPEND_PUNCTUATIONS = "\"'.。,，!！?？:：”)]}、"
-
 
 def resolve_torch_device(device: str) -> str:
     """`auto` means CUDA where PyTorch sees a GPU, else CPU."""
@@ -131,10 +131,12 @@ class OpenAIWhisperEngine:
         return max(probs, key=probs.get)
 
     def transcribe_batch(
-        self, chunks: Sequence["np.ndarray"], offsets: Sequence[float], language: str, task: str = "transcribe",
+        self, chunks: Sequence["np.ndarray"], offsets: Sequence["float | TimeMap"], language: str, task: str = "transcribe",
         word_timestamps: bool = False, prompt: str | None = None, temperature: float = 0.0,
     ) -> list[list[Segment]]:
-        """One `whisper.decode` call over several windows; segments per window, times offset."""
+        """One `whisper.decode` call over several windows, text without timestamp tokens
+        (models.segments says why); then each window's words aligned (whisper.timing) and
+        cut into segments, times offset."""
         import torch
         import whisper
 
@@ -145,34 +147,26 @@ class OpenAIWhisperEngine:
         options = whisper.DecodingOptions(
             task=task, language=language if self.multilingual else "en", temperature=temperature,
             beam_size=self.beam_size if temperature == 0 else None, prompt=prompt,
-            without_timestamps=False, fp16=self.fp16,
+            without_timestamps=True, fp16=self.fp16,
         )
         out = []
         with self._lock, torch.no_grad():
             results = _decoding_task(self.model, options).run(torch.stack(mels))
             for chunk, offset, mel, result in zip(chunks, offsets, mels, results):
-                raw = split_segments(tokenizer, result.tokens, len(chunk) / SAMPLE_RATE)
-                if word_timestamps and raw:
-                    self._add_words(raw, tokenizer, mel, len(chunk))
-                out.append([_segment(s, float(offset), word_timestamps) for s in raw
-                            if s["text"].strip()])
+                tokens = [t for t in result.tokens if t < tokenizer.eot]
+                aligned = self._align(tokens, tokenizer, mel, len(chunk)) if tokens else []
+                out.append(window_segments(tokenizer.decode(tokens), aligned, offset, len(chunk) / SAMPLE_RATE,
+                                           word_timestamps))
         return out
 
-    def _add_words(self, raw: list[dict[str, Any]], tokenizer, mel, samples: int) -> None:
-        """Word times from the alignment heads' cross-attention (whisper.timing), window-relative.
-
-        Each window starts afresh (no speech carried from a previous window): windows of
-        different jobs share a batch.
-        """
+    def _align(self, tokens: list[int], tokenizer, mel, samples: int) -> list[tuple[str, float, float, float]]:
+        """Word times from the alignment heads' cross-attention (whisper.timing), window-relative."""
         from whisper.audio import HOP_LENGTH, N_FRAMES
-        from whisper.timing import add_word_timestamps
+        from whisper.timing import find_alignment, merge_punctuations
 
-        add_word_timestamps(
-            segments=raw, model=self.model, tokenizer=tokenizer, mel=mel,
-            num_frames=min(N_FRAMES, math.ceil(samples / HOP_LENGTH)),
-            prepend_punctuations=PREPEND_PUNCTUATIONS, append_punctuations=APPEND_PUNCTUATIONS,
-            last_speech_timestamp=0.0,
-        )
+        words = find_alignment(self.model, tokenizer, tokens, mel, min(N_FRAMES, math.ceil(samples / HOP_LENGTH)))
+        merge_punctuations(words, PREPEND_PUNCTUATIONS, APPEND_PUNCTUATIONS)
+        return [(w.word, w.start, w.end, w.probability) for w in words]
 
     # A whole recording in this process, `batch_size` windows per call: the same steps as
     # the faster-whisper engine's (split, detect on the first window, batch, collect).
@@ -200,45 +194,6 @@ def _decoding_task(model, options):
             return super()._detect_language(audio_features[:: self.n_group], tokens)
 
     return BatchedDecodingTask(model, options)
-
-
-def split_segments(tokenizer, tokens: Sequence[int], duration: float) -> list[dict[str, Any]]:
-    """A window's tokens cut at timestamp tokens; times relative to the window.
-
-    Two timestamps in a row close a segment and open the next; a single timestamp at the
-    end means the speech ended there. Text after the last closed segment that has no
-    closing timestamp is dropped, as faster-whisper's batched pipeline (and whisper's own
-    loop, which decodes it again from there) does. Without any pair, the whole window is
-    one segment, ending at its last timestamp or at the window's end.
-    """
-    tokens = list(tokens)
-    begin, precision = tokenizer.timestamp_begin, 0.02  # one timestamp step: 2 mel frames of 10 ms
-    single_ending = len(tokens) >= 2 and tokens[-2] < begin <= tokens[-1]
-    cuts = [i for i in range(1, len(tokens)) if tokens[i] >= begin and tokens[i - 1] >= begin]
-    segments: list[tuple[float, float, list[int]]] = []
-    if cuts:
-        if single_ending:
-            cuts.append(len(tokens))
-        last = 0
-        for cut in cuts:
-            piece = tokens[last:cut]
-            segments.append(((piece[0] - begin) * precision, (piece[-1] - begin) * precision, piece))
-            last = cut
-    else:
-        stamps = [t for t in tokens if t >= begin]
-        end = (stamps[-1] - begin) * precision if stamps and stamps[-1] != begin else duration
-        segments.append((0.0, end, tokens))
-    return [{"seek": 0, "start": start, "end": end, "tokens": piece,
-             "text": tokenizer.decode([t for t in piece if t < tokenizer.eot])} for start, end, piece in segments]
-
-
-def _segment(raw: dict[str, Any], offset: float, word_timestamps: bool) -> Segment:
-    words = None
-    if word_timestamps:
-        words = tuple({"word": w["word"].strip(), "start": round(offset + w["start"], 3),
-                       "end": round(offset + w["end"], 3), "probability": round(float(w["probability"]), 3)}
-                      for w in raw.get("words") or ())
-    return Segment(round(offset + raw["start"], 3), round(offset + raw["end"], 3), raw["text"].strip(), words)
 
 
 def load_engine(settings: "Settings") -> OpenAIWhisperEngine:

@@ -6,57 +6,27 @@ forked child whose parent touched it, and the web process has no use for the wei
 from __future__ import annotations
 
 import logging
+import math
 import threading
-from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 from .audio import SAMPLE_RATE
 from .errors import InvalidRequest
+from .segments import Segment, Transcript, window_segments
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
 
     from config import Settings
 
+    from .windows import TimeMap
+
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class Segment:
-    start: float
-    end: float
-    text: str
-    # With word timestamps: ({"word", "start", "end", "probability"}, ...)
-    words: tuple[dict[str, Any], ...] | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"start": self.start, "end": self.end, "text": self.text}
-        if self.words is not None:
-            out["words"] = [dict(w) for w in self.words]
-        return out
-
-
-@dataclass(frozen=True)
-class Transcript:
-    text: str
-    language: str | None
-    duration: float
-    segments: tuple[Segment, ...] = field(default_factory=tuple)
-
-    @classmethod
-    def from_segments(cls, segments: Sequence[Segment], language: str | None, duration: float) -> "Transcript":
-        ordered = tuple(sorted(segments, key=lambda s: (s.start, s.end)))
-        return cls(" ".join(s.text for s in ordered if s.text), language, round(duration, 3), ordered)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "text": self.text,
-            "language": self.language,
-            "duration": self.duration,
-            "segments": [s.to_dict() for s in self.segments],
-        }
+PREPEND_PUNCTUATIONS = "\"'“¿([{-"
+APPEND_PUNCTUATIONS = "\"'.。,，!！?？:：”)]}、"
 
 
 class SpeechEngine(Protocol):
@@ -69,7 +39,7 @@ class SpeechEngine(Protocol):
         ...
 
     def transcribe_batch(
-        self, chunks: Sequence["np.ndarray"], offsets: Sequence[float], language: str, task: str = "transcribe",
+        self, chunks: Sequence["np.ndarray"], offsets: Sequence["float | TimeMap"], language: str, task: str = "transcribe",
         word_timestamps: bool = False, prompt: str | None = None, temperature: float = 0.0,
     ) -> list[list[Segment]]:
         ...
@@ -130,7 +100,9 @@ class FasterWhisperEngine:
     """faster-whisper (CTranslate2) run window by window, any number of windows per call.
 
     A batch may hold windows of different jobs: each window is padded to 30 s and decoded
-    on its own, so a window's text does not depend on what else is in its batch.
+    on its own, so a window's text does not depend on what else is in its batch. Windows
+    are decoded as faster-whisper's BatchedInferencePipeline decodes them (same options,
+    text without timestamp tokens), so the words are the pipeline's words.
     """
 
     name = "faster-whisper"
@@ -154,7 +126,9 @@ class FasterWhisperEngine:
             self._tokenizers[key] = Tokenizer(self.model.hf_tokenizer, self.multilingual, task=task, language=language)
         return self._tokenizers[key]
 
-    def _options(self, tokenizer, word_timestamps: bool = False, prompt: str | None = None, temperature: float = 0.0):
+    def _options(self, tokenizer, prompt: str | None = None, temperature: float = 0.0):
+        """faster-whisper's batched pipeline's decoding options: text without timestamp tokens
+        (models.segments says why); beam size from the settings, prompt and temperature per job."""
         from faster_whisper.transcribe import TranscriptionOptions, get_suppressed_tokens
 
         return TranscriptionOptions(
@@ -162,10 +136,10 @@ class FasterWhisperEngine:
             no_repeat_ngram_size=0, log_prob_threshold=-1.0, no_speech_threshold=0.6,
             compression_ratio_threshold=2.4, temperatures=[temperature], initial_prompt=prompt, prefix=None,
             suppress_blank=True, suppress_tokens=get_suppressed_tokens(tokenizer, [-1]),
-            prepend_punctuations="\"'“¿([{-", append_punctuations="\"'.。,，!！?？:：”)]}、",
-            max_new_tokens=None, hotwords=None, word_timestamps=word_timestamps, hallucination_silence_threshold=None,
+            prepend_punctuations=PREPEND_PUNCTUATIONS, append_punctuations=APPEND_PUNCTUATIONS,
+            max_new_tokens=None, hotwords=None, word_timestamps=False, hallucination_silence_threshold=None,
             condition_on_previous_text=False, clip_timestamps=[], prompt_reset_on_temperature=0.5,
-            multilingual=False, without_timestamps=False, max_initial_timestamp=0.0,
+            multilingual=False, without_timestamps=True, max_initial_timestamp=0.0,
         )
 
     def language_of(self, chunk: "np.ndarray", language: str | None) -> str:
@@ -178,23 +152,38 @@ class FasterWhisperEngine:
         return detected
 
     def transcribe_batch(
-        self, chunks: Sequence["np.ndarray"], offsets: Sequence[float], language: str, task: str = "transcribe",
+        self, chunks: Sequence["np.ndarray"], offsets: Sequence["float | TimeMap"], language: str, task: str = "transcribe",
         word_timestamps: bool = False, prompt: str | None = None, temperature: float = 0.0,
     ) -> list[list[Segment]]:
-        """One inference call over several windows; segments per window, times offset.
-        `prompt` is Whisper's initial prompt (spellings, names, style) for every window."""
+        """One inference call over several windows; segments per window, in the recording's
+        time (each window's offset, or its TimeMap when it is stretches of speech packed together).
+
+        Each window's text is decoded whole; its words are then aligned on the same encoder
+        output (one more batched call, a small share of the decoding's cost) and cut into
+        segments. `prompt` is Whisper's initial prompt (spellings, names, style) for every window.
+        """
         import numpy as np
         from faster_whisper.audio import pad_or_trim
+        from faster_whisper.transcribe import merge_punctuations
 
+        if not chunks:
+            return []
         tokenizer = self._tokenizer(language, task)
         features = np.stack([pad_or_trim(self.model.feature_extractor(c)[..., :-1]) for c in chunks])
-        metadata = [{"offset": float(o), "duration": len(c) / SAMPLE_RATE} for c, o in zip(chunks, offsets)]
-        # Word alignment carries the last speech time from call to call; windows of
-        # different jobs share a batch, so each call starts afresh.
-        self.pipeline.last_speech_timestamp = 0.0
-        options = self._options(tokenizer, word_timestamps, prompt, temperature)
-        outputs = self.pipeline.forward(features, tokenizer, metadata, options)
-        return [[_segment(s, word_timestamps) for s in out if s["text"].strip()] for out in outputs]
+        encoder_output, outputs = self.pipeline.generate_segment_batched(
+            features, tokenizer, self._options(tokenizer, prompt, temperature))
+        texts = [[t for t in out["tokens"] if t < tokenizer.eot] for out in outputs]
+        hop = self.model.feature_extractor.hop_length
+        frames = [min(features.shape[-1], math.ceil(len(c) / hop)) for c in chunks]
+        alignments = self.model.find_alignment(tokenizer, texts, encoder_output, frames) if any(texts) else []
+        result = []
+        for n, (chunk, offset, tokens) in enumerate(zip(chunks, offsets, texts)):
+            aligned = list(alignments[n]) if tokens and n < len(alignments) else []
+            merge_punctuations(aligned, PREPEND_PUNCTUATIONS, APPEND_PUNCTUATIONS)
+            result.append(window_segments(
+                tokenizer.decode(tokens), [(w["word"], w["start"], w["end"], w["probability"]) for w in aligned],
+                offset, len(chunk) / SAMPLE_RATE, word_timestamps))
+        return result
 
     def transcribe(self, audio: "np.ndarray", language: str | None = None, task: str = "transcribe", batch_size: int = 1) -> Transcript:
         """A whole recording in this process, `batch_size` windows per call."""
@@ -202,20 +191,12 @@ class FasterWhisperEngine:
 
         windows = split_windows(audio)
         segments: list[Segment] = []
-        lang = self.language_of(audio[windows[0].start:windows[0].end], language) if windows else (language or "en")
+        lang = self.language_of(windows[0].samples(audio), language) if windows else (language or "en")
         for i in range(0, len(windows), batch_size):
             group = windows[i:i + batch_size]
-            for segs in self.transcribe_batch([audio[w.start:w.end] for w in group], [w.offset for w in group], lang, task):
+            for segs in self.transcribe_batch([w.samples(audio) for w in group], [w.time_map() for w in group], lang, task):
                 segments.extend(segs)
         return Transcript.from_segments(segments, lang, len(audio) / SAMPLE_RATE)
-
-
-def _segment(raw: dict[str, Any], word_timestamps: bool) -> Segment:
-    words = None
-    if word_timestamps:
-        words = tuple({"word": w["word"].strip(), "start": round(w["start"], 3), "end": round(w["end"], 3),
-                       "probability": round(w["probability"], 3)} for w in raw.get("words") or ())
-    return Segment(round(raw["start"], 3), round(raw["end"], 3), raw["text"].strip(), words)
 
 
 _engine: SpeechEngine | None = None

@@ -1,6 +1,7 @@
 """Helpers shared by the tests: fixture clips, word error rate, waiting for a job."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 import ssl
@@ -12,7 +13,15 @@ from pathlib import Path
 import pytest
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
+ROOT = FIXTURES.parent.parent
 CLIPS = {name: dict(meta, path=FIXTURES / name) for name, meta in json.loads((FIXTURES / "clips.json").read_text()).items()}
+# Long-form recordings (a minute or more, several windows) from the evaluation set that
+# bench/make_recordings.py makes; the ones kept under tests/fixtures/.
+LONG_FORM = {name: dict(meta, path=ROOT / meta["file"])
+             for name, meta in json.loads((ROOT / "bench" / "recordings" / "recordings.json").read_text()).items()
+             if meta["file"].startswith("tests/")}
+# The service may lose no more than this to faster-whisper's own batched pipeline (WER).
+PIPELINE_MARGIN = 0.02
 
 REQUIRE_SERVICES = os.environ.get("REQUIRE_SERVICES") == "1"
 
@@ -35,13 +44,45 @@ def stored_files(settings) -> set[str]:
 
 
 def normalise(text: str) -> list[str]:
-    return "".join(ch if ch.isalnum() or ch.isspace() else " " for ch in text.lower()).split()
+    """Words as ASR evaluations compare them: OpenAI's English normaliser (case, punctuation,
+    numbers written as digits, British spellings as American), so "four hundred and twelve"
+    and "412" are the same words."""
+    return _normaliser()(text).split()
+
+
+@functools.lru_cache(maxsize=1)
+def _normaliser():
+    from whisper_normalizer.english import EnglishTextNormalizer
+
+    return EnglishTextNormalizer()
 
 
 def word_error_rate(reference: str, hypothesis: str) -> float:
     import jiwer
 
     return jiwer.wer(" ".join(normalise(reference)), " ".join(normalise(hypothesis)))
+
+
+@functools.lru_cache(maxsize=1)
+def _pipeline():
+    from faster_whisper import BatchedInferencePipeline, WhisperModel
+
+    from models.speech import bundled_model_path
+
+    return BatchedInferencePipeline(WhisperModel(bundled_model_path(), device="cpu", compute_type="int8", cpu_threads=2))
+
+
+_pipeline_wers: dict[str, float] = {}
+
+
+def pipeline_wer(key: str, samples, text: str, beam_size: int = 5) -> float:
+    """The word error rate of faster-whisper's own BatchedInferencePipeline (batch 8) on
+    `samples`, measured in this run (once per key): the bar the service is held to, on
+    whatever CPU the tests run."""
+    if key not in _pipeline_wers:
+        segments, _info = _pipeline().transcribe(samples, language="en", beam_size=beam_size, batch_size=8)
+        _pipeline_wers[key] = word_error_rate(text, " ".join(s.text for s in segments))
+    return _pipeline_wers[key]
 
 
 def wait_for_job(client, job_id: str, timeout: float = 120.0) -> dict:
@@ -65,6 +106,15 @@ def long_recording(repeats: int = 3):
     samples = np.concatenate([report, pause, fox, short] * repeats)
     text = " ".join([CLIPS["report.opus"]["text"], CLIPS["fox.flac"]["text"]] * repeats)
     return samples, text
+
+
+def long_form(name: str):
+    """(samples, text) of a long-form recording: `long_recording(4)` or a LONG_FORM name."""
+    if name == "long_recording(4)":
+        return long_recording(repeats=4)
+    from models import audio
+
+    return audio.decode(LONG_FORM[name]["path"]), LONG_FORM[name]["text"]
 
 
 def write_wav(path: Path, samples) -> Path:

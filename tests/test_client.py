@@ -8,7 +8,8 @@ from datetime import datetime
 
 import pytest
 
-from helpers import CLIPS, Receiver, long_recording, stored_files, word_error_rate, write_wav
+from helpers import (CLIPS, PIPELINE_MARGIN, Receiver, long_recording, normalise, pipeline_wer, stored_files,
+                     word_error_rate, write_wav)
 
 pytestmark = pytest.mark.integration
 
@@ -139,7 +140,7 @@ def test_a_queued_job_cancelled_never_runs(client, worker, celery_app):
 
 
 def test_a_running_job_cancelled_stops_at_a_window_boundary_and_keeps_its_part(client, worker, tmp_path):
-    samples, _text = long_recording(repeats=24)  # about six minutes: windows in several batches
+    samples, text = long_recording(repeats=24)  # about six minutes: windows in several batches
     path = write_wav(tmp_path / "long.wav", samples)
     job = submit(client, "long.wav", data=path.read_bytes())
     wait_until(lambda: client.get(f"/v1/jobs/{job['job_id']}").get_json()["progress"] > 0, 300,
@@ -152,6 +153,12 @@ def test_a_running_job_cancelled_stops_at_a_window_boundary_and_keeps_its_part(c
     assert 0 < done["progress"] < 1
     last = max(s["end"] for s in done["result"]["segments"])
     assert last < done["audio_duration"] - 30  # it stopped well before the end
+    # The part kept loses no words: it reads as the recording's start does (the same
+    # passage over and over), as well as faster-whisper's own pipeline reads the passage.
+    said = normalise(done["result"]["text"])
+    reference = " ".join(normalise(text)[:len(said)])
+    four, four_text = long_recording(repeats=4)
+    assert word_error_rate(reference, " ".join(said)) <= pipeline_wer("long_recording(4)", four, four_text) + PIPELINE_MARGIN
     resp = client.get(f"/v1/jobs/{job['job_id']}/transcript?format=txt")
     assert resp.status_code == 200 and resp.get_data(as_text=True).strip()
 

@@ -8,7 +8,7 @@ import time
 import pytest
 from sqlalchemy import func, select
 
-from helpers import CLIPS, long_recording, wait_for_job, word_error_rate, write_wav
+from helpers import CLIPS, PIPELINE_MARGIN, long_recording, pipeline_wer, wait_for_job, word_error_rate, write_wav
 
 pytestmark = pytest.mark.integration
 
@@ -52,7 +52,8 @@ def test_kill_9_of_the_inference_worker_mid_job_costs_one_attempt(client, worker
     job = wait_for_job(client, job_id, timeout=300)
     assert job["status"] == "COMPLETED", job
     assert job["attempts"] == 2
-    assert word_error_rate(text, job["result"]["text"]) <= 0.15
+    # As good as faster-whisper's own pipeline on the same samples, redelivery or not.
+    assert word_error_rate(text, job["result"]["text"]) <= pipeline_wer("long_recording(4)", samples, text) + PIPELINE_MARGIN
     time.sleep(2)  # a late duplicate would store now
     assert stored_lines(worker, job_id) == 1
 

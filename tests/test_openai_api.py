@@ -34,7 +34,7 @@ def test_each_response_format(openai_client, worker):
 
     verbose = transcribe(openai_client, response_format="verbose_json", timestamp_granularities=["word", "segment"])
     assert verbose.duration == pytest.approx(9.4, abs=0.2) and verbose.language == "en"
-    assert verbose.segments and verbose.segments[0].start == 0.0
+    assert verbose.segments and 0.0 <= verbose.segments[0].start < 0.5  # where the first word starts
     assert len(verbose.words) >= 10 and all(w.start <= w.end for w in verbose.words)
     assert word_error_rate(clip["text"], " ".join(w.word for w in verbose.words)) <= 0.2
 
