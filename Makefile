@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install bench bench-load bench-engines bench-encryption clean
+.PHONY: run test install bench bench-load bench-engines bench-encryption bench-accuracy clean
 
 $(STAMP): setup.cfg pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "whisperq needs Python 3.11 or newer; set PYTHON=python3.11 (or newer)")'
@@ -31,6 +31,10 @@ bench-load: $(STAMP)
 # faster-whisper vs openai-whisper; needs the openai-whisper extra (see .ci/run)
 bench-engines: $(STAMP)
 	$(BIN)/python bench/engines.py
+
+# word error rate on long recordings: faster-whisper's own pipelines beside the service
+bench-accuracy: $(STAMP)
+	$(BIN)/python bench/accuracy.py
 
 # plain vs encrypted files: write, read, and decoding a clip
 bench-encryption: $(STAMP)
