@@ -140,11 +140,17 @@ def make_celery(settings: Settings) -> Celery:
 
 
 def publish_transcribe(app: Celery, job, countdown: float | None = None, reply_to: str | None = None,
-                       ignore_result: bool = False) -> None:
+                       ignore_result: bool | None = None) -> None:
     """Send a job's transcribe message: its id and audio reference only, never audio.
 
+    A job submitted through the API (its audio in the store, or fetched by URL) keeps its
+    transcript in the job row, encrypted, and never in the result backend: whichever path
+    publishes it (first publish, retry, sweeper, dead-letter replay), its message asks the
+    backend to keep nothing. A transcribe.delay() caller's job keeps its result for .get().
     Preparation runs in the prefork pool, where Celery enforces time limits; they grow
     with the audio's length (unknown for transcribe.delay(path): the longest allowed)."""
+    if ignore_result is None:
+        ignore_result = bool(getattr(job, "audio_owned", False) or getattr(job, "audio_url", None))
     settings: Settings = app.conf.whisperq_settings
     hard = settings.prepare_time_limit(job.audio_duration)
     app.send_task(

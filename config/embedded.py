@@ -12,6 +12,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from .settings import private_dir
+
 log = logging.getLogger(__name__)
 
 
@@ -45,7 +47,7 @@ class EmbeddedRedis:
         return f"redis://:{self.password}@127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 15.0) -> str:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        private_dir(self.directory)
         self._lock_file = open(self.directory / "lock", "w")
         try:
             fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -57,8 +59,11 @@ class EmbeddedRedis:
         self.port = self.port or _free_port()
         self.password = self.password or secrets.token_urlsafe(24)
         conf = self.directory / "redis.conf"
-        conf.write_text(
-            "\n".join(
+        # It holds the password: owner-only from its first byte, not chmod-ed after.
+        fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)  # an earlier run's file keeps its mode through O_CREAT
+        with os.fdopen(fd, "w") as out:
+            out.write("\n".join(
                 [
                     "bind 127.0.0.1",
                     f"port {self.port}",
@@ -73,9 +78,7 @@ class EmbeddedRedis:
                     "daemonize no",
                     "",
                 ]
-            )
-        )
-        os.chmod(conf, 0o600)
+            ))
         # Its own session: Ctrl-C reaches the workers first, and the broker outlives them.
         self.process = subprocess.Popen([redis_executable(), str(conf)], start_new_session=True)
         self._wait_ready(timeout)

@@ -10,7 +10,7 @@ import sys
 from urllib.parse import urlsplit
 
 from .celeryconfig import is_redis
-from .settings import ConfigError, Settings
+from .settings import ConfigError, Settings, private_dir
 
 
 def is_loopback(address: str) -> bool:
@@ -58,7 +58,7 @@ def flower_command(settings: Settings, environ: dict[str, str]) -> tuple[list[st
             env[name] = value
         else:
             env.pop(name, None)
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(settings.data_dir)
     argv = [
         sys.executable, "-m", "celery", "-A", "tasks.worker", "flower",
         f"--address={address}", f"--port={settings.flower_port}",

@@ -93,6 +93,11 @@ class Settings:
     rate_limit_premium: str | None
     rate_limit_standard: str | None
     rate_limit_batch: str | None
+    input_dirs: tuple[Path, ...]
+    anonymous_max_priority: str
+    sync_waits: int
+    sync_waits_per_client: int
+    allowed_hosts: tuple[str, ...] | None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides) -> "Settings":
@@ -161,6 +166,11 @@ class Settings:
             rate_limit_premium=env.rate("WHISPERQ_RATE_LIMIT_PREMIUM", "600/minute"),
             rate_limit_standard=env.rate("WHISPERQ_RATE_LIMIT_STANDARD", "120/minute"),
             rate_limit_batch=env.rate("WHISPERQ_RATE_LIMIT_BATCH", "60/minute"),
+            input_dirs=_input_dirs(env.str("WHISPERQ_INPUT_DIRS", None), data_dir),
+            sync_waits=env.int("WHISPERQ_SYNC_WAITS", 2, low=0, high=10_000),
+            sync_waits_per_client=env.int("WHISPERQ_SYNC_WAITS_PER_CLIENT", 1, low=0, high=10_000),
+            anonymous_max_priority=env.choice("WHISPERQ_ANONYMOUS_MAX_PRIORITY", "normal", PRIORITIES),
+            allowed_hosts=_hosts(env.str("WHISPERQ_ALLOWED_HOSTS", None)),
         )
         if values["high_reserve"] >= 1:
             raise ConfigError(
@@ -188,6 +198,22 @@ class Settings:
                    if Path(settings.model_path).is_file() else "")
             )
         return settings
+
+    def served_hosts(self) -> tuple[str, ...] | None:
+        """The Host names requests may name (None: any). By default, loopback names when the
+        service listens on loopback, plus WHISPERQ_PUBLIC_URL's host: a page on another site
+        whose name a DNS rebinding points at 127.0.0.1 then reaches nothing. Listening beyond
+        loopback with no WHISPERQ_ALLOWED_HOSTS or WHISPERQ_PUBLIC_URL, any name is served."""
+        from urllib.parse import urlsplit
+
+        if self.allowed_hosts is not None:
+            return None if "*" in self.allowed_hosts else self.allowed_hosts
+        public = (urlsplit(self.public_url).hostname or "",) if self.public_url else ()
+        if self.host in ("127.0.0.1", "localhost", "::1") or self.host.startswith("127."):
+            return ("localhost", "127.0.0.1", "::1", self.host.lower()) + public
+        if public:
+            return ("localhost", "127.0.0.1", "::1") + public + ((self.host.lower(),) if self.host not in ("0.0.0.0", "::") else ())
+        return None
 
     @property
     def max_upload_bytes(self) -> int:
@@ -259,11 +285,28 @@ class Settings:
         return out
 
 
+def private_dir(path: Path) -> Path:
+    """Make `path`, and whichever of its parents are missing, readable by the owner alone
+    (0700) from the start: the data dir holds keys, secrets and audio. A directory that
+    exists already is left as the operator made it (a shared mount, say)."""
+    missing = []
+    at = Path(path)
+    while not at.exists() and at != at.parent:
+        missing.append(at)
+        at = at.parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            pass
+    return Path(path)
+
+
 def generated_secret(path: Path, make) -> str:
     """A secret made once into `path` (mode 0600) and read by every process after: the
     first process to get here wins the race, the others read its secret."""
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")  # mode 0600
         try:
             with os.fdopen(fd, "w") as out:
@@ -299,6 +342,32 @@ def _mask(text: str) -> str:
             creds = creds.split(":", 1)[0] + ":***"
         return f"{scheme}://{creds}@{host}"
     return text
+
+
+def _input_dirs(value: str | None, data_dir: Path) -> tuple[Path, ...]:
+    """WHISPERQ_INPUT_DIRS: where transcribe.delay(path) may read, absolute directories
+    separated by commas (default: the data dir's inbox/)."""
+    if value is None or not value.strip():
+        return (data_dir / "inbox",)
+    dirs = []
+    for part in value.replace(os.pathsep, ",").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if not os.path.isabs(part):
+            raise ConfigError(f"WHISPERQ_INPUT_DIRS: {part!r} is not an absolute path; list absolute directories, "
+                              "separated by commas")
+        dirs.append(Path(os.path.realpath(part)))
+    return tuple(dirs)
+
+
+def _hosts(value: str | None) -> tuple[str, ...] | None:
+    """WHISPERQ_ALLOWED_HOSTS: the host names (no port) requests may be addressed to, comma
+    separated; `*` for any. None: the default (see Settings.served_hosts)."""
+    if value is None or not value.strip():
+        return None
+    hosts = tuple(h.strip().lower().strip("[]") for h in value.split(",") if h.strip())
+    return hosts or None
 
 
 class _Env:

@@ -10,6 +10,8 @@ from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
+from config import private_dir
+
 
 class Base(DeclarativeBase):
     pass
@@ -40,7 +42,7 @@ class Database:
             if self.url.startswith("sqlite"):
                 path = self.url.split("///", 1)[-1]
                 if path and path != ":memory:":
-                    Path(path).parent.mkdir(parents=True, exist_ok=True)
+                    private_dir(Path(path).parent)
                 engine = create_engine(self.url, connect_args={"timeout": 10})
                 event.listen(engine, "connect", _sqlite_pragmas)
             else:

@@ -137,6 +137,8 @@ class Job(Base):
     # The API key that submitted it (models.apikeys); None for anonymous use and for
     # transcribe.delay() callers. Other keys get 404 for it.
     owner: Mapped[str | None] = mapped_column(String(36), index=True)
+    # The container the door found (models.audio.DEMUXERS), pinned when the file is decoded.
+    audio_format: Mapped[str | None] = mapped_column(String(16))
 
     @property
     def state(self) -> JobStatus:

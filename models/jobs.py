@@ -29,6 +29,7 @@ from .errors import (
 from .job import Job, JobStatus, new_job_id, utcnow
 from .runtime import Runtime
 from .speech import check_language
+from .storage import caller_file
 from .windows import split_windows
 
 log = logging.getLogger(__name__)
@@ -62,8 +63,8 @@ def create_job(
     spooled: Path | None,
     *,
     filename: str | None,
-    suffix: str,
     duration: float | None,
+    audio_format: str | None = None,
     language: str | None,
     priority: str,
     task: str = "transcribe",
@@ -77,7 +78,7 @@ def create_job(
     """Move a validated upload into storage and record its PENDING job (before publishing).
     A job submitted by URL has no file yet: the preparation pool fetches it."""
     job_id = new_job_id()
-    ref = rt.storage.adopt(spooled, job_id, suffix) if spooled is not None else ""
+    ref = rt.storage.adopt(spooled, job_id) if spooled is not None else ""
     try:
         with rt.db.session() as session:
             job = Job(
@@ -85,7 +86,7 @@ def create_job(
                 audio_ref=ref, audio_owned=True, filename=filename,
                 audio_duration=round(duration, 3) if duration is not None else None, attempts=0,
                 callback_url=callback_url, word_timestamps=word_timestamps, audio_url=audio_url,
-                prompt=prompt, temperature=temperature, owner=owner,
+                prompt=prompt, temperature=temperature, owner=owner, audio_format=audio_format,
             )
             session.add(job)
     except BaseException:
@@ -125,17 +126,25 @@ def _claim(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any], wo
     FAILED one, and AttemptsExhausted when a redelivery finds no attempts left (a job
     whose workers keep dying is a poison job: it goes to the dead-letter store).
     """
+    refusal = None
     with rt.db.session(write=True) as session:
         job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one_or_none()
         if job is None:
-            # Submitted with transcribe.delay(path): the task id is the job id.
+            # Submitted with transcribe.delay(path): the task id is the job id. A path that
+            # is not the caller's file to give fails at once, for good, saying why.
+            try:
+                audio_ref, refusal = caller_file(audio_ref, rt.settings.input_dirs, rt.settings.data_dir), None
+            except ValueError as exc:
+                audio_ref, refusal = str(audio_ref)[:4096], str(exc)
             job = Job(
                 id=job_id, status=JobStatus.PENDING.value, task=options.get("task") or "transcribe",
                 language=options.get("language"), priority=options.get("priority") or "normal",
-                audio_ref=audio_ref, audio_owned=rt.storage.owns(audio_ref),
-                filename=Path(audio_ref).name if not rt.storage.owns(audio_ref) else None, attempts=0,
+                audio_ref=audio_ref, audio_owned=False, filename=Path(audio_ref).name[:255] or None, attempts=0,
                 created_at=utcnow(),
             )
+            if refusal is not None:
+                job.status, job.error, job.finished_at = JobStatus.FAILED.value, refusal, utcnow()
+                log.warning("job %s: refused its audio path: %s", job_id, refusal)
             session.add(job)
         if job.state is JobStatus.COMPLETED:
             log.info("job %s already COMPLETED; duplicate delivery ignored", job_id)
@@ -144,7 +153,7 @@ def _claim(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any], wo
             raise JobExpired(job.error or "the job expired")
         if job.state is JobStatus.CANCELLED:
             raise JobCancelled(f"job {job_id} was cancelled; it is not run")
-        if job.state is JobStatus.FAILED:
+        if job.state is JobStatus.FAILED and refusal is None:
             raise PermanentJobError(job.error or "the job has failed")
         ttl = timedelta(seconds=rt.settings.job_ttl_seconds)
         if job.state is JobStatus.PENDING and not job.attempts and job.waiting_since() < utcnow() - ttl:
@@ -152,6 +161,8 @@ def _claim(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any], wo
             expired = job.error
         else:
             expired = None
+    if refusal is not None:  # raised after the session has committed the FAILED job
+        raise PermanentJobError(refusal)
     if expired is not None:  # raised after the session has committed the EXPIRED state
         raise JobExpired(expired)
     with rt.db.session(write=True) as session:
@@ -193,8 +204,8 @@ def prepare_job(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any
         if not path.is_file():
             # Shared storage may not have caught up yet: worth another attempt.
             raise TransientJobError(f"the audio file {job.audio_ref!r} does not exist or is not readable by the worker")
-        samples = _decode_stored(rt, job.audio_ref)
-    except (UnsupportedAudio, InvalidRequest, PermanentJobError) as exc:
+        samples = _decode_stored(rt, job.audio_ref, job.audio_format)
+    except (UnsupportedAudio, AudioTooLong, InvalidRequest, PermanentJobError) as exc:
         fail_job(rt, job_id, str(exc))
         raise PermanentJobError(str(exc)) from exc
     duration = len(samples) / audio_io.SAMPLE_RATE
@@ -228,14 +239,15 @@ def prepare_job(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any
     }
 
 
-def _decode_stored(rt: Runtime, ref: str):
-    """The stored audio's samples (decrypted as they are read). A key this worker lacks may
-    be a configuration still rolling out: retried. A file that fails authentication is not."""
+def _decode_stored(rt: Runtime, ref: str, audio_format: str | None):
+    """The stored audio's samples (decrypted as they are read), its container pinned as the
+    door found it, at most WHISPERQ_MAX_AUDIO_SECONDS of it. A key this worker lacks may be
+    a configuration still rolling out: retried. A file that fails authentication is not."""
     from .crypto import DecryptionError
 
     try:
         with rt.storage.open(ref) as fh:
-            return audio_io.decode(fh)
+            return audio_io.decode(fh, format=audio_format, max_seconds=rt.settings.max_audio_seconds)
     except DecryptionError as exc:
         log.error("%s", exc)  # for the operator: which file, which key, which chunk
         if exc.missing_key:
@@ -416,23 +428,20 @@ def list_jobs(rt: Runtime, status: str | None = None, limit: int = 50,
 
 def _fetch(rt: Runtime, job: Job) -> str:
     """Fetch a job submitted by URL into storage (preparation pool); returns its reference."""
-    from urllib.parse import urlsplit
-
     from .fetch import fetch_audio
-    from .storage import safe_suffix
 
     tmp = rt.storage.tmp_dir / f"fetch-{job.id}"
     try:
         fetch_audio(job.audio_url, tmp, rt.settings, create=rt.storage.writer)  # written encrypted
         with rt.storage.open(f"tmp/{tmp.name}") as fh:
             info = audio_io.probe(fh, max_seconds=rt.settings.max_audio_seconds)
-        ref = rt.storage.adopt(tmp, job.id, safe_suffix(urlsplit(job.audio_url).path))
+        ref = rt.storage.adopt(tmp, job.id)
     except (UnsupportedAudio, AudioTooLong) as exc:
         raise PermanentJobError(f"the audio at audio_url: {exc}") from exc
     finally:
         tmp.unlink(missing_ok=True)
     with rt.db.session() as session:
         stored = session.get(Job, job.id)
-        stored.audio_ref, stored.audio_duration = ref, round(info.duration, 3)
+        stored.audio_ref, stored.audio_duration, stored.audio_format = ref, round(info.duration, 3), info.format
     log.info("job %s: fetched %.1f s of audio from its audio_url", job.id, info.duration)
     return ref

@@ -8,18 +8,16 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import re
 import shutil
 import tempfile
 import unicodedata
 from pathlib import Path
 from typing import BinaryIO, Callable
 
+from config import private_dir
+
 from .crypto import Keyring, current_keyring
 from .sealed import EncryptedWriter, open_decrypted, open_stored
-
-_SUFFIX = re.compile(r"^\.[a-z0-9]{1,8}$")
-
 
 def clean_filename(name: str | None) -> str | None:
     """The client's file name, safe to store and show: no directories, no control characters."""
@@ -30,9 +28,23 @@ def clean_filename(name: str | None) -> str | None:
     return name[:200] or None
 
 
-def safe_suffix(name: str | None) -> str:
-    suffix = Path(name or "").suffix.lower()
-    return suffix if _SUFFIX.match(suffix) else ".bin"
+def caller_file(ref: str, input_dirs: tuple[Path, ...], data_dir: Path) -> str:
+    """The file a `transcribe.delay(path)` caller names, resolved (links followed), if it is
+    an absolute path inside one of WHISPERQ_INPUT_DIRS and not in the service's own store;
+    else ValueError saying what to do. The store's files (other jobs' audio, keys) are never
+    readable this way, whatever the input directories are."""
+    listed = ", ".join(str(d) for d in input_dirs)
+    if not isinstance(ref, str) or not os.path.isabs(ref):
+        raise ValueError(f"transcribe.delay() takes the absolute path of a file under WHISPERQ_INPUT_DIRS ({listed}), "
+                         f"not {ref!r}")
+    real = Path(os.path.realpath(ref))
+    if not any(d == real or d in real.parents for d in input_dirs):
+        raise ValueError(f"{ref!r} is outside WHISPERQ_INPUT_DIRS ({listed}); put the file there, or add its "
+                         "directory to WHISPERQ_INPUT_DIRS")
+    store = Path(os.path.realpath(data_dir))
+    if (store == real or store in real.parents) and (store / "inbox") not in real.parents:
+        raise ValueError(f"{ref!r} is in the service's own data directory; only its inbox/ may be read this way")
+    return str(real)
 
 
 class LocalStorage:
@@ -48,7 +60,9 @@ class LocalStorage:
     @property
     def tmp_dir(self) -> Path:
         path = self.root / "tmp"
-        path.mkdir(parents=True, exist_ok=True)
+        if not path.is_dir():
+            private_dir(self.root)
+            path.mkdir(parents=True, exist_ok=True)
         return path
 
     def spool(self, stream: BinaryIO, limit: int | None = None,
@@ -72,9 +86,10 @@ class LocalStorage:
         """Write a file into the store encrypted (atomically: see EncryptedWriter)."""
         return EncryptedWriter(path)
 
-    def adopt(self, tmp: Path, job_id: str, suffix: str) -> str:
-        """Move a spooled file into the store under the job's id; returns its reference."""
-        ref = f"audio/{job_id[:2]}/{job_id}{suffix}"
+    def adopt(self, tmp: Path, job_id: str) -> str:
+        """Move a spooled file into the store under the job's id alone (no client suffix:
+        FFmpeg must learn nothing from a name); returns its reference."""
+        ref = f"audio/{job_id[:2]}/{job_id}"
         dest = self.root / ref
         dest.parent.mkdir(parents=True, exist_ok=True)
         os.replace(tmp, dest)

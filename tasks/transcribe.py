@@ -50,8 +50,9 @@ class TranscribeTask(Task):
         audio = args[0] if args else kwargs.get("audio")
         if not isinstance(audio, str) or not audio:
             raise TypeError("transcribe needs the audio file's path (a string) as its first argument")
-        if not os.path.isabs(audio) and not audio.startswith("audio/"):
-            raise ValueError(f"audio path {audio!r} must be absolute, and readable by the workers")
+        if not os.path.isabs(audio):
+            raise ValueError(f"transcribe.delay() takes the absolute path of a file under WHISPERQ_INPUT_DIRS, readable "
+                             f"by the workers, not {audio!r}")
         tier = kwargs.get("priority") or "normal"
         check_options(kwargs.get("language"), tier, kwargs.get("task") or "transcribe")  # a ValueError
         options.setdefault("priority", broker_priority(tier, self.app.conf.broker_url))
@@ -70,8 +71,7 @@ def _after_failure(task: Task, job_id: str, exc: BaseException):
         # Celery records the rejection as the task's failure, so r.get() raises it; on
         # RabbitMQ the rejected message goes on to the dead-letter exchange.
         raise JobDeadLettered(f"{reason} (the job is in the dead-letter queue)", requeue=False)
-    publish_transcribe(task.app, get_job(rt, job_id), countdown=delay, reply_to=task.request.reply_to,
-                       ignore_result=_ignores_result(task))
+    publish_transcribe(task.app, get_job(rt, job_id), countdown=delay, reply_to=task.request.reply_to)
     raise Ignore()
 
 

@@ -32,9 +32,13 @@ def pytest_configure(config) -> None:
     # Retries come quickly in tests; the defaults (2 s doubling, 3 attempts) stay otherwise.
     os.environ.setdefault("WHISPERQ_RETRY_BASE_SECONDS", "0.5")
     os.environ.setdefault("WHISPERQ_ADMIN_TOKEN", "test-admin-token")
+    # transcribe.delay(path) reads only under these; the tests write their files in the temp dir.
+    os.environ.setdefault("WHISPERQ_INPUT_DIRS", os.path.realpath(tempfile.gettempdir()))
     # Most tests use the API as a single-user install does, without keys; the tests of
     # keys and isolation turn anonymous use off for their own app.
     os.environ.setdefault("WHISPERQ_ALLOW_ANONYMOUS", "true")
+    # Most tests ask for any priority anonymously; the anonymous cap (normal by default) has its own test.
+    os.environ.setdefault("WHISPERQ_ANONYMOUS_MAX_PRIORITY", "high")
     # One key for every run: a PostgreSQL test database outlives the run's data dir, and
     # a key generated into that dir would leave the next run rows it cannot decrypt.
     os.environ.setdefault("WHISPERQ_ENCRYPTION_KEYS", "test:4BhyR0TH0wSvs+Lxxn+GUw1KjIYpsahZajx2f5AvVsw=")

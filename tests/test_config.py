@@ -75,3 +75,27 @@ def test_celery_config_is_json_only_and_acks_late(tmp_path, broker):
         assert conf["broker_transport_options"]["confirm_publish"] is True
         assert conf["task_queues"][0].queue_arguments["x-max-priority"] == 9
         assert conf["result_backend"] == "db+" + s.database_url
+
+
+def test_the_data_dir_and_its_secrets_are_the_owners_alone(tmp_path):
+    """Made 0700 where the service creates it, secrets 0600 from their first byte."""
+    import stat
+
+    from config import Settings
+    from config.embedded import EmbeddedRedis
+    from models.storage import LocalStorage
+
+    data = tmp_path / "fresh" / "data"
+    settings = Settings.from_env({"WHISPERQ_DATA_DIR": str(data)})
+    LocalStorage(settings.data_dir).tmp_dir
+    assert stat.S_IMODE(data.stat().st_mode) == 0o700
+    assert stat.S_IMODE((tmp_path / "fresh").stat().st_mode) == 0o700
+    settings.session_secret()
+    assert stat.S_IMODE((data / "session-secret").stat().st_mode) == 0o600
+    broker = EmbeddedRedis(data / "redis")
+    broker.start()
+    try:
+        assert stat.S_IMODE((data / "redis" / "redis.conf").stat().st_mode) == 0o600
+        assert stat.S_IMODE((data / "redis").stat().st_mode) == 0o700
+    finally:
+        broker.stop()

@@ -301,7 +301,7 @@ def test_a_worker_without_the_key_retries_and_a_damaged_file_fails(private_rt):
     made = []
     for _ in range(2):
         spool = rt.storage.spool(io.BytesIO(FOX))
-        made.append(jobs.create_job(rt, spool.path, filename=None, suffix=".flac", duration=4.3, language="en",
+        made.append(jobs.create_job(rt, spool.path, filename=None, duration=4.3, language="en",
                                     priority="normal"))
         spool.release()
     rt_b = private_rt(B)
@@ -323,7 +323,7 @@ def test_fetched_audio_is_written_encrypted(private_rt):
 
     rt = private_rt()
     with Receiver({"/fox.flac": (200, {"Content-Type": "audio/flac"}, FOX)}) as server:
-        job = jobs.create_job(rt, None, filename="fox.flac", suffix="", duration=None, language="en",
+        job = jobs.create_job(rt, None, filename="fox.flac", duration=None, language="en",
                               priority="normal", audio_url=server.url("/fox.flac"))
         jobs.prepare_job(rt, job.id, "")
     stored = jobs.get_job(rt, job.id)
@@ -448,7 +448,7 @@ def test_rotation(private_rt, monkeypatch):
 
     rt = private_rt(A)
     spool = rt.storage.spool(io.BytesIO(FOX))
-    job = jobs.create_job(rt, spool.path, filename="fox.flac", suffix=".flac", duration=4.3, language="en",
+    job = jobs.create_job(rt, spool.path, filename="fox.flac", duration=4.3, language="en",
                           priority="normal")
     spool.release()
     jobs.prepare_job(rt, job.id, job.audio_ref)
@@ -571,3 +571,29 @@ def test_a_transcript_under_a_missing_key_is_a_clear_error(client, database):
     finally:
         with database.session() as s:
             s.execute(sql("DELETE FROM jobs WHERE id = :id"), {"id": job_id})
+
+
+@pytest.mark.parametrize("path", ["first publish", "retry", "sweeper", "dead-letter replay"])
+def test_every_path_that_publishes_an_api_job_keeps_it_out_of_the_result_backend(
+        client, celery_app, published, database, settings, path):
+    """An API job's transcript lives in its row, encrypted: no message for it may ask the
+    result backend to keep one. A transcribe.delay() job keeps its result for .get()."""
+    import io as _io
+
+    from config import publish_transcribe
+    from models.jobs import get_job
+    from models.runtime import Runtime
+
+    resp = client.post("/v1/jobs", data={"file": (_io.BytesIO(CLIPS["fox.flac"]["path"].read_bytes()), "fox.flac")},
+                       content_type="multipart/form-data")
+    job = get_job(Runtime(settings), resp.get_json()["job_id"])
+    if path != "first publish":  # how the retry, the sweeper and the replay publish it
+        published.clear()
+        publish_transcribe(celery_app, job, countdown=0.0 if path == "retry" else None)
+    headers, _body = published[-1]
+    assert headers["ignore_result"] is True
+    delay_job = dataclasses.replace(job) if dataclasses.is_dataclass(job) else job
+    delay_job.audio_owned, delay_job.audio_url = False, None  # as transcribe.delay(path) records it
+    published.clear()
+    publish_transcribe(celery_app, delay_job)
+    assert published[-1][0]["ignore_result"] is False

@@ -79,7 +79,7 @@ def conforms(document, api_schema, path: str, method: str, resp) -> None:
 def _job(rt, **kwargs):
     from models.jobs import create_job
 
-    fields = dict(filename="call.mp3", suffix="", duration=4.2, language=None, priority="normal",
+    fields = dict(filename="call.mp3", duration=4.2, language=None, priority="normal",
                   audio_url="http://127.0.0.1:9/call.mp3")
     fields.update(kwargs)
     return create_job(rt, None, **fields).id

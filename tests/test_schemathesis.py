@@ -61,7 +61,7 @@ def real_jobs(rt) -> dict[str, list[str]]:
     from models.jobs import complete_job, create_job
 
     def job(**kwargs) -> str:
-        fields = dict(filename="call.mp3", suffix="", duration=4.2, language=None, priority="normal",
+        fields = dict(filename="call.mp3", duration=4.2, language=None, priority="normal",
                       audio_url="http://127.0.0.1:9/call.mp3")
         return create_job(rt, None, **{**fields, **kwargs}).id
 
@@ -115,7 +115,7 @@ def test_what_fuzzing_found_stays_fixed(client, app, monkeypatch):
     assert "GET" in client.delete("/v1/jobs").headers["Allow"]
 
     rt = app.extensions["whisperq"]
-    ids = [create_job(rt, None, filename="a.mp3", suffix="", duration=None, language=None, priority="normal",
+    ids = [create_job(rt, None, filename="a.mp3", duration=None, language=None, priority="normal",
                       audio_url="http://127.0.0.1:9/a.mp3").id for _ in range(2)]
     for job_id in ids:
         bury(rt, job_id, "whisperq.transcribe", "the audio could not be fetched", None)

@@ -63,7 +63,7 @@ def test_a_405_names_the_allowed_methods(client):
 def test_the_job_page_is_not_cached(client, app):
     from models.jobs import create_job
 
-    job = create_job(app.extensions["whisperq"], None, filename="a.mp3", suffix="", duration=1.0, language=None,
+    job = create_job(app.extensions["whisperq"], None, filename="a.mp3", duration=1.0, language=None,
                      priority="normal", audio_url="http://127.0.0.1:9/a.mp3")
     resp = client.get(f"/jobs/{job.id}")
     assert resp.status_code == 200
@@ -114,7 +114,7 @@ def test_the_pages_run_in_a_browser_without_a_policy_violation(live_server, app,
     from models.jobs import complete_job, create_job
 
     rt = app.extensions["whisperq"]
-    job = create_job(rt, None, filename="a.mp3", suffix="", duration=1.0, language=None, priority="normal",
+    job = create_job(rt, None, filename="a.mp3", duration=1.0, language=None, priority="normal",
                      audio_url="http://127.0.0.1:9/a.mp3")
     complete_job(rt, job.id, {"text": "Hello.", "language": "en", "duration": 1.0,
                               "segments": [{"start": 0.0, "end": 1.0, "text": " Hello."}]})

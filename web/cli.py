@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from config import ConfigError, Settings, make_celery
+from config import ConfigError, Settings, make_celery, private_dir
 from models.errors import WhisperqError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,7 +35,7 @@ def cli() -> None:
 def run(procfile: str) -> None:
     """Start web, worker and Flower; with no CELERY_BROKER_URL, an embedded Redis too."""
     settings = _settings()
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(settings.data_dir)
     bindir = str(Path(sys.executable).parent)  # gunicorn, celery and honcho live beside Python
     env = dict(os.environ, WHISPERQ_DATA_DIR=str(settings.data_dir), PATH=bindir + os.pathsep + os.environ.get("PATH", ""))
     broker = None

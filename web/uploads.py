@@ -20,7 +20,7 @@ from models import idempotency
 from models.jobs import check_options, create_job, discard_job, get_job
 from models.runtime import Runtime
 from models.speech import check_language, is_multilingual, model_path
-from models.storage import SealedSpool, clean_filename, safe_suffix
+from models.storage import SealedSpool, clean_filename
 from models.webhooks import check_url
 
 log = logging.getLogger(__name__)
@@ -130,8 +130,8 @@ def submit_upload(rt: Runtime, celery: Celery, upload: FileStorage | None, form:
             rt,
             spooled.path,
             filename=clean_filename(upload.filename),
-            suffix=safe_suffix(upload.filename),
             duration=info.duration,
+            audio_format=info.format,
             owner=owner,
             **options,
         )
@@ -164,7 +164,7 @@ def submit_url(rt: Runtime, celery: Celery, body, idempotency_key: str | None = 
         if earlier is not None:
             return get_job(rt, earlier), False
     name = clean_filename(url.rsplit("/", 1)[-1].split("?", 1)[0]) or None
-    job = create_job(rt, None, filename=name, suffix="", duration=None, audio_url=url, owner=owner, **options)
+    job = create_job(rt, None, filename=name, duration=None, audio_url=url, owner=owner, **options)
     return _enqueue(rt, celery, job, idempotency_key, fingerprint)
 
 
