@@ -74,6 +74,8 @@ class Principal:
     tier: str | None
     admin: bool = False
     name: str = "anonymous"
+    # Anonymous use: the highest priority it may ask for (WHISPERQ_ANONYMOUS_MAX_PRIORITY).
+    cap: str | None = None
 
     @property
     def anonymous(self) -> bool:
@@ -81,7 +83,7 @@ class Principal:
 
     @property
     def max_priority(self) -> str:
-        return TIERS.get(self.tier or "", "high")
+        return TIERS.get(self.tier or "", self.cap or "high")
 
     def default_priority(self) -> str:
         """`normal`, or the tier's highest if that is lower."""
@@ -90,6 +92,11 @@ class Principal:
     def check_priority(self, priority: str) -> None:
         if PRIORITIES.index(priority) < PRIORITIES.index(self.max_priority):
             allowed = PRIORITIES[PRIORITIES.index(self.max_priority):]
+            if self.anonymous:
+                raise Forbidden(
+                    f"anonymous use may ask for priority {' or '.join(allowed)}, not {priority}; leave priority out, "
+                    "or send an API key of a tier that allows it (an operator sets WHISPERQ_ANONYMOUS_MAX_PRIORITY)"
+                )
             raise Forbidden(
                 f"this API key's tier ({self.tier}) may ask for priority {' or '.join(allowed)}, not {priority}; "
                 f"leave priority out or ask an operator for a key on a higher tier"

@@ -102,7 +102,9 @@ def _refusal(address: str, networks) -> str | None:
     for c in candidates:
         for kind, bad in (("unspecified", c.is_unspecified), ("loopback", c.is_loopback),
                           ("link-local (cloud metadata)", c.is_link_local), ("multicast", c.is_multicast),
-                          ("private", c.is_private), ("reserved", c.is_reserved), ("non-public", not c.is_global)):
+                          ("private", c.is_private), ("reserved", c.is_reserved),
+                          # fec0::/10, deprecated but still routed inside some networks; Python counts it global
+                          ("site-local", getattr(c, "is_site_local", False)), ("non-public", not c.is_global)):
             if bad:
                 return kind
     return None

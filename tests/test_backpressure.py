@@ -89,17 +89,20 @@ def redis_for_limits(settings) -> str:
 
 
 def test_per_client_rate_limit_with_ratelimit_headers(settings, database, published):
-    client = app_with(settings, rate_limit="3/minute", redis_url=redis_for_limits(settings)).test_client()
-    me, other = ({"Authorization": f"Bearer {uuid.uuid4().hex}"} for _ in range(2))
-    answers = [post(client, headers=me) for _ in range(3)]
+    app = app_with(settings, rate_limit="3/minute", redis_url=redis_for_limits(settings))
+    me, other = (app.test_client() for _ in range(2))
+    me.environ_base["REMOTE_ADDR"] = f"127.0.{uuid.uuid4().int % 250}.{uuid.uuid4().int % 250 + 1}"
+    other.environ_base["REMOTE_ADDR"] = "127.0.255.254"
+    answers = [post(me, headers={"Authorization": f"Bearer {uuid.uuid4().hex}"}) for _ in range(3)]
     assert [r.status_code for r in answers] == [202] * 3
     assert [r.headers["RateLimit-Remaining"] for r in answers] == ["2", "1", "0"]
     assert answers[0].headers["RateLimit-Limit"] == "3" and answers[0].headers["RateLimit-Policy"] == "3;w=60"
-    refused = post(client, headers=me)
+    # A new random bearer each time is still the same anonymous client: its address's count.
+    refused = post(me, headers={"Authorization": f"Bearer {uuid.uuid4().hex}"})
     assert refused.status_code == 429 and refused.get_json()["error"]["code"] == "rate_limited"
     assert 1 <= int(refused.headers["Retry-After"]) <= 60 and refused.headers["RateLimit-Remaining"] == "0"
     assert len(published) == 3  # the refused one was not enqueued
-    assert post(client, headers=other).status_code == 202  # another client has its own count
+    assert post(other).status_code == 202  # another address has its own count
 
 
 def test_the_rate_limiter_counts_in_windows(monkeypatch):

@@ -125,6 +125,7 @@ def test_bad_callback_urls_say_what_to_fix(tmp_path, url, words):
     ("169.254.169.254", "link-local (cloud metadata)"), ("0.0.0.0", "unspecified"), ("224.0.0.1", "multicast"),
     ("100.64.0.1", "non-public"), ("::1", "loopback"), ("::ffff:10.0.0.1", "private"), ("fd00::1", "private"),
     ("fe80::1", "link-local (cloud metadata)"), ("2002:a00:1::1", "private"),  # 6to4 wrapping 10.0.0.1
+    ("fec0::1", "site-local"), ("fec0:1:2::3", "site-local"),
 ])
 def test_non_public_addresses_are_refused(tmp_path, address, kind):
     host = f"[{address}]" if ":" in address else address

@@ -11,6 +11,11 @@ from models.runtime import Runtime
 
 
 MAX_HEADER_BYTES = 16 * 1024
+# A body that is not a multipart upload (JSON, a form post) is small: an audio_url and options.
+MAX_BODY_BYTES = 64 * 1024
+# A multipart upload: the file and the options (FIELDS), with room to spare; werkzeug's
+# default (1,000) would spool that many parts before the fields are checked.
+MAX_FORM_PARTS = 16
 
 
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
@@ -26,6 +31,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         # Text fields are small; cap what they may hold in memory. Werkzeug counts its
         # read buffer (64 KiB chunks) against this too, so it must stay well above that.
         MAX_FORM_MEMORY_SIZE=1024 * 1024,
+        MAX_FORM_PARTS=MAX_FORM_PARTS,
     )
     app.config.update(test_config)
     app.json.sort_keys = False  # keep job_id and status first, as documented
@@ -49,6 +55,13 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.register_blueprint(pages.bp)
     app.register_blueprint(openapi.bp)
     security.init_app(app)
+
+    @app.before_request
+    def _limit_body():
+        if request.mimetype != "multipart/form-data":
+            request.max_content_length = MAX_BODY_BYTES  # read whole by get_json(): keep it small
+        return None
+
     @app.before_request
     def _limit_headers():
         # gunicorn refuses a single header line over 32 KiB itself (web.server answers

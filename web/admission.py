@@ -2,7 +2,6 @@
 the queue budget, checked before an upload is read, then again once its priority is known."""
 from __future__ import annotations
 
-import hashlib
 import logging
 
 from flask import current_app, g, request
@@ -15,14 +14,12 @@ _UNSET = object()
 
 
 def client_key() -> str:
-    """Who is asking: the API key when there is one, else the bearer token (hashed), else
-    the address."""
+    """Who is asking: the API key when there is one, else the address. A bearer that is no
+    key (anonymous use ignores it) earns no bucket of its own: a new random one per
+    request would otherwise be a fresh rate limit each time."""
     found = g.get("principal")
     if found is not None and found.owner is not None:
         return "key:" + found.owner
-    auth = request.headers.get("Authorization", "")
-    if auth.lower().startswith("bearer ") and auth[7:].strip():
-        return "key:" + hashlib.sha256(auth[7:].strip().encode()).hexdigest()[:32]
     return "addr:" + (request.remote_addr or "unknown")
 
 

@@ -11,7 +11,10 @@
   `csrf_token` or the `X-CSRF-Token` header.
 - With WHISPERQ_ALLOW_ANONYMOUS (on with `make run`, off otherwise) a request with no
   key acts anonymously: it sees the anonymous jobs only, and the upload page needs no
-  sign-in.
+  sign-in. A browser is a confused deputy there, so anonymous requests must name a Host
+  this server serves (a DNS rebinding names another), an anonymous change must not come
+  from another site (Sec-Fetch-Site, else Origin), and anonymous jobs get at most
+  WHISPERQ_ANONYMOUS_MAX_PRIORITY.
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ from urllib.parse import urlsplit
 
 from flask import Flask, current_app, g, redirect, request, session, url_for
 
-from models.apikeys import ANONYMOUS, PREFIX, BadKey, Principal, authenticate, principal_for_key_id
+from models.apikeys import PREFIX, BadKey, Principal, authenticate, principal_for_key_id
 from models.errors import Forbidden, Unauthorized
 
 # Blueprints whose requests act for someone; the rest (health, metrics, static files,
@@ -53,7 +56,10 @@ def init_app(app: Flask) -> None:
 
 
 def _identify():
-    if request.blueprint not in _ACTING or request.endpoint in _OPEN_PAGES:
+    if request.blueprint not in _ACTING:
+        return None
+    check_host()
+    if request.endpoint in _OPEN_PAGES:
         return None
     try:
         g.principal = principal()
@@ -61,10 +67,42 @@ def _identify():
         if request.blueprint == "pages":
             return redirect(url_for("pages.login", next=request.full_path.rstrip("?")))
         raise
+    if request.method in _UNSAFE and g.principal.anonymous:
+        check_same_site()
     # The upload page checks its token itself, after the cheap checks and before the body.
     if request.method in _UNSAFE and g.get("by_cookie") and request.endpoint != "pages.upload":
         check_csrf(header_only=request.blueprint != "pages")
     return None
+
+
+def check_host() -> None:
+    """The Host must be one this server serves (Settings.served_hosts): a page on another
+    site that points its own name at 127.0.0.1 must not reach the API through the browser."""
+    served = current_app.extensions["whisperq"].settings.served_hosts()
+    if served is None:
+        return
+    host = request.host.lower()
+    name = host[1:].split("]", 1)[0] if host.startswith("[") else host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    if name not in served:
+        raise Forbidden(f"this server does not serve the host {name!r}; use one of {', '.join(sorted(set(served)))} "
+                        "(an operator adds names with WHISPERQ_ALLOWED_HOSTS)")
+
+
+def check_same_site() -> None:
+    """An anonymous change must come from this site or from no site at all (a script, a
+    service): a page elsewhere must not submit, cancel or delete on a visitor's behalf."""
+    fetch_site = request.headers.get("Sec-Fetch-Site")
+    if fetch_site is not None:
+        if fetch_site.lower() not in ("same-origin", "none"):
+            raise Forbidden("a page on another site may not change jobs here; open this server's own page")
+        return
+    origin = request.headers.get("Origin")
+    if origin is not None and origin != "null":
+        parts = urlsplit(origin)
+        if (parts.netloc or "").lower() != request.host.lower():
+            raise Forbidden("a page on another site may not change jobs here; open this server's own page")
+    elif origin == "null":
+        raise Forbidden("a page with no origin may not change jobs here; open this server's own page")
 
 
 def bearer_token() -> str | None:
@@ -93,7 +131,7 @@ def principal() -> Principal:
         if rt.settings.allow_anonymous and not token.startswith(PREFIX):
             # OpenAI's SDKs must send some key ("unused"): where anonymous use is allowed,
             # a token that is no whisperq key is no claim to be anyone.
-            return ANONYMOUS
+            return anonymous(rt.settings)
         return authenticate(rt, token)
     key_id = session.get("key_id")
     if key_id:
@@ -104,11 +142,15 @@ def principal() -> Principal:
         session.clear()  # its key was revoked: sign the browser out
     if rt.settings.allow_anonymous:
         g.by_cookie = request.blueprint == "pages"
-        return ANONYMOUS
+        return anonymous(rt.settings)
     raise NotSignedIn(
         "this server needs an API key: send it as 'Authorization: Bearer <key>' (an operator creates one with "
         "`whisperq keys create`)"
     )
+
+
+def anonymous(settings) -> Principal:
+    return Principal(owner=None, tier=None, cap=settings.anonymous_max_priority)
 
 
 def current() -> Principal:

@@ -40,9 +40,17 @@ def init_app(app: Flask) -> None:
 
     @app.errorhandler(RequestEntityTooLarge)
     def _too_large(exc):
-        return error_response(
-            413, "too_large", f"the upload is larger than the limit of {limit_mb} MB (WHISPERQ_MAX_UPLOAD_MB)"
-        )
+        from . import MAX_BODY_BYTES, MAX_FORM_PARTS
+
+        if request.mimetype != "multipart/form-data":
+            message = (f"the request body is larger than {MAX_BODY_BYTES // 1024} KiB; a JSON body carries an "
+                       "audio_url and options, and audio goes as a multipart upload")
+        elif request.content_length is not None and request.content_length <= app.config["MAX_CONTENT_LENGTH"]:
+            message = (f"the upload has too many parts (at most {MAX_FORM_PARTS}: the file and its options) "
+                       "or a field over 1 MiB")
+        else:
+            message = f"the upload is larger than the limit of {limit_mb} MB (WHISPERQ_MAX_UPLOAD_MB)"
+        return error_response(413, "too_large", message)
 
     @app.errorhandler(HTTPException)
     def _http_error(exc: HTTPException):

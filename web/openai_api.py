@@ -4,14 +4,16 @@
     client = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused")
     client.audio.transcriptions.create(model="whisper-1", file=open("call.flac", "rb"))
 
-A request becomes an ordinary job at `high` priority (or the highest the API key's tier
-allows), through the same queue and pools,
-and the connection waits for it up to WHISPERQ_SYNC_WAIT_SECONDS. Past that it answers
-`202` with the job's id and `Location`, instead of tying up the connection: poll the job
-there. Errors come in OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
+A request becomes an ordinary job at the highest priority the caller may ask for (its
+key's tier, or WHISPERQ_ANONYMOUS_MAX_PRIORITY), through the same queue and pools, and the
+connection waits for it up to WHISPERQ_SYNC_WAIT_SECONDS. Past that it answers `202` with
+the job's id and `Location`, instead of tying up the connection: poll the job there. Only
+WHISPERQ_SYNC_WAITS requests of a web process (WHISPERQ_SYNC_WAITS_PER_CLIENT of one
+client) wait at once; the others get their `202` at once. Errors come in OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
 """
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -25,7 +27,7 @@ from models.job import JobStatus
 from models.jobs import get_job
 from models.speech import bundled_model_path
 
-from .admission import admit_priority, admit_submission
+from .admission import admit_priority, admit_submission, client_key
 from .auth import current
 from .uploads import submit_upload
 
@@ -76,6 +78,38 @@ def models():
         {"id": name, "object": "model", "created": 0, "owned_by": "whisperq"} for name in model_names(settings)]})
 
 
+class WaitGate:
+    """Who may hold a web thread waiting for a transcript: at most `total` requests of this
+    process at once, at most `per_client` of one client. The rest get their 202 at once, so
+    the threads stay free for /healthz, submissions and status (the Procfile runs 4 a process)."""
+
+    def __init__(self, total: int, per_client: int):
+        self.total, self.per_client = total, per_client
+        self._lock = threading.Lock()
+        self._held: dict[str, int] = {}
+
+    def enter(self, client: str) -> bool:
+        with self._lock:
+            if sum(self._held.values()) >= self.total or self._held.get(client, 0) >= self.per_client:
+                return False
+            self._held[client] = self._held.get(client, 0) + 1
+            return True
+
+    def leave(self, client: str) -> None:
+        with self._lock:
+            self._held[client] -= 1
+            if not self._held[client]:
+                del self._held[client]
+
+
+def _gate(settings) -> WaitGate:
+    gate = current_app.extensions.get("whisperq_waits")
+    if gate is None:
+        gate = current_app.extensions.setdefault("whisperq_waits",
+                                                 WaitGate(settings.sync_waits, settings.sync_waits_per_client))
+    return gate
+
+
 @bp.post("/audio/transcriptions")
 def transcriptions():
     rt = current_app.extensions["whisperq"]
@@ -98,7 +132,7 @@ def transcriptions():
     if granularities and fmt != "verbose_json":
         return openai_error(400, "timestamp_granularities needs response_format verbose_json",
                             param="timestamp_granularities[]")
-    # The highest priority the caller's tier allows: `high` for anonymous use and premium keys.
+    # The highest priority the caller may ask for: its tier's, or WHISPERQ_ANONYMOUS_MAX_PRIORITY.
     who = current()
     fields = MultiDict({"priority": who.max_priority, "word_timestamps": "true" if "word" in granularities else "false"})
     for name in ("language", "prompt", "temperature"):
@@ -107,17 +141,25 @@ def transcriptions():
     job, _ = submit_upload(rt, current_app.extensions["celery"], request.files.get("file"), fields,
                            files=MultiDict({"file": request.files["file"]}) if "file" in request.files else {},
                            admit=admit_priority, owner=who.owner)
-    deadline = time.monotonic() + rt.settings.sync_wait_seconds
-    while True:
-        job = get_job(rt, job.id)
-        if job.state.finished or time.monotonic() >= deadline:
-            break
-        time.sleep(0.1)
+    gate, client = _gate(rt.settings), client_key()
+    waited = gate.enter(client)
+    try:
+        deadline = time.monotonic() + (rt.settings.sync_wait_seconds if waited else 0.0)
+        while True:
+            job = get_job(rt, job.id)
+            if job.state.finished or time.monotonic() >= deadline:
+                break
+            time.sleep(0.1)
+    finally:
+        if waited:
+            gate.leave(client)
     status_url = url_for("api.show", job_id=job.id, _external=True)
     if not job.state.finished:
+        message = (f"still transcribing after {rt.settings.sync_wait_seconds:g} s; poll status_url" if waited else
+                   "queued; this server is holding as many waiting requests as it allows, so poll status_url")
         body = {"id": job.id, "object": "transcription.job", "status": job.status, "status_url": status_url,
-                "message": f"still transcribing after {rt.settings.sync_wait_seconds:g} s; poll status_url"}
-        return jsonify(body), 202, {"Location": status_url}
+                "message": message}
+        return jsonify(body), 202, {"Location": status_url, "Retry-After": "1"}
     if job.state is not JobStatus.COMPLETED:
         return openai_error(400 if job.state is JobStatus.FAILED else 503,
                             f"the transcription {job.status.lower()}: {job.error or 'no reason recorded'}",

@@ -73,7 +73,8 @@ def _form(error: str | None = None, status: int = 200):
         render_template(
             "index.html",
             error=error,
-            priorities=PRIORITIES,
+            # Only what this visitor may ask for (a tier, or anonymous use, caps it).
+            priorities=PRIORITIES[PRIORITIES.index(g.principal.max_priority):] if g.get("principal") else PRIORITIES,
             priority_hints=PRIORITY_HINTS,
             languages=_languages(),
             max_mb=settings.max_upload_mb,
