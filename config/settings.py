@@ -96,6 +96,9 @@ class Settings:
     input_dirs: tuple[Path, ...]
     anonymous_max_priority: str
     sync_waits: int
+    max_audio_seconds_premium: float
+    max_audio_seconds_standard: float
+    max_audio_seconds_batch: float
     sync_waits_per_client: int
     allowed_hosts: tuple[str, ...] | None
 
@@ -167,6 +170,9 @@ class Settings:
             rate_limit_standard=env.rate("WHISPERQ_RATE_LIMIT_STANDARD", "120/minute"),
             rate_limit_batch=env.rate("WHISPERQ_RATE_LIMIT_BATCH", "60/minute"),
             input_dirs=_input_dirs(env.str("WHISPERQ_INPUT_DIRS", None), data_dir),
+            max_audio_seconds_premium=env.float("WHISPERQ_MAX_AUDIO_SECONDS_PREMIUM", 4 * 3600.0, low=1.0),
+            max_audio_seconds_standard=env.float("WHISPERQ_MAX_AUDIO_SECONDS_STANDARD", 4 * 3600.0, low=1.0),
+            max_audio_seconds_batch=env.float("WHISPERQ_MAX_AUDIO_SECONDS_BATCH", 4 * 3600.0, low=1.0),
             sync_waits=env.int("WHISPERQ_SYNC_WAITS", 2, low=0, high=10_000),
             sync_waits_per_client=env.int("WHISPERQ_SYNC_WAITS_PER_CLIENT", 1, low=0, high=10_000),
             anonymous_max_priority=env.choice("WHISPERQ_ANONYMOUS_MAX_PRIORITY", "normal", PRIORITIES),

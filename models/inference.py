@@ -16,7 +16,7 @@ from typing import Any
 from .audio import SAMPLE_RATE
 from .batching import Batcher
 from .errors import JobTimeLimitExceeded, TransientJobError
-from .jobs import begin_inference, cancel_running, complete_job, record_progress
+from .jobs import begin_inference, cancel_running, complete_job, count_engine_run, record_progress
 from .metrics import observe_batch
 from .runtime import Runtime
 from .speech import Transcript, get_engine
@@ -107,6 +107,7 @@ def infer_job(rt: Runtime, prepared: dict[str, Any], batcher: Batcher, worker: s
         batcher.cancel(futures)
         raise
     transcript = Transcript.from_segments(segments, language, duration)
+    count_engine_run(rt, job_id)
     result, stored = complete_job(rt, job_id, transcript.to_dict())
     rt.storage.delete(prepared["prepared"])
     if stored:

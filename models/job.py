@@ -139,6 +139,9 @@ class Job(Base):
     owner: Mapped[str | None] = mapped_column(String(36), index=True)
     # The container the door found (models.audio.DEMUXERS), pinned when the file is decoded.
     audio_format: Mapped[str | None] = mapped_column(String(16))
+    # How many times the engine went through all of the job's windows: once, whatever the
+    # deliveries (a run cut short by a crash is not counted). The delivery tests read it.
+    engine_runs: Mapped[int | None] = mapped_column(Integer)
 
     @property
     def state(self) -> JobStatus:

@@ -9,7 +9,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 
 from config import LANGUAGES, PRIORITIES
 
@@ -255,6 +255,12 @@ def _decode_stored(rt: Runtime, ref: str, audio_format: str | None):
                                     "does not have; add it to WHISPERQ_ENCRYPTION_KEYS") from None
         raise PermanentJobError("the stored audio failed decryption (it was altered or damaged); "
                                 "submit the audio again") from None
+
+
+def count_engine_run(rt: Runtime, job_id: str) -> None:
+    """The engine has been through all of this job's windows once more."""
+    with rt.db.session() as session:
+        session.execute(update(Job).where(Job.id == job_id).values(engine_runs=func.coalesce(Job.engine_runs, 0) + 1))
 
 
 def complete_job(rt: Runtime, job_id: str, data: dict[str, Any]) -> tuple[dict, bool]:

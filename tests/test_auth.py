@@ -248,3 +248,27 @@ def test_only_hashes_are_stored(secure, keys, database):
     flat = " ".join(" ".join(r) for r in rows)
     for token in keys.values():
         assert token not in flat and token[:10] in flat
+
+
+def test_a_tier_has_its_own_longest_audio(settings, database, published):
+    """WHISPERQ_MAX_AUDIO_SECONDS_<TIER>: a batch key here may send 5 s, a premium key more."""
+    import dataclasses
+    import io
+
+    from helpers import CLIPS
+    from models.apikeys import create_key
+    from web import create_app
+
+    app = create_app({"SETTINGS": dataclasses.replace(settings, allow_anonymous=False, max_audio_seconds_batch=5.0),
+                      "TESTING": True})
+    rt = app.extensions["whisperq"]
+    (_b, batch), (_p, premium) = create_key(rt, "short", "batch"), create_key(rt, "long", "premium")
+    client = app.test_client()
+
+    def send(key):
+        return client.post("/v1/jobs", data={"file": (io.BytesIO(CLIPS["report.opus"]["path"].read_bytes()), "r.opus")},
+                           content_type="multipart/form-data", headers={"Authorization": f"Bearer {key}"})
+
+    refused = send(batch)
+    assert refused.status_code == 413 and "limit of 5 s" in refused.get_json()["error"]["message"]
+    assert send(premium).status_code == 202

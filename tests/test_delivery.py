@@ -22,6 +22,14 @@ def submit(client, name: str = "fox.flac", **fields) -> str:
     return resp.get_json()["job_id"]
 
 
+def engine_runs(database, job_id: str) -> int:
+    """How many times the engine went through the job's windows, as the workers counted."""
+    from models.job import Job
+
+    with database.session() as session:
+        return session.scalar(select(Job.engine_runs).where(Job.id == job_id)) or 0
+
+
 def stored_lines(worker, job_id: str) -> int:
     """How many times a worker stored this job's transcript (across restarts)."""
     logs = "".join(p.read_text(errors="replace") for p in worker.tmp.glob("inference-*.log"))
@@ -38,7 +46,7 @@ def wait_for_stage(client, job_id: str, stage: str, timeout: float = 60):
     raise AssertionError(f"job {job_id} never reached stage {stage}")
 
 
-def test_kill_9_of_the_inference_worker_mid_job_costs_one_attempt(client, worker, tmp_path):
+def test_kill_9_of_the_inference_worker_mid_job_costs_one_attempt(client, worker, tmp_path, database):
     samples, text = long_recording(repeats=4)
     path = write_wav(tmp_path / "long.wav", samples)
     resp = client.post("/v1/jobs", data={"file": (io.BytesIO(path.read_bytes()), "long.wav")},
@@ -56,6 +64,7 @@ def test_kill_9_of_the_inference_worker_mid_job_costs_one_attempt(client, worker
     assert word_error_rate(text, job["result"]["text"]) <= pipeline_wer("long_recording(4)", samples, text) + PIPELINE_MARGIN
     time.sleep(2)  # a late duplicate would store now
     assert stored_lines(worker, job_id) == 1
+    assert engine_runs(database, job_id) == 1  # the killed run never finished; the redelivery ran once
 
 
 def wait_for_workers(celery_app, worker, timeout: float = 90) -> None:
@@ -96,6 +105,7 @@ def test_a_broker_restart_with_jobs_queued_and_running_loses_none(client, worker
     assert [j["status"] for j in jobs] == ["COMPLETED"] * len(job_ids), (jobs, [vars(r) for r in reports])
     time.sleep(2)  # a late duplicate would store now
     assert [stored_lines(worker, job_id) for job_id in job_ids] == [1] * len(job_ids)
+    assert [engine_runs(database, job_id) for job_id in job_ids] == [1] * len(job_ids)
     assert all(j["attempts"] <= 2 for j in jobs), [j["attempts"] for j in jobs]
     # The service takes new work on the restarted broker.
     assert wait_for_job(client, submit(client))["status"] == "COMPLETED"
@@ -114,6 +124,8 @@ def test_the_same_message_twice_gives_one_transcript(client, worker, celery_app,
     assert job["status"] == "COMPLETED"
     time.sleep(3)
     assert stored_lines(worker, job_id) == 1
+    # Counted where a second run would show, not in a log line only the first writer prints.
+    assert engine_runs(database, job_id) == 1
     with database.session() as s:
         assert s.scalar(select(func.count()).select_from(Job).where(Job.id == job_id)) == 1
     assert client.get(f"/v1/jobs/{job_id}").get_json()["result"] == job["result"]

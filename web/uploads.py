@@ -8,7 +8,7 @@ import unicodedata
 from typing import Callable, Mapping
 
 from celery import Celery
-from flask import Request, current_app
+from flask import Request, current_app, g, has_request_context
 from werkzeug.datastructures import FileStorage
 from werkzeug.exceptions import RequestEntityTooLarge
 
@@ -72,6 +72,16 @@ def parse_options(form: Mapping, settings, default_priority: str = "normal") -> 
             "word_timestamps": words in TRUE, "prompt": prompt, "temperature": temperature or None}
 
 
+def audio_limit(settings) -> float:
+    """The longest audio this request may send: WHISPERQ_MAX_AUDIO_SECONDS, or less for its
+    key's tier (WHISPERQ_MAX_AUDIO_SECONDS_<TIER>)."""
+    found = g.get("principal") if has_request_context() else None
+    tier = getattr(found, "tier", None)
+    if tier is None:
+        return settings.max_audio_seconds
+    return min(settings.max_audio_seconds, getattr(settings, f"max_audio_seconds_{tier}", settings.max_audio_seconds))
+
+
 def check_fields(form: Mapping[str, str], files, source: str = "file") -> None:
     unknown = sorted((set(form) - set(FIELDS) - ({source} if source != "file" else set())) | (set(files) - {"file"}))
     if unknown:
@@ -125,7 +135,7 @@ def submit_upload(rt: Runtime, celery: Celery, upload: FileStorage | None, form:
                 spooled.discard()
                 return get_job(rt, earlier), False
         with spooled.open() as fh:
-            info = audio_io.probe(fh, max_seconds=rt.settings.max_audio_seconds)
+            info = audio_io.probe(fh, max_seconds=audio_limit(rt.settings))
         job = create_job(
             rt,
             spooled.path,
