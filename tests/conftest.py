@@ -32,8 +32,10 @@ def pytest_configure(config) -> None:
     # Retries come quickly in tests; the defaults (2 s doubling, 3 attempts) stay otherwise.
     os.environ.setdefault("WHISPERQ_RETRY_BASE_SECONDS", "0.5")
     os.environ.setdefault("WHISPERQ_ADMIN_TOKEN", "test-admin-token")
-    # transcribe.delay(path) reads only under these; the tests write their files in the temp dir.
-    os.environ.setdefault("WHISPERQ_INPUT_DIRS", os.path.realpath(tempfile.gettempdir()))
+    # transcribe.delay(path) reads only under these: the temp dir, where the tests write their
+    # files, and the fixture clips.
+    os.environ.setdefault("WHISPERQ_INPUT_DIRS", ",".join(
+        [os.path.realpath(tempfile.gettempdir()), str(Path(__file__).resolve().parent / "fixtures")]))
     # Most tests use the API as a single-user install does, without keys; the tests of
     # keys and isolation turn anonymous use off for their own app.
     os.environ.setdefault("WHISPERQ_ALLOW_ANONYMOUS", "true")

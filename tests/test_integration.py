@@ -79,10 +79,10 @@ def test_undecodable_audio_fails_the_job_with_a_reason(client, worker, tmp_path)
     assert client.get(f"/v1/jobs/{r.id}/transcript").status_code == 409
 
 
-def test_missing_file_fails_with_a_reason(client, worker):
+def test_missing_file_fails_with_a_reason(client, worker, tmp_path):
     from tasks import transcribe
 
-    r = transcribe.delay("/nonexistent/whisperq/clip.flac")
+    r = transcribe.delay(str(tmp_path / "gone" / "clip.flac"))  # in an input directory, but not there
     with pytest.raises(Exception, match="does not exist"):
         r.get(timeout=60)
     assert client.get(f"/v1/jobs/{r.id}").get_json()["status"] == "FAILED"

@@ -200,7 +200,7 @@ def test_an_unreachable_broker_is_reported_not_raised(app, settings, monkeypatch
 # Worker-side metrics.
 
 
-def test_a_real_job_is_observed_in_the_worker_registry(settings, database):
+def test_a_real_job_is_observed_in_the_worker_registry(settings, database, tmp_path):
     from sqlalchemy import select
 
     from models import metrics
@@ -226,7 +226,7 @@ def test_a_real_job_is_observed_in_the_worker_registry(settings, database):
         # A second job: its file is missing (a transient failure, retried), then it fails for good.
         other = new_job_id()
         with pytest.raises(TransientJobError):
-            prepare_job(rt, other, "/nonexistent/whisperq-metrics.flac", {"priority": "low"})
+            prepare_job(rt, other, str(tmp_path / "whisperq-metrics-missing.flac"), {"priority": "low"})
         assert schedule_retry(rt, other, "the file is missing") is not None
         fail_job(rt, other, "gave up")
         after = fetch(port)

@@ -1,4 +1,6 @@
 """The openai-whisper engine: the CTranslate2 converter, and that it transcribes like faster-whisper."""
+import os
+
 import numpy as np
 import pytest
 
@@ -27,7 +29,8 @@ def settings(torch, tmp_path_factory):
     from config import Settings
 
     return Settings.from_env({"WHISPERQ_DATA_DIR": str(tmp_path_factory.mktemp("openai-engine")),
-                              "WHISPERQ_ENGINE": "openai-whisper", "WHISPERQ_DEVICE": "cpu"})
+                              "WHISPERQ_ENGINE": "openai-whisper", "WHISPERQ_DEVICE": "cpu",
+                              "WHISPERQ_INPUT_DIRS": os.environ["WHISPERQ_INPUT_DIRS"]})
 
 
 @pytest.fixture(scope="module")
