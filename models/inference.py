@@ -16,7 +16,7 @@ from typing import Any
 from .audio import SAMPLE_RATE
 from .batching import Batcher
 from .errors import JobTimeLimitExceeded, TransientJobError
-from .jobs import begin_inference, cancel_running, complete_job, count_engine_run, record_progress
+from .jobs import begin_inference, cancel_running, complete_job, count_engine_run, get_job, record_progress
 from .metrics import observe_batch
 from .runtime import Runtime
 from .speech import Transcript, get_engine
@@ -54,6 +54,11 @@ def batcher_stats() -> dict[str, Any]:
     return _batcher.stats() if _batcher is not None else {"batches": 0, "windows": 0, "pending": 0, "recent_sizes": []}
 
 
+# Jobs this process is transcribing now, each with an event set when its run ends.
+_running: dict[str, threading.Event] = {}
+_running_lock = threading.Lock()
+
+
 def infer_job(rt: Runtime, prepared: dict[str, Any], batcher: Batcher, worker: str | None = None,
               worker_id: str | None = None) -> dict:
     """Transcribe a prepared job through the batcher and store its transcript, once.
@@ -62,10 +67,32 @@ def infer_job(rt: Runtime, prepared: dict[str, Any], batcher: Batcher, worker: s
     boundary and keeps what was transcribed. Raises TransientJobError (time limit,
     prepared audio gone) or whatever the engine raised; the task decides between a retry
     and the dead-letter store.
+
+    A second message for a job this process is already transcribing (the same message
+    delivered twice, or prepared twice) runs nothing: it waits for that run and answers
+    with what it stored, so the engine goes through a job once (jobs.engine_runs).
     """
     job_id = prepared["job_id"]
     if "result" in prepared:
         return prepared["result"]
+    with _running_lock:
+        running = _running.get(job_id)
+        if running is None:
+            _running[job_id] = threading.Event()
+    if running is not None:
+        log.info("job %s: already being transcribed in this worker; this delivery waits for that run", job_id)
+        running.wait(rt.settings.time_limit(float(prepared.get("duration") or 0.0)))
+        return get_job(rt, job_id).result() or {"job_id": job_id, "duplicate_of_a_run_in_progress": True}
+    try:
+        return _infer(rt, prepared, batcher, worker, worker_id)
+    finally:
+        with _running_lock:
+            _running.pop(job_id).set()
+
+
+def _infer(rt: Runtime, prepared: dict[str, Any], batcher: Batcher, worker: str | None,
+           worker_id: str | None) -> dict:
+    job_id = prepared["job_id"]
     done = begin_inference(rt, job_id, worker, worker_id)
     if done is not None:
         log.info("job %s already COMPLETED; duplicate delivery ignored", job_id)

@@ -449,5 +449,6 @@ def _fetch(rt: Runtime, job: Job) -> str:
     with rt.db.session() as session:
         stored = session.get(Job, job.id)
         stored.audio_ref, stored.audio_duration, stored.audio_format = ref, round(info.duration, 3), info.format
+    job.audio_format = info.format  # pinned for the decode that follows
     log.info("job %s: fetched %.1f s of audio from its audio_url", job.id, info.duration)
     return ref
