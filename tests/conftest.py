@@ -115,6 +115,22 @@ def live_server(app):
 
 
 @pytest.fixture()
+def own_inference(settings, monkeypatch):
+    """A runtime and a batcher of the test's own, in this process, with the engine its
+    `settings` choose, loaded afresh (this process may hold another engine)."""
+    from models import inference, speech
+    from models.runtime import Runtime
+
+    monkeypatch.setattr(speech, "_engine", None)
+    monkeypatch.setattr(inference, "_batcher", None)
+    rt = Runtime(settings)
+    rt.db.create_all()
+    batcher = inference.get_batcher(rt)
+    yield rt, batcher
+    batcher.close()
+
+
+@pytest.fixture()
 def runner(app):
     return app.test_cli_runner()
 

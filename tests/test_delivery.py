@@ -181,32 +181,24 @@ def test_admin_api_needs_the_token(client):
     assert client.post("/v1/admin/dead-letters/nope/replay", headers=ADMIN).status_code == 404
 
 
-def test_two_deliveries_of_a_job_in_one_worker_run_the_engine_once(settings, database, monkeypatch):
+def test_two_deliveries_of_a_job_in_one_worker_run_the_engine_once(database, own_inference):
     """The same job's message twice in one inference process (delivered twice, or prepared
     twice), both taken before either finishes: one engine run, one transcript, both answered."""
     import threading
 
-    from models import inference, speech
+    from models import inference
     from models.job import new_job_id
     from models.jobs import prepare_job
-    from models.runtime import Runtime
 
-    monkeypatch.setattr(speech, "_engine", None)
-    monkeypatch.setattr(inference, "_batcher", None)
-    rt = Runtime(settings)
-    rt.db.create_all()
-    batcher = inference.get_batcher(rt)
-    try:
-        job_id = new_job_id()
-        prepared = prepare_job(rt, job_id, str(CLIPS["report.opus"]["path"]), {"language": "en"})
-        answers: list[dict] = []
-        runs = [threading.Thread(target=lambda: answers.append(inference.infer_job(rt, dict(prepared), batcher)))
-                for _ in range(2)]
-        for t in runs:
-            t.start()
-        for t in runs:
-            t.join(300)
-    finally:
-        batcher.close()
+    rt, batcher = own_inference
+    job_id = new_job_id()
+    prepared = prepare_job(rt, job_id, str(CLIPS["report.opus"]["path"]), {"language": "en"})
+    answers: list[dict] = []
+    runs = [threading.Thread(target=lambda: answers.append(inference.infer_job(rt, dict(prepared), batcher)))
+            for _ in range(2)]
+    for t in runs:
+        t.start()
+    for t in runs:
+        t.join(300)
     assert engine_runs(database, job_id) == 1
     assert len(answers) == 2 and answers[0]["text"] == answers[1]["text"] and answers[0]["text"]

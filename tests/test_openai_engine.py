@@ -222,24 +222,16 @@ def test_settings_take_a_checkpoint_file_only_for_this_engine(settings, checkpoi
         Settings.from_env(dict(env, WHISPERQ_ENGINE="openai-whisper", WHISPERQ_MODEL=str(settings.data_dir)))
 
 
-def test_a_worker_with_this_engine_completes_a_job(settings, checkpoint, monkeypatch):
+def test_a_worker_with_this_engine_completes_a_job(checkpoint, own_inference):
     """infer_job as the inference pool runs it, with the process's engine chosen by the settings."""
     from models import inference, speech
     from models.job import new_job_id
     from models.jobs import prepare_job
     from models.openai_engine import OpenAIWhisperEngine
-    from models.runtime import Runtime
 
-    monkeypatch.setattr(speech, "_engine", None)  # this process may hold a faster-whisper engine
-    monkeypatch.setattr(inference, "_batcher", None)
-    rt = Runtime(settings)
-    rt.db.create_all()
-    batcher = inference.get_batcher(rt)
-    try:
-        job_id = new_job_id()
-        prepared = prepare_job(rt, job_id, str(CLIPS["fox.flac"]["path"]), {"language": "en"})
-        result = inference.infer_job(rt, prepared, batcher)
-    finally:
-        batcher.close()
+    rt, batcher = own_inference
+    job_id = new_job_id()
+    prepared = prepare_job(rt, job_id, str(CLIPS["fox.flac"]["path"]), {"language": "en"})
+    result = inference.infer_job(rt, prepared, batcher)
     assert isinstance(speech._engine, OpenAIWhisperEngine) and speech._engine.path == checkpoint
     assert word_error_rate(CLIPS["fox.flac"]["text"], result["text"]) <= 0.2, result
