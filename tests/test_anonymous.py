@@ -66,8 +66,8 @@ def test_allowed_hosts_and_the_public_url_are_served(settings, database):
 ])
 def test_an_anonymous_change_from_another_site_is_refused(workstation, published, headers):
     resp = upload(workstation, headers=headers)
-    assert resp.status_code == 403 and "another site" in resp.get_json()["error"]["message"] or \
-        "no origin" in resp.get_json()["error"]["message"]
+    message = resp.get_json()["error"]["message"]
+    assert resp.status_code == 403 and ("another site" in message or "no origin" in message), message
     resp = workstation.post("/v1/jobs", json={"audio_url": "https://example.com/a.mp3"}, headers=headers)
     assert resp.status_code == 403
     assert not published
