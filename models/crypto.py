@@ -7,8 +7,12 @@ one. Without the variable a key is generated once into the data dir (fine for on
 not for production: the key then sits beside the data it protects).
 
 Files use a chunked AES-256-GCM format (models.sealed); database values are single
-AES-256-GCM tokens ``wqe1:KEYID:base64(nonce || ciphertext)``. Each master key is split
-with HKDF into a value key and per-file keys, so no two uses share a key and nonce.
+AES-256-GCM tokens ``wqe2:KEYID:base64(nonce || ciphertext)`` whose associated data names
+the value's place (table, column and row id, see :func:`seal_value`): a token copied into
+another row or column fails authentication. ``wqe1:`` tokens, written before values were
+bound to their place, still decrypt; ``whisperq encryption rotate`` rewrites them bound.
+Each master key is split with HKDF into a value key and per-file keys, so no two uses share
+a key and nonce.
 """
 from __future__ import annotations
 
@@ -25,13 +29,13 @@ from pathlib import Path
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-from sqlalchemy import JSON, Text, TypeDecorator
 
 log = logging.getLogger(__name__)
 
 KEY_ID = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
 KEY_BYTES = 32
-VALUE_PREFIX = "wqe1:"
+VALUE_PREFIX = "wqe1:"  # a value not bound to its place (written by earlier versions)
+BOUND_PREFIX = "wqe2:"  # a value bound to its table, column and row
 KEY_FILE = "encryption-key"
 GENERATE_HINT = ("generate a key with `whisperq encryption new-key` (or `python -c \"import base64,os; "
                  "print('k1:' + base64.b64encode(os.urandom(32)).decode())\"`)")
@@ -167,68 +171,102 @@ def current_keyring() -> Keyring:
     return _current
 
 
-def encrypt_value(text: str, keyring: Keyring | None = None) -> str:
+def seal_value(text: str, place: str, keyring: Keyring | None = None) -> str:
+    """A ``wqe2`` token for `text` stored at `place` ("table.column:row-id"): the place is the
+    associated data, so the token decrypts there and nowhere else."""
     keyring = keyring or current_keyring()
     key_id = keyring.active
     nonce = secrets.token_bytes(12)
-    sealed = keyring.value_cipher(key_id).encrypt(nonce, text.encode("utf-8"), f"{VALUE_PREFIX}{key_id}".encode())
-    return f"{VALUE_PREFIX}{key_id}:{base64.b64encode(nonce + sealed).decode()}"
+    sealed = keyring.value_cipher(key_id).encrypt(nonce, text.encode("utf-8"), _bound_aad(key_id, place))
+    return f"{BOUND_PREFIX}{key_id}:{base64.b64encode(nonce + sealed).decode()}"
+
+
+def _bound_aad(key_id: str, place: str) -> bytes:
+    return f"{BOUND_PREFIX}{key_id}:{place}".encode()
 
 
 def value_key_id(value) -> str | None:
     """The key id of an encrypted value; None for a value stored before encryption."""
-    if isinstance(value, str) and value.startswith(VALUE_PREFIX):
+    if isinstance(value, str) and value.startswith((VALUE_PREFIX, BOUND_PREFIX)):
         return value[len(VALUE_PREFIX):].split(":", 1)[0]
     return None
 
 
-def decrypt_value(value: str, keyring: Keyring | None = None) -> str:
-    """The text of a token; a value without the prefix (written before encryption) as it is."""
+def value_is_bound(value) -> bool:
+    """Whether an encrypted value is bound to its place (False for plain and ``wqe1`` values)."""
+    return isinstance(value, str) and value.startswith(BOUND_PREFIX)
+
+
+def decrypt_value(value: str, keyring: Keyring | None = None, place: str | None = None) -> str:
+    """The text of a token; a value without a prefix (written before encryption) as it is.
+    A bound (``wqe2``) token needs the `place` it was sealed for."""
     key_id = value_key_id(value)
     if key_id is None:
         return value
     keyring = keyring or current_keyring()
+    bound = value_is_bound(value)
+    if bound and place is None:
+        raise ValueError("a bound value needs the place it was stored at to be decrypted")
     try:
         blob = base64.b64decode(value.split(":", 2)[2], validate=True)
-        aad = f"{VALUE_PREFIX}{key_id}".encode()
+        aad = _bound_aad(key_id, place) if bound else f"{VALUE_PREFIX}{key_id}".encode()
         return keyring.value_cipher(key_id).decrypt(blob[:12], blob[12:], aad).decode("utf-8")
     except DecryptionError:
         raise
     except Exception:
-        raise DecryptionError(f"a stored value under key id {key_id!r} failed authentication (it was altered or "
-                              "belongs to another key with the same id)", key_id=key_id) from None
+        where = f" at {place.split(':', 1)[0]} of row {place.split(':', 1)[-1]}" if place else ""
+        raise DecryptionError(f"a stored value{where} under key id {key_id!r} failed authentication (it was altered, "
+                              "copied from another row or column, or belongs to another key with the same id)",
+                              key_id=key_id) from None
 
 
-class EncryptedText(TypeDecorator):
-    """Text encrypted with the active key; rows written before encryption read as they are."""
+class SealedAttribute:
+    """The plaintext view of a mapped column that holds a bound token: reading decrypts
+    (once per token), writing seals the value for its table, column and row. The row's id
+    must be set before the value is. A value stored before encryption reads as it is.
 
-    impl = Text
-    cache_ok = True
+        result_text_token: Mapped[str | None] = mapped_column("result_text", Text)
+        result_text = SealedAttribute("result_text_token", "jobs.result_text")
+    """
 
-    def process_bind_param(self, value, dialect):
-        return None if value is None else encrypt_value(value)
+    def __init__(self, raw: str, place: str, as_json: bool = False):
+        self.raw, self.place, self.as_json = raw, place, as_json
 
-    def process_result_value(self, value, dialect):
-        return None if value is None else decrypt_value(value)
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
 
+    def _place(self, obj) -> str:
+        if getattr(obj, "id", None) is None:
+            raise ValueError(f"set the row's id before {self.name}: the value is sealed to its row")
+        return f"{self.place}:{obj.id}"
 
-class EncryptedJSON(TypeDecorator):
-    """JSON encrypted as one token, stored as a JSON string: existing JSON columns keep
-    their type (no migration); an old row's plain JSON reads as it is."""
-
-    impl = JSON
-    cache_ok = True
-
-    def process_bind_param(self, value, dialect):
-        return None if value is None else encrypt_value(json.dumps(value, ensure_ascii=False))
-
-    def process_result_value(self, value, dialect):
-        if isinstance(value, str) and value_key_id(value) is not None:
-            return json.loads(decrypt_value(value))
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self
+        token = getattr(obj, self.raw)
+        cache = obj.__dict__.setdefault("_sealed_plain", {})
+        hit = cache.get(self.name)
+        if hit is not None and hit[0] is token:
+            return hit[1]
+        if isinstance(token, str) and value_key_id(token) is not None:
+            text = decrypt_value(token, place=self._place(obj))
+            value = json.loads(text) if self.as_json else text
+        else:
+            value = token  # None, or a value written before encryption
+        cache[self.name] = (token, value)
         return value
+
+    def __set__(self, obj, value) -> None:
+        if value is None:
+            token = None
+        else:
+            text = json.dumps(value, ensure_ascii=False) if self.as_json else value
+            token = seal_value(text, self._place(obj))
+        setattr(obj, self.raw, token)
+        obj.__dict__.setdefault("_sealed_plain", {})[self.name] = (token, value)
 
 
 __all__ = [
     "parse_keys", "new_key_line", "Keyring", "keyring_for", "set_keyring", "current_keyring", "DecryptionError",
-    "encrypt_value", "decrypt_value", "value_key_id", "EncryptedText", "EncryptedJSON",
+    "decrypt_value", "seal_value", "value_key_id", "value_is_bound", "SealedAttribute",
 ]

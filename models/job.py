@@ -6,10 +6,10 @@ import uuid
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import DateTime, Float, Integer, String, Text, TypeDecorator
+from sqlalchemy import JSON, DateTime, Float, Integer, String, Text, TypeDecorator
 from sqlalchemy.orm import Mapped, mapped_column
 
-from .crypto import EncryptedJSON, EncryptedText
+from .crypto import SealedAttribute
 from .db import Base
 
 
@@ -103,9 +103,11 @@ class Job(Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     worker: Mapped[str | None] = mapped_column(String(255))
     error: Mapped[str | None] = mapped_column(Text)
-    result_text: Mapped[str | None] = mapped_column(EncryptedText)  # encrypted at rest (models.crypto)
+    # The transcript, encrypted at rest and bound to this row (models.crypto): read and
+    # write result_text and result_segments; the *_token columns hold the ciphertext.
+    result_text_token: Mapped[str | None] = mapped_column("result_text", Text)
     result_language: Mapped[str | None] = mapped_column(String(8))
-    result_segments: Mapped[list[dict[str, Any]] | None] = mapped_column(EncryptedJSON)
+    result_segments_token: Mapped[Any] = mapped_column("result_segments", JSON, nullable=True)
     processing_seconds: Mapped[float | None] = mapped_column(Float)
     # Where a PROCESSING job is: "prepare", "queued" (for inference) or "infer"; and which
     # worker process holds its message.
@@ -142,6 +144,9 @@ class Job(Base):
     # How many times the engine went through all of the job's windows: once, whatever the
     # deliveries (a run cut short by a crash is not counted). The delivery tests read it.
     engine_runs: Mapped[int | None] = mapped_column(Integer)
+
+    result_text = SealedAttribute("result_text_token", "jobs.result_text")
+    result_segments = SealedAttribute("result_segments_token", "jobs.result_segments", as_json=True)
 
     @property
     def state(self) -> JobStatus:

@@ -133,7 +133,7 @@ def _purge_results(rt: Runtime, cutoff: datetime, now: datetime, batch: int, cou
             if ids:
                 session.execute(
                     update(Job).where(Job.id.in_(ids), Job.result_purged_at.is_(None))
-                    .values(result_text=None, result_segments=None, result_language=None, filename=None,
+                    .values(result_text_token=None, result_segments_token=None, result_language=None, filename=None,
                             prompt=None, audio_url=None, callback_url=None, result_purged_at=now),
                     execution_options={"synchronize_session": False})
                 counts["webhook_deliveries_deleted"] += session.execute(

@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from sqlalchemy import JSON, Text, or_, select, type_coerce
-from sqlalchemy.orm.attributes import flag_modified
 
-from .crypto import DecryptionError, current_keyring, value_key_id
+from .crypto import DecryptionError, current_keyring, value_is_bound, value_key_id
 from .job import Job
 from .runtime import Runtime
 from .sealed import EncryptedWriter, file_key_id, open_stored
@@ -55,15 +54,17 @@ def stored_files(rt: Runtime) -> Iterator[Path]:
 
 
 def _transcript_rows(rt: Runtime):
-    """(job id, key id of the text, key id of the segments), reading the raw tokens."""
+    """(job id, the key ids of its transcript's values, whether all are bound to the row),
+    reading the raw tokens."""
     table = Job.__table__
     query = select(table.c.id, type_coerce(table.c.result_text, Text), type_coerce(table.c.result_segments, JSON)).where(
         or_(table.c.result_text.is_not(None), table.c.result_segments.is_not(None)))
     with rt.db.session() as session:
         for job_id, text, segments in session.execute(query):
-            kids = {value_key_id(v) or PLAIN for v in (text, segments) if v is not None}
+            values = [v for v in (text, segments) if v is not None]
+            kids = {value_key_id(v) or PLAIN for v in values}
             if kids:  # (a JSON null is no transcript)
-                yield job_id, kids
+                yield job_id, kids, all(value_is_bound(v) for v in values)
 
 
 def usage(rt: Runtime) -> Usage:
@@ -73,14 +74,15 @@ def usage(rt: Runtime) -> Usage:
             out.files[file_key_id(path) or PLAIN] += 1
         except (FileNotFoundError, DecryptionError):
             out.files["(unreadable)"] += 1
-    for _job_id, kids in _transcript_rows(rt):
+    for _job_id, kids, _bound in _transcript_rows(rt):
         for kid in kids:
             out.transcripts[kid] += 1
     return out
 
 
 def rotate(rt: Runtime, progress: Callable[[str], None] | None = None) -> RotationReport:
-    """Re-encrypt every stored file and transcript that is not under the active key."""
+    """Re-encrypt every stored file and transcript that is not under the active key, or (a
+    transcript written by an earlier version) not yet bound to its row."""
     report = RotationReport()
     active = current_keyring().active
     for path in stored_files(rt):
@@ -98,8 +100,8 @@ def rotate(rt: Runtime, progress: Callable[[str], None] | None = None) -> Rotati
         if progress and (report.files_rewritten + 1) % 1000 == 0:
             progress(f"{report.files_rewritten} files re-encrypted so far")
     stale = []
-    for job_id, kids in _transcript_rows(rt):
-        if kids == {active}:
+    for job_id, kids, bound in _transcript_rows(rt):
+        if kids == {active} and bound:
             report.transcripts_current += 1
         else:
             stale.append(job_id)
@@ -121,8 +123,9 @@ def _reencrypt_rows(rt: Runtime, ids: list[str]) -> int:
     with rt.db.session(write=True) as session:
         for job in session.execute(select(Job).where(Job.id.in_(ids)).with_for_update()).scalars():
             for name in ("result_text", "result_segments"):
-                if getattr(job, name) is not None:
-                    flag_modified(job, name)  # written again, so encrypted with the active key
+                value = getattr(job, name)
+                if value is not None:  # sealed again: under the active key, bound to its row
+                    setattr(job, name, value)
             done += 1
     return done
 

@@ -18,7 +18,7 @@ from sqlalchemy import text
 
 from helpers import CLIPS, LiveServer, wait_for_job, word_error_rate
 from models import crypto
-from models.crypto import DecryptionError, Keyring, decrypt_value, encrypt_value, parse_keys
+from models.crypto import DecryptionError, Keyring, decrypt_value, parse_keys
 from models.sealed import CHUNK_BYTES, MAGIC, EncryptedWriter, open_decrypted
 
 FOX = CLIPS["fox.flac"]["path"].read_bytes()
@@ -219,42 +219,79 @@ def test_a_generated_key_is_shared_and_private(tmp_path, settings):
     assert [p.name for p in tmp_path.iterdir()] == ["encryption-key"]
 
 
+def legacy_token(text_: str, keys, key_id: str = "a") -> str:
+    """A ``wqe1`` value, as versions before bound values wrote it."""
+    nonce = os.urandom(12)
+    sealed = keys.value_cipher(key_id).encrypt(nonce, text_.encode(), f"wqe1:{key_id}".encode())
+    return f"wqe1:{key_id}:" + base64.b64encode(nonce + sealed).decode()
+
+
 def test_values():
     keys = ring(A)
-    token = encrypt_value("the quick brown fox ✓", keys)
-    assert token.startswith("wqe1:a:") and "fox" not in token
-    assert decrypt_value(token, keys) == "the quick brown fox ✓"
-    assert encrypt_value("same", keys) != encrypt_value("same", keys)  # a fresh nonce each time
+    place = "jobs.result_text:job-1"
+    token = crypto.seal_value("the quick brown fox ✓", place, keys)
+    assert token.startswith("wqe2:a:") and "fox" not in token
+    assert decrypt_value(token, keys, place) == "the quick brown fox ✓"
+    assert crypto.seal_value("same", place, keys) != crypto.seal_value("same", place, keys)  # a fresh nonce each time
     assert decrypt_value("written before encryption", keys) == "written before encryption"
+    assert decrypt_value(legacy_token("an older value", keys), keys) == "an older value"
     with pytest.raises(DecryptionError) as err:
-        decrypt_value(token, ring(B))
+        decrypt_value(token, ring(B), place)
     assert err.value.missing_key
     blob = bytearray(base64.b64decode(token.split(":", 2)[2]))
     blob[-1] ^= 1
     with pytest.raises(DecryptionError, match="failed authentication"):
-        decrypt_value("wqe1:a:" + base64.b64encode(bytes(blob)).decode(), keys)
+        decrypt_value("wqe2:a:" + base64.b64encode(bytes(blob)).decode(), keys, place)
     with pytest.raises(DecryptionError, match="failed authentication"):  # the key id is bound to the token
-        decrypt_value(token.replace("wqe1:a:", "wqe1:b:"), ring(B, A))
+        decrypt_value(token.replace("wqe2:a:", "wqe2:b:"), ring(B, A), place)
+    for elsewhere in ("jobs.result_text:job-2", "jobs.result_segments:job-1"):  # another row, another column
+        with pytest.raises(DecryptionError, match="copied from another row or column"):
+            decrypt_value(token, keys, elsewhere)
+    with pytest.raises(DecryptionError, match="failed authentication"):  # nor passes as an unbound one
+        decrypt_value(token.replace("wqe2:", "wqe1:"), keys)
 
 
-def test_columns_encrypt_and_read_old_rows(tmp_path):
-    from sqlalchemy import Column, MetaData, String, Table, create_engine, insert, select
+def test_swapped_transcripts_fail_to_decrypt(database):
+    """Two rows' ciphertexts swapped in the database (or a row's text and segments): each
+    read fails authentication instead of showing one job's transcript as another's."""
+    from sqlalchemy import text as sql
 
-    crypto.set_keyring(ring(A))
-    table = Table("t", MetaData(), Column("id", String, primary_key=True),
-                  Column("words", crypto.EncryptedText), Column("parts", crypto.EncryptedJSON))
-    engine = create_engine(f"sqlite:///{tmp_path / 'c.db'}")
-    table.metadata.create_all(engine)
-    with engine.begin() as conn:
-        conn.execute(insert(table).values(id="new", words="hello fox", parts=[{"text": "hello fox"}]))
-        conn.execute(text("INSERT INTO t VALUES ('old', 'plain words', '[{\"text\": \"plain\"}]')"))
-        conn.execute(insert(table).values(id="none", words=None, parts=None))
-    with engine.connect() as conn:
-        rows = {r.id: (r.words, r.parts) for r in conn.execute(select(table))}
-        raw = dict(conn.execute(text("SELECT id, words || ' ' || parts FROM t WHERE id = 'new'")).all())
-    assert rows == {"new": ("hello fox", [{"text": "hello fox"}]), "old": ("plain words", [{"text": "plain"}]),
-                    "none": (None, None)}
-    assert "fox" not in raw["new"] and raw["new"].count("wqe1:a:") == 2
+    from models.job import Job, new_job_id
+
+    ids = [new_job_id(), new_job_id()]
+    with database.session() as s:
+        for n, job_id in enumerate(ids):
+            job = Job(id=job_id, audio_ref="", status="PENDING", priority="normal")
+            job.result_text, job.result_segments = f"words of job {n}", [{"text": f"words of job {n}"}]
+            s.add(job)
+    try:
+        with database.session() as s:
+            assert [s.get(Job, i).result_text for i in ids] == ["words of job 0", "words of job 1"]
+            raw = {i: s.execute(sql("SELECT result_text, result_segments FROM jobs WHERE id = :id"), {"id": i}).one()
+                   for i in ids}
+            assert all("words" not in str(v) and str(v[0]).startswith("wqe2:") for v in raw.values())
+            s.execute(sql("UPDATE jobs SET result_text = :t WHERE id = :id"), {"t": raw[ids[1]][0], "id": ids[0]})
+            s.execute(sql("UPDATE jobs SET result_text = :t WHERE id = :id"), {"t": raw[ids[0]][0], "id": ids[1]})
+        for job_id in ids:
+            with database.session() as s:
+                with pytest.raises(DecryptionError, match="copied from another row or column"):
+                    s.get(Job, job_id).result_text
+        with database.session() as s:  # a row's own text moved into its segments column
+            s.execute(sql("UPDATE jobs SET result_segments = :t WHERE id = :id"),
+                      {"t": json.dumps(raw[ids[0]][0]), "id": ids[0]})
+        with database.session() as s:
+            with pytest.raises(DecryptionError, match="failed authentication"):
+                s.get(Job, ids[0]).result_segments
+    finally:
+        with database.session() as s:
+            s.execute(sql("DELETE FROM jobs WHERE id IN (:a, :b)"), {"a": ids[0], "b": ids[1]})
+
+
+def test_a_sealed_value_needs_its_row_id():
+    from models.job import Job
+
+    with pytest.raises(ValueError, match="set the row's id before result_text"):
+        Job(audio_ref="").result_text = "words"
 
 
 # --- storage -------------------------------------------------------------------------------
@@ -460,9 +497,13 @@ def test_rotation(private_rt, monkeypatch):
     with rt.db.session() as s:
         s.add(Job(id="1e9acy00-0000-4000-8000-000000000000", audio_ref="audio/le/legacy.flac", priority="normal",
                   status="PENDING"))
+        s.add(Job(id="2e9acy00-0000-4000-8000-000000000000", audio_ref="", priority="normal", status="PENDING"))
     with rt.db.engine.begin() as conn:
         conn.execute(text("UPDATE jobs SET status = 'COMPLETED', result_text = 'old plain words', "
                           "result_segments = '[]' WHERE id LIKE '1e9acy%'"))
+        # written under key a by a version whose values were not bound to their row
+        conn.execute(text("UPDATE jobs SET status = 'COMPLETED', result_text = :t WHERE id LIKE '2e9acy%'"),
+                     {"t": legacy_token("older sealed words", ring(A))})
 
     env = {"WHISPERQ_DATA_DIR": str(rt.settings.data_dir), "DATABASE_URL": rt.settings.database_url}
     runner = CliRunner()
@@ -474,17 +515,17 @@ def test_rotation(private_rt, monkeypatch):
 
     status = json.loads(whisperq("status", "--json", keys=f"{B},{A}").output)
     assert status["active"] == "b" and status["files"] == {"a": 2, "(unencrypted)": 1}
-    assert status["transcripts"] == {"a": 1, "(unencrypted)": 1}
+    assert status["transcripts"] == {"a": 2, "(unencrypted)": 1}
 
     result = whisperq("rotate", keys=f"{B},{A}")
     assert result.exit_code == 0, result.output
     assert "files         3 re-encrypted, 0 already current" in result.output
-    assert "transcripts   2 re-encrypted" in result.output
+    assert "transcripts   3 re-encrypted" in result.output
     again = whisperq("rotate", keys=f"{B},{A}")
     assert "0 re-encrypted, 3 already current" in again.output
 
     status = json.loads(whisperq("status", "--json", keys=B).output)
-    assert status["files"] == {"b": 3} and status["transcripts"] == {"b": 2}
+    assert status["files"] == {"b": 3} and status["transcripts"] == {"b": 3}
     rt_b = private_rt(B)  # the old key dropped: everything still reads
     for ref in (job.audio_ref, "audio/le/legacy.flac"):
         assert_not_plain(rt_b.storage.path(ref), FOX)
@@ -493,6 +534,10 @@ def test_rotation(private_rt, monkeypatch):
     assert rt_b.storage.load_samples(f"prepared/{job.id[:2]}/{job.id}.npy").size > 60_000
     assert jobs.get_job(rt_b, job.id).result()["text"] == "the quick brown fox"
     assert jobs.get_job(rt_b, "1e9acy00-0000-4000-8000-000000000000").result_text == "old plain words"
+    assert jobs.get_job(rt_b, "2e9acy00-0000-4000-8000-000000000000").result_text == "older sealed words"
+    with rt_b.db.engine.connect() as conn:  # rewritten bound to their rows
+        assert all(v.startswith("wqe2:b:") for v in conn.execute(text(
+            "SELECT result_text FROM jobs WHERE result_text IS NOT NULL")).scalars())
 
     failing = runner.invoke(cli, ["encryption", "rotate"], env={**env, "WHISPERQ_ENCRYPTION_KEYS": key("c")})
     assert failing.exit_code == 1 and "key id 'b', which is not configured" in failing.output
@@ -543,7 +588,8 @@ def test_a_real_job_leaves_nothing_in_plaintext(client, settings, database, work
             text("SELECT audio_ref, result_text, result_segments FROM jobs WHERE id = :id"), {"id": job_id}).one()
     assert_not_plain(settings.data_dir / ref, FOX)
     for raw in (raw_text, str(raw_segments)):
-        assert "wqe1:" in raw and "fox" not in raw.lower() and words.strip()[:12] not in raw
+        # (not a bare "fox": three letters turn up in base64 by chance about once in a thousand runs)
+        assert "wqe2:" in raw and "brown fox" not in raw.lower() and words.strip()[:12] not in raw
     for logs in (worker.output(), caplog.text):  # the workers', and the web's (this process)
         assert name not in logs and words.strip() not in logs
     # Nor does the result backend (Redis, or the database on RabbitMQ) keep a copy: an API

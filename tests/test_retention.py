@@ -410,7 +410,7 @@ def test_a_transcript_sealed_with_a_key_no_longer_configured_is_purged_all_same(
                                                               encryption_keys=None)))
     try:
         with pytest.raises(crypto.DecryptionError):
-            row(rt, job_id)
+            row(rt, job_id).result_text
         counts = run_retention(rt)
         assert counts["results_purged"] == 1 and counts["errors"] == 0
         job = row(rt, job_id)  # nothing sealed is left on it to read
