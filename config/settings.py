@@ -7,7 +7,6 @@ instead of failing on the first job.
 from __future__ import annotations
 
 import base64
-import ipaddress
 import os
 import secrets
 import tempfile
@@ -15,6 +14,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Mapping
 
+from .allow import AllowRule, parse_rule
 from .languages import LANGUAGES
 
 ENGINES = ("faster-whisper", "openai-whisper")
@@ -24,6 +24,8 @@ PRIORITIES = ("high", "normal", "low")
 # Worker metrics ports: WHISPERQ_METRICS_PORT + 0..METRICS_PORT_SPAN-1 (see tasks.metrics).
 METRICS_PORT_SPAN = 100
 LOG_FORMATS = ("auto", "json", "text")
+# Read by earlier versions for webhooks and fetches alike; still honoured for both.
+LEGACY_ALLOW = "WHISPERQ_WEBHOOK_ALLOW_NETWORKS"
 
 
 class ConfigError(ValueError):
@@ -63,13 +65,15 @@ class Settings:
     admin_token: str | None
     queue_budget_seconds: float
     queue_budget_jobs: int
+    queue_key_share: float
     high_reserve: float
     disk_floor_mb: int
     rate_limit: str | None
     redis_url: str | None
     sync_wait_seconds: float
     webhook_secret: str | None
-    webhook_allow_networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
+    webhook_allow: tuple[AllowRule, ...]  # non-public hosts webhooks may go to (config.allow)
+    fetch_allow: tuple[AllowRule, ...]  # non-public hosts audio may be fetched from
     webhook_timeout_seconds: float
     webhook_retry_base_seconds: float
     webhook_retry_window_seconds: float
@@ -140,13 +144,15 @@ class Settings:
             admin_token=env.str("WHISPERQ_ADMIN_TOKEN", None),
             queue_budget_seconds=env.float("WHISPERQ_QUEUE_BUDGET_SECONDS", 8 * 3600.0, low=1.0),
             queue_budget_jobs=env.int("WHISPERQ_QUEUE_BUDGET_JOBS", 10_000, low=1, high=10**9),
+            queue_key_share=min(1.0, env.float("WHISPERQ_QUEUE_KEY_SHARE", 0.5, low=0.01)),
             high_reserve=env.float("WHISPERQ_HIGH_RESERVE", 0.2, low=0.0),
             disk_floor_mb=env.int("WHISPERQ_DISK_FLOOR_MB", 1024, low=0, high=10**9),
             rate_limit=env.rate("WHISPERQ_RATE_LIMIT", "off"),
             redis_url=env.url("WHISPERQ_REDIS_URL", None, schemes=("redis", "rediss", "unix")),
             sync_wait_seconds=env.float("WHISPERQ_SYNC_WAIT_SECONDS", 60.0, low=0.0),
             webhook_secret=env.webhook_secret("WHISPERQ_WEBHOOK_SECRET"),
-            webhook_allow_networks=env.networks("WHISPERQ_WEBHOOK_ALLOW_NETWORKS"),
+            webhook_allow=env.allow("WHISPERQ_WEBHOOK_ALLOW"),
+            fetch_allow=env.allow("WHISPERQ_FETCH_ALLOW"),
             webhook_timeout_seconds=env.float("WHISPERQ_WEBHOOK_TIMEOUT", 10.0, low=0.1),
             webhook_retry_base_seconds=env.float("WHISPERQ_WEBHOOK_RETRY_BASE_SECONDS", 5.0, low=0.0),
             webhook_retry_window_seconds=env.float("WHISPERQ_WEBHOOK_RETRY_WINDOW", 24 * 3600.0, low=0.0),
@@ -476,21 +482,23 @@ class _Env:
                 )
         return value
 
-    def networks(self, name: str) -> tuple:
-        value = self.raw(name)
-        if value is None:
-            return ()
+    def allow(self, name: str) -> tuple[AllowRule, ...]:
+        """An allow-list (config.allow). WHISPERQ_WEBHOOK_ALLOW_NETWORKS, which older versions
+        read for both webhooks and fetches, still counts for both."""
         out = []
-        for entry in (e.strip() for e in value.split(",")):
-            if not entry:
-                continue
-            try:
-                out.append(ipaddress.ip_network(entry, strict=False))
-            except ValueError:
-                raise ConfigError(
-                    f"{name} has {entry!r}, which is not an IP network; use comma-separated CIDRs "
-                    "such as 10.0.0.0/8,fd00::/8 (a single address is fine too)"
-                )
+        for var in (name, LEGACY_ALLOW):
+            for entry in (e.strip() for e in (self.raw(var) or "").split(",")):
+                if not entry:
+                    continue
+                try:
+                    rule = parse_rule(entry)
+                    if var == LEGACY_ALLOW and rule.host is not None:
+                        raise ValueError("it takes networks only")
+                except ValueError as exc:
+                    raise ConfigError(
+                        f"{var} has {entry!r}: {exc}; use comma-separated networks, addresses or host names, each "
+                        "with an optional :PORT, such as 10.0.0.0/8:8443,hooks.internal:443") from None
+                out.append(rule)
         return tuple(out)
 
     def bool(self, name: str, default: bool) -> bool:

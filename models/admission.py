@@ -5,7 +5,10 @@ Three checks run before a submission's body is read:
 - **Queue budget.** The work waiting (audio seconds, and jobs) is compared with
   WHISPERQ_QUEUE_BUDGET_SECONDS and WHISPERQ_QUEUE_BUDGET_JOBS. `normal` and `low` jobs
   may use the budget less its `high` reserve (WHISPERQ_HIGH_RESERVE); `high` jobs may use
-  all of it. Past it: 429, with Retry-After from the current drain rate.
+  all of it. One API key may hold at most WHISPERQ_QUEUE_KEY_SHARE of it, so that a key
+  sending a flood cannot fill the queue while others wait. A job submitted by URL counts
+  at the longest audio allowed (WHISPERQ_MAX_AUDIO_SECONDS) until it is fetched and its
+  length known. Past it: 429, with Retry-After from the current drain rate.
 - **Disk floor.** Less than WHISPERQ_DISK_FLOOR_MB free in the data dir: 503.
 - **Per-client rate.** WHISPERQ_RATE_LIMIT submissions per window per client (API key,
   else address), counted in Redis so every web process shares the count; 429 with the
@@ -20,7 +23,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import func, select
+from sqlalchemy import case, func, select
 
 from config.settings import parse_rate
 
@@ -69,20 +72,29 @@ class Backlog:
     audio_seconds: float
 
 
-def backlog(rt: Runtime) -> Backlog:
-    """Jobs not finished and not yet being transcribed, and their audio (cached ~1 s)."""
+_EVERYONE = object()
+
+
+def backlog(rt: Runtime, owner=_EVERYONE) -> Backlog:
+    """Jobs not finished and not yet being transcribed, and their audio (cached ~1 s); of
+    one API key's when `owner` is given. A URL job not yet fetched counts at the longest
+    audio allowed: its length is not known, and its fetch may bring that much."""
+    key = (rt.settings.database_url, owner)
     with _lock:
-        hit = _cache.get(rt.settings.database_url)
+        hit = _cache.get(key)
         if hit and hit[0] > time.monotonic():
             return hit[1]
     waiting = Job.status.in_([JobStatus.PENDING.value, JobStatus.PROCESSING.value]) & (
         Job.stage.is_(None) | (Job.stage != "infer"))
+    if owner is not _EVERYONE:
+        waiting &= Job.owner == owner
+    seconds = case((Job.audio_duration.is_(None) & Job.audio_url.is_not(None), rt.settings.max_audio_seconds),
+                   else_=func.coalesce(Job.audio_duration, 0.0))
     with rt.db.session() as session:
-        jobs, audio = session.execute(
-            select(func.count(), func.coalesce(func.sum(Job.audio_duration), 0.0)).where(waiting)).one()
+        jobs, audio = session.execute(select(func.count(), func.coalesce(func.sum(seconds), 0.0)).where(waiting)).one()
     value = Backlog(int(jobs), float(audio))
     with _lock:
-        _cache[rt.settings.database_url] = (time.monotonic() + _CACHE_SECONDS, value)
+        _cache[key] = (time.monotonic() + _CACHE_SECONDS, value)
     return value
 
 
@@ -95,13 +107,36 @@ def drain_rate(rt: Runtime) -> float:
     return speed * len(alive(rt, "inference"))
 
 
-def check_queue(rt: Runtime, priority: str) -> None:
+def check_queue(rt: Runtime, priority: str, owner: str | None = None) -> None:
+    """Refuse (QueueFull) when the waiting work is past the budget for `priority`, or the
+    API key `owner` already holds its share of it."""
     s = rt.settings
     share = 1.0 if priority == "high" else 1.0 - s.high_reserve
     limit_seconds, limit_jobs = s.queue_budget_seconds * share, max(1, math.floor(s.queue_budget_jobs * share))
     now = backlog(rt)
-    if now.audio_seconds < limit_seconds and now.jobs < limit_jobs:
+    if now.audio_seconds >= limit_seconds or now.jobs >= limit_jobs:
+        retry_after = _retry_after(rt, now, limit_seconds)
+        reserve = "" if priority == "high" else f" ({s.high_reserve:.0%} of it is kept for priority high)"
+        raise QueueFull(
+            f"the queue is full: {now.jobs} jobs with {now.audio_seconds:.0f} s of audio are waiting, over the "
+            f"budget for priority {priority}{reserve}; try again in {retry_after} s",
+            retry_after,
+        )
+    if owner is None or s.queue_key_share >= 1.0:
         return
+    own_seconds, own_jobs = s.queue_budget_seconds * s.queue_key_share, max(1, math.floor(s.queue_budget_jobs * s.queue_key_share))
+    mine = backlog(rt, owner)
+    if mine.audio_seconds >= own_seconds or mine.jobs >= own_jobs:
+        retry_after = _retry_after(rt, mine, own_seconds)
+        raise QueueFull(
+            f"this API key has {mine.jobs} jobs with {mine.audio_seconds:.0f} s of audio waiting, its share "
+            f"({s.queue_key_share:.0%}, WHISPERQ_QUEUE_KEY_SHARE) of the queue budget; other clients' jobs go first. "
+            f"Try again in {retry_after} s, once some of yours have started",
+            retry_after,
+        )
+
+
+def _retry_after(rt: Runtime, now: Backlog, limit_seconds: float) -> int:
     rate = drain_rate(rt)
     excess = max(now.audio_seconds - limit_seconds, 0.0)
     if rate > 0:
@@ -109,13 +144,7 @@ def check_queue(rt: Runtime, priority: str) -> None:
         wait = excess / rate + (now.audio_seconds / max(now.jobs, 1)) / rate
     else:
         wait = 60.0
-    retry_after = int(min(3600, max(1, math.ceil(wait))))
-    reserve = "" if priority == "high" else f" ({s.high_reserve:.0%} of it is kept for priority high)"
-    raise QueueFull(
-        f"the queue is full: {now.jobs} jobs with {now.audio_seconds:.0f} s of audio are waiting, over the "
-        f"budget for priority {priority}{reserve}; try again in {retry_after} s",
-        retry_after,
-    )
+    return int(min(3600, max(1, math.ceil(wait))))
 
 
 def free_bytes(path) -> int:

@@ -13,20 +13,29 @@ The tier sets the highest priority a key may ask for and its rate limit:
     batch     low only       WHISPERQ_RATE_LIMIT_BATCH    (60/minute)
 
 An admin key sees and acts on every job and reaches the admin API (dead letters).
+
+Each key has its own webhook signing secret (``whsec_`` + base64 of 32 random bytes), shown
+once when the key is made and again only when it is rotated (`whisperq keys
+rotate-webhook-secret`, or ``POST /v1/webhook-secret`` with the key): one tenant's receiver
+cannot forge or verify another's webhooks. It is stored encrypted, bound to its key's row.
+After a rotation the old secret signs beside the new one for WEBHOOK_SECRET_OVERLAP, so a
+receiver can switch without losing a delivery.
 """
 from __future__ import annotations
 
+import base64
 import hashlib
 import secrets
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import Boolean, String, select
+from sqlalchemy import Boolean, String, Text, select
 from sqlalchemy.orm import Mapped, mapped_column
 
 from config import PRIORITIES
 
+from .crypto import SealedAttribute
 from .db import Base
 from .errors import Forbidden, InvalidRequest, Unauthorized, WhisperqError
 from .job import UTCDateTime, utcnow
@@ -36,6 +45,7 @@ PREFIX = "wq_"
 SHOWN = 10  # characters of a key kept in the clear: "wq_" and 7 more
 TIERS = {"premium": "high", "standard": "normal", "batch": "low"}
 _LAST_USED_EVERY = timedelta(minutes=1)
+WEBHOOK_SECRET_OVERLAP = timedelta(hours=24)
 
 
 class KeyNotFound(WhisperqError):
@@ -55,6 +65,23 @@ class ApiKey(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # The key's webhook signing secret, and the one it replaced while that still signs too.
+    webhook_secret_token: Mapped[str | None] = mapped_column("webhook_secret", Text)
+    previous_webhook_secret_token: Mapped[str | None] = mapped_column("previous_webhook_secret", Text)
+    previous_webhook_secret_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    webhook_secret_rotated_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    webhook_secret = SealedAttribute("webhook_secret_token", "api_keys.webhook_secret")
+    previous_webhook_secret = SealedAttribute("previous_webhook_secret_token", "api_keys.previous_webhook_secret")
+
+    def signing_secrets(self, now: datetime | None = None) -> list[str]:
+        """The secrets a webhook for this key's jobs is signed with: the current one, and the
+        previous one for a while after a rotation. Empty for a key made before keys had one."""
+        now = now or utcnow()
+        out = [self.webhook_secret] if self.webhook_secret_token else []
+        if self.previous_webhook_secret_token and (self.previous_webhook_secret_until or now) > now:
+            out.append(self.previous_webhook_secret)
+        return out
 
     def to_dict(self) -> dict:
         def iso(value):
@@ -62,7 +89,8 @@ class ApiKey(Base):
 
         return {"id": self.id, "name": self.name, "tier": self.tier, "admin": bool(self.admin),
                 "key": self.shown + "…", "created_at": iso(self.created_at),
-                "last_used_at": iso(self.last_used_at), "revoked_at": iso(self.revoked_at)}
+                "last_used_at": iso(self.last_used_at), "revoked_at": iso(self.revoked_at),
+                "webhook_secret_rotated_at": iso(self.webhook_secret_rotated_at)}
 
 
 @dataclass(frozen=True)
@@ -110,8 +138,13 @@ def digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+def new_webhook_secret() -> str:
+    return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
+
+
 def create_key(rt: Runtime, name: str, tier: str, admin: bool = False) -> tuple[ApiKey, str]:
-    """A new key; returns its record and the key itself, which is never stored."""
+    """A new key; returns its record and the key itself, which is never stored. The
+    record's `webhook_secret` is readable until it leaves this call: show it then."""
     name = (name or "").strip()
     if not name or len(name) > 100 or not name.isprintable():
         raise InvalidRequest("the key's name must be 1 to 100 printable characters (who or what uses it)")
@@ -120,6 +153,8 @@ def create_key(rt: Runtime, name: str, tier: str, admin: bool = False) -> tuple[
     token = PREFIX + secrets.token_urlsafe(32)
     record = ApiKey(id=str(uuid.uuid4()), name=name, tier=tier, admin=admin, shown=token[:SHOWN],
                     digest=digest(token), created_at=utcnow())
+    record.webhook_secret = new_webhook_secret()
+    record.webhook_secret_rotated_at = record.created_at
     with rt.db.session() as session:
         session.add(record)
         session.flush()
@@ -165,6 +200,38 @@ def revoke_key(rt: Runtime, ident: str) -> ApiKey:
         session.flush()
         session.expunge(key)
         return key
+
+
+def rotate_webhook_secret(rt: Runtime, ident: str, overlap: timedelta = WEBHOOK_SECRET_OVERLAP) -> tuple[ApiKey, str]:
+    """A new webhook secret for a key (by id or the start of the key); returns it, to be
+    shown once. The old one keeps signing beside it for `overlap` (0: it stops at once)."""
+    found = find_key(rt, ident)
+    secret = new_webhook_secret()
+    with rt.db.session() as session:
+        key = session.get(ApiKey, found.id, with_for_update=True)
+        if key.revoked_at is not None:
+            raise InvalidRequest(f"the key {key.name} is revoked; its jobs send no more webhooks worth signing")
+        now = utcnow()
+        if key.webhook_secret_token and overlap > timedelta(0):
+            key.previous_webhook_secret = key.webhook_secret
+            key.previous_webhook_secret_until = now + overlap
+        else:
+            key.previous_webhook_secret = key.previous_webhook_secret_until = None
+        key.webhook_secret = secret
+        key.webhook_secret_rotated_at = now
+        session.flush()
+        session.expunge(key)
+    return key, secret
+
+
+def webhook_secrets_for(rt: Runtime, owner: str | None) -> list[str]:
+    """What a webhook for a job of `owner` is signed with; empty means the deployment's own
+    secret (anonymous jobs, transcribe.delay() jobs, keys made before keys had secrets)."""
+    if owner is None:
+        return []
+    with rt.db.session() as session:
+        key = session.get(ApiKey, owner)
+        return key.signing_secrets() if key is not None else []
 
 
 class BadKey(Unauthorized):

@@ -1,8 +1,9 @@
 """Submit by URL: fetch the audio from the client's server, within the upload limits.
 
 The URL is the client's, so it gets the same checks as a callback URL: public addresses only
-(unless WHISPERQ_WEBHOOK_ALLOW_NETWORKS allows more), checked again on every redirect, and
-the connection goes to the checked address, never to a second DNS answer.
+(unless WHISPERQ_FETCH_ALLOW opens a host and port), checked again on every redirect, and
+the connection goes to the checked address, never to a second DNS answer. What the remote
+server writes (its body, reason phrase, a redirect's target) never reaches the client.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import BinaryIO, Callable
 from urllib.parse import urljoin, urlsplit
 
 from .errors import InvalidRequest, PermanentJobError, TransientJobError
-from .webhooks import Deadline, check_addresses, describe_error, open_pinned, parse_url, resolve_host
+from .webhooks import Deadline, check_addresses, describe_error, open_pinned, parse_url, resolve_host, status_line
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +38,11 @@ def fetch_audio(url: str, dest: Path, settings, create: Callable[[Path], BinaryI
     deadline = Deadline(settings.fetch_timeout_seconds)
     created = False
     try:
-        for _hop in range(MAX_REDIRECTS + 1):
-            target = _target(url)
+        for hop in range(MAX_REDIRECTS + 1):
+            target = _target(url, redirected=hop > 0)
             conn = None
             try:
-                conn = open_pinned(target, _addresses(target, settings), deadline)
+                conn = open_pinned(target, _addresses(target, settings, redirected=hop > 0), deadline)
                 conn.request("GET", target.path, headers={
                     "Host": target.host_header, "User-Agent": USER_AGENT, "Accept": "*/*", "Connection": "close",
                 })
@@ -78,29 +79,33 @@ def fetch_audio(url: str, dest: Path, settings, create: Callable[[Path], BinaryI
         deadline.cancel()
 
 
-def _target(url: str):
+def _target(url: str, redirected: bool = False):
     try:
         return parse_url(url, "audio_url")
     except InvalidRequest as exc:
+        if redirected:
+            raise PermanentJobError("audio_url redirects to a URL that cannot be fetched (only http:// and https:// "
+                                    "to public hosts); give the audio file's final URL") from None
         raise PermanentJobError(str(exc)) from None
 
 
-def _addresses(target, settings) -> list[str]:
+def _addresses(target, settings, redirected: bool = False) -> list[str]:
+    host = "redirects to a host that" if redirected else f"host {target.host}"
     try:
         addresses = resolve_host(target)
     except (socket.gaierror, UnicodeError) as exc:
         reason = getattr(exc, "strerror", None) or str(exc)
         if getattr(exc, "errno", None) == socket.EAI_NONAME:
-            raise PermanentJobError(f"audio_url host {target.host} does not exist ({reason}); check the URL") from None
-        raise TransientJobError(f"audio_url host {target.host} could not be resolved ({reason})") from None
+            raise PermanentJobError(f"audio_url {host} does not exist ({reason}); check the URL") from None
+        raise TransientJobError(f"audio_url {host} could not be resolved ({reason})") from None
     try:
-        return check_addresses(target, addresses, settings, "audio_url")
+        return check_addresses(target, addresses, settings, "audio_url", redirected=redirected)
     except InvalidRequest as exc:
         raise PermanentJobError(str(exc)) from None
 
 
 def _check_status(response: http.client.HTTPResponse, limit: int) -> None:
-    status = f"HTTP {response.status} {response.reason}".strip()
+    status = f"HTTP {status_line(response.status)}"  # the standard phrase: nothing the server wrote
     if response.status == 429 or response.status >= 500:
         raise TransientJobError(f"audio_url answered {status}; it will be tried again")
     if not 200 <= response.status < 300:

@@ -116,6 +116,7 @@ def deliver_pending(rt: Runtime, delivery_id: str, transcript_url: Callable[[str
     """Make the delivery's next attempt if it is due and nobody else is making it.
     Returns the delay before the next attempt, or None when there is nothing more to do."""
     from . import webhooks
+    from .apikeys import webhook_secrets_for
 
     settings = rt.settings
     now = utcnow()
@@ -137,10 +138,12 @@ def deliver_pending(rt: Runtime, delivery_id: str, transcript_url: Callable[[str
             delivery.status, delivery.finished_at, delivery.lease_until = "dropped", now, None
             return None
         job_dict = job.to_dict()
+        job_dict["owner"] = job.owner
         url, first = delivery.url, delivery.created_at
     job_dict["status"] = {v: k for k, v in EVENTS.items()}[delivery.event].value  # the state it reports
     payload = webhooks.payload_for(job_dict, transcript_url(job_dict["job_id"]), settings)
-    attempt = webhooks.deliver(url, payload, msg_id=delivery_id, settings=settings)
+    attempt = webhooks.deliver(url, payload, msg_id=delivery_id, settings=settings,
+                               secrets=webhook_secrets_for(rt, job_dict["owner"]))
     record = {"at": _iso(attempt.at), "status_code": attempt.status_code, "error": attempt.error,
               "duration_ms": attempt.duration_ms}
     delay = None

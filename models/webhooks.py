@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import http
 import http.client
 import ipaddress
 import json
@@ -88,8 +89,9 @@ def parse_url(url: str, field: str = "callback_url") -> Target:
                   path + (f"?{query}" if query else ""), netloc)
 
 
-def _refusal(address: str, networks) -> str | None:
-    """Why an address is off limits (private, loopback, ...), or None when it may be used."""
+def _refusal(address: str, rules=(), host: str = "", port: int = 0) -> str | None:
+    """Why an address is off limits (private, loopback, ...), or None when it may be used:
+    it is public, or an allow-list rule (config.allow) covers this host, port and address."""
     ip = ipaddress.ip_address(address)
     if ip.version == 6 and ip.ipv4_mapped:  # ::ffff:a.b.c.d connects to a.b.c.d
         ip = ip.ipv4_mapped
@@ -97,7 +99,7 @@ def _refusal(address: str, networks) -> str | None:
         ip = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
     embedded = [ip.sixtofour, ip.teredo and ip.teredo[1]] if ip.version == 6 else []
     candidates = [ip] + [e for e in embedded if e]
-    if any(c in net for c in candidates for net in networks):
+    if any(rule.covers(host, port, candidates) for rule in rules):
         return None
     for c in candidates:
         for kind, bad in (("unspecified", c.is_unspecified), ("loopback", c.is_loopback),
@@ -116,14 +118,24 @@ def resolve_host(target: Target) -> list[str]:
     return list(dict.fromkeys(info[4][0] for info in infos))
 
 
-def check_addresses(target: Target, addresses: list[str], settings, field: str) -> list[str]:
-    """The addresses, if every one is public or allowed; else InvalidRequest naming the first that is not."""
+def allow_list(settings, field: str):
+    """The allow-list for a purpose: audio fetches and webhooks each have their own."""
+    return (settings.fetch_allow, "WHISPERQ_FETCH_ALLOW") if field == "audio_url" else \
+        (settings.webhook_allow, "WHISPERQ_WEBHOOK_ALLOW")
+
+
+def check_addresses(target: Target, addresses: list[str], settings, field: str, redirected: bool = False) -> list[str]:
+    """The addresses, if every one is public or allowed; else InvalidRequest naming the
+    first that is not (but not a host a redirect named: that is the remote server's word)."""
+    rules, variable = allow_list(settings, field)
     for address in addresses:
-        kind = _refusal(address, settings.webhook_allow_networks)
+        kind = _refusal(address, rules, target.host, target.port)
         if kind:
+            what = f"redirects to a host that resolves to a {kind} address" if redirected else \
+                f"host {target.host} resolves to a {kind} address ({address})"
             raise InvalidRequest(
-                f"{field} host {target.host} resolves to a {kind} address ({address}); {_PURPOSE.get(field, 'requests go to')} "
-                "public addresses only unless WHISPERQ_WEBHOOK_ALLOW_NETWORKS includes it"
+                f"{field} {what}; {_PURPOSE.get(field, 'requests go to')} public addresses only unless "
+                f"{variable} includes it (as host:port or network:port)"
             )
     return addresses
 
@@ -235,10 +247,12 @@ def _key(secret: str) -> bytes:
     return base64.b64decode(secret[len("whsec_"):]) if secret.startswith("whsec_") else secret.encode()
 
 
-def sign(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
-    """The webhook-signature header value: v1,base64(HMAC-SHA256(key, id.timestamp.body))."""
+def sign(secret: str | list[str], msg_id: str, timestamp: int, body: bytes) -> str:
+    """The webhook-signature header value: v1,base64(HMAC-SHA256(key, id.timestamp.body)),
+    one per secret, separated by spaces (a receiver accepts any that matches)."""
     content = f"{msg_id}.{int(timestamp)}.".encode() + body
-    return "v1," + base64.b64encode(hmac.new(_key(secret), content, hashlib.sha256).digest()).decode()
+    return " ".join("v1," + base64.b64encode(hmac.new(_key(one), content, hashlib.sha256).digest()).decode()
+                    for one in ([secret] if isinstance(secret, str) else secret))
 
 
 def verify(secret: str, headers: Mapping[str, str], body: bytes, tolerance: int = 300) -> None:
@@ -275,8 +289,11 @@ class Attempt:
     delivered: bool
 
 
-def deliver(url: str, payload: dict, *, msg_id: str, settings) -> Attempt:
-    """One signed POST. Redirects are not followed: a receiver that moved must be given its new URL."""
+def deliver(url: str, payload: dict, *, msg_id: str, settings, secrets: list[str] | None = None) -> Attempt:
+    """One POST, signed with each of `secrets` (the job owner's key's; by default the
+    deployment's). Redirects are not followed: a receiver that moved must be given its new
+    URL. Nothing the receiver sends back (body, reason phrase, Location) is recorded: the
+    attempt, which the job's owner reads, says only the status code and what to do."""
     at, started = datetime.now(timezone.utc), time.monotonic()
 
     def result(status=None, error=None, retryable=False) -> Attempt:
@@ -296,7 +313,7 @@ def deliver(url: str, payload: dict, *, msg_id: str, settings) -> Attempt:
     headers = {
         "Host": target.host_header, "Content-Type": "application/json", "User-Agent": USER_AGENT,
         "Connection": "close", "webhook-id": msg_id, "webhook-timestamp": str(timestamp),
-        "webhook-signature": sign(settings.webhook_signing_secret(), msg_id, timestamp, body),
+        "webhook-signature": sign(secrets or settings.webhook_signing_secret(), msg_id, timestamp, body),
     }
     deadline = Deadline(settings.webhook_timeout_seconds)
     conn = None
@@ -305,9 +322,9 @@ def deliver(url: str, payload: dict, *, msg_id: str, settings) -> Attempt:
         conn.request("POST", target.path, body=body, headers=headers)
         response = conn.getresponse()
         try:
-            text = response.read(MAX_RESPONSE_BYTES)
+            response.read(MAX_RESPONSE_BYTES)  # read (a little) so the receiver is not cut off mid-send
         except (OSError, http.client.HTTPException):
-            text = b""
+            pass
     except (OSError, http.client.HTTPException) as exc:
         if deadline.expired or isinstance(exc, TimeoutError):
             return result(error=f"timed out after {settings.webhook_timeout_seconds:g} s", retryable=True)
@@ -319,12 +336,18 @@ def deliver(url: str, payload: dict, *, msg_id: str, settings) -> Attempt:
     status = response.status
     if 200 <= status < 300:
         return result(status)
-    error = f"HTTP {status} {response.reason}".strip()
+    error = f"HTTP {status_line(status)}"
     if 300 <= status < 400:
-        location = response.getheader("Location") or "(no Location)"
-        return result(status, f"{error}: redirect to {location} not followed; set callback_url to the final URL")
-    snippet = " ".join(text[:120].decode("utf-8", "replace").split())
-    return result(status, f"{error}: {snippet}" if snippet else error, retryable=status == 429 or status >= 500)
+        return result(status, f"{error}: redirects are not followed; set callback_url to the final URL")
+    return result(status, error, retryable=status == 429 or status >= 500)
+
+
+def status_line(code: int) -> str:
+    """'404 Not Found': the standard phrase, never the remote server's own text."""
+    try:
+        return f"{code} {http.HTTPStatus(code).phrase}"
+    except ValueError:
+        return str(code)
 
 
 def backoff(attempt_number: int, settings) -> float:
@@ -348,6 +371,7 @@ def payload_for(job_dict: dict, transcript_url: str, settings) -> dict:
         raise ValueError(f"job status {status!r} has no webhook event; only {', '.join(EVENTS)} do")
     data = {
         "job_id": job_dict["job_id"],
+        "owner": job_dict.get("owner"),  # the API key (id) that submitted it; null for anonymous use
         "status": status,
         "created_at": job_dict.get("created_at"),
         "finished_at": job_dict.get("finished_at"),

@@ -45,7 +45,8 @@ def pytest_configure(config) -> None:
     # a key generated into that dir would leave the next run rows it cannot decrypt.
     os.environ.setdefault("WHISPERQ_ENCRYPTION_KEYS", "test:4BhyR0TH0wSvs+Lxxn+GUw1KjIYpsahZajx2f5AvVsw=")
     # Webhook receivers in the tests listen on loopback; their retries come quickly.
-    os.environ.setdefault("WHISPERQ_WEBHOOK_ALLOW_NETWORKS", "127.0.0.0/8")
+    os.environ.setdefault("WHISPERQ_WEBHOOK_ALLOW", "127.0.0.0/8")
+    os.environ.setdefault("WHISPERQ_FETCH_ALLOW", "127.0.0.0/8")
     os.environ.setdefault("WHISPERQ_WEBHOOK_RETRY_BASE_SECONDS", "0.3")
     if not os.environ.get("CELERY_BROKER_URL"):
         from config.embedded import EmbeddedRedis

@@ -240,6 +240,50 @@ def test_keys_cli(secure):
     assert runner.invoke(cli, ["keys", "revoke", "no-such-key"]).exit_code != 0
 
 
+def test_each_key_has_its_own_webhook_secret_shown_once_and_rotatable(secure, database):
+    """`keys create` shows the key's webhook secret once; it is stored sealed to the key's row;
+    rotating gives a new one while the old one signs beside it for the overlap."""
+    from click.testing import CliRunner
+    from sqlalchemy import text
+
+    from models.apikeys import find_key, webhook_secrets_for
+    from web.cli import cli
+
+    rt = secure.extensions["whisperq"]
+    runner = CliRunner()
+    made = runner.invoke(cli, ["keys", "create", "--name", "hooks-made", "--tier", "standard"])
+    assert made.exit_code == 0, made.output
+    token = made.stdout.strip()
+    [secret] = re.findall(r"whsec_[A-Za-z0-9+/=]+", made.stderr)
+    key = find_key(rt, token[:10])
+    assert webhook_secrets_for(rt, key.id) == [secret]
+    with database.session() as s:
+        raw = s.execute(text("SELECT webhook_secret FROM api_keys WHERE id = :id"), {"id": key.id}).scalar_one()
+    assert raw.startswith("wqe2:") and secret[6:20] not in raw
+    listed = runner.invoke(cli, ["keys", "list", "--json"])
+    assert secret not in listed.output
+
+    rotated = runner.invoke(cli, ["keys", "rotate-webhook-secret", token[:10]])
+    assert rotated.exit_code == 0, rotated.output
+    new = rotated.stdout.strip()
+    assert new.startswith("whsec_") and new != secret and "the old one also signs until" in rotated.stderr
+    assert webhook_secrets_for(rt, key.id) == [new, secret]
+    now = runner.invoke(cli, ["keys", "rotate-webhook-secret", key.id, "--overlap", "0"])
+    assert now.exit_code == 0 and "the old one no longer signs" in now.stderr
+    assert webhook_secrets_for(rt, key.id) == [now.stdout.strip()]
+    bad = runner.invoke(cli, ["keys", "rotate-webhook-secret", key.id, "--overlap", "soon"])
+    assert bad.exit_code != 0 and "--overlap" in bad.output
+
+    # The key's holder can rotate it too, and reads it once; without a key there is none to rotate.
+    client = secure.test_client()
+    resp = client.post("/v1/webhook-secret", headers=bearer(token))
+    assert resp.status_code == 200 and resp.headers["Cache-Control"] == "no-store"
+    body = resp.get_json()
+    assert body["key_id"] == key.id and body["webhook_secret"].startswith("whsec_")
+    assert webhook_secrets_for(rt, key.id)[0] == body["webhook_secret"]
+    assert client.post("/v1/webhook-secret").status_code == 401
+
+
 def test_only_hashes_are_stored(secure, keys, database):
     from sqlalchemy import text
 

@@ -146,3 +146,41 @@ def test_readyz_wants_a_live_inference_worker_after_the_grace(client, monkeypatc
     monkeypatch.setattr("models.workers.alive", lambda rt, pool=None, now=None: [])
     resp = client.get("/readyz")
     assert resp.status_code == 503 and resp.get_json()["checks"]["inference_workers"].startswith("none alive")
+
+
+def test_one_key_cannot_fill_the_queue_and_url_jobs_count_at_the_longest_audio(settings, tmp_path, monkeypatch,
+                                                                                 no_cache):
+    """WHISPERQ_QUEUE_KEY_SHARE: a key past its share of the budget gets 429 while another key
+    and anonymous use still get in; a URL job, its length unknown until fetched, counts at
+    WHISPERQ_MAX_AUDIO_SECONDS. Its own database, so the backlog is only this test's."""
+    from models.apikeys import create_key
+    from web import uploads
+
+    sent = []
+    monkeypatch.setattr(uploads, "publish_transcribe", lambda celery, job, **kw: sent.append(job.id))
+    app = app_with(settings, database_url=f"sqlite:///{tmp_path / 'door.db'}", queue_budget_jobs=10,
+                   queue_budget_seconds=10**6, high_reserve=0.0, queue_key_share=0.3, max_audio_seconds=3600.0)
+    rt = app.extensions["whisperq"]
+    flood, other = (create_key(rt, name, "premium")[1] for name in ("flood", "other"))
+    client = app.test_client()
+
+    def by(token):
+        return {"Authorization": f"Bearer {token}"}
+
+    assert [post(client, headers=by(flood)).status_code for _ in range(3)] == [202] * 3
+    refused = post(client, headers=by(flood))
+    assert refused.status_code == 429, refused.get_json()
+    message = refused.get_json()["error"]["message"]
+    assert "this API key has 3 jobs" in message and "WHISPERQ_QUEUE_KEY_SHARE" in message
+    assert int(refused.headers["Retry-After"]) >= 1
+    assert post(client, "high", headers=by(flood)).status_code == 429  # the share holds for every priority
+    assert post(client, headers=by(other)).status_code == 202  # others still get in
+    assert post(client).status_code == 202  # and anonymous use, bounded by its per-address rate instead
+    assert len(sent) == 5
+
+    # By URL: 3600 s each until fetched, against a budget of 3 h for everyone.
+    tight = app_with(settings, database_url=f"sqlite:///{tmp_path / 'urls.db'}", queue_budget_jobs=1000,
+                     queue_budget_seconds=3 * 3600.0, high_reserve=0.0, max_audio_seconds=3600.0).test_client()
+    answers = [tight.post("/v1/jobs", json={"audio_url": f"http://127.0.0.1:9/{n}.flac"}) for n in range(4)]
+    assert [a.status_code for a in answers] == [202, 202, 202, 429], [a.get_json() for a in answers]
+    assert "3 jobs with 10800 s of audio are waiting" in answers[-1].get_json()["error"]["message"]

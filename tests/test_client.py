@@ -83,6 +83,50 @@ def test_a_webhook_retried_after_two_500s_is_delivered_once_signed(client, worke
         webhooks.verify(settings.webhook_signing_secret(), headers, body.replace(b"job.completed", b"job.failed"))
 
 
+def test_each_keys_webhooks_are_signed_with_its_own_secret(worker, settings, database, celery_app):
+    """Two tenants, one receiver each: a job's webhook verifies with its key's secret and with
+    no other (not the other key's, not the deployment's), and names its owner. After a
+    rotation the old and the new secret both verify, until the overlap ends."""
+    import dataclasses
+    import json
+
+    from models import webhooks
+    from models.apikeys import create_key
+    from web import create_app
+
+    app = create_app({"SETTINGS": dataclasses.replace(settings, allow_anonymous=False), "TESTING": True})
+    client, rt = app.test_client(), app.extensions["whisperq"]
+    made = {name: create_key(rt, f"{name}-hooks", "standard") for name in ("alice", "bob")}
+    secrets = {name: record.webhook_secret for name, (record, _token) in made.items()}
+
+    def run_job(name: str) -> tuple[dict, bytes]:
+        record, token = made[name]
+        with Receiver({"/hook": (200, {}, b"")}) as receiver:
+            resp = client.post("/v1/jobs", data={"file": (io.BytesIO(CLIPS["fox.flac"]["path"].read_bytes()), "a.flac"),
+                                                 "callback_url": receiver.url("/hook")},
+                               content_type="multipart/form-data", headers={"Authorization": f"Bearer {token}"})
+            assert resp.status_code == 202, resp.get_json()
+            wait_until(lambda: receiver.requests, 120, f"{name}'s webhook did not come")
+        _method, _path, headers, body = receiver.requests[0]
+        assert json.loads(body)["data"]["owner"] == record.id
+        return headers, body
+
+    for name, other in (("alice", "bob"), ("bob", "alice")):
+        headers, body = run_job(name)
+        webhooks.verify(secrets[name], headers, body)
+        for wrong in (secrets[other], settings.webhook_signing_secret()):
+            with pytest.raises(ValueError, match="no webhook-signature matches"):
+                webhooks.verify(wrong, headers, body)
+
+    rotated = client.post("/v1/webhook-secret", headers={"Authorization": f"Bearer {made['alice'][1]}"}).get_json()
+    headers, body = run_job("alice")
+    assert len(headers["webhook-signature"].split()) == 2
+    for good in (rotated["webhook_secret"], secrets["alice"]):  # a receiver on either verifies
+        webhooks.verify(good, headers, body)
+    with pytest.raises(ValueError):
+        webhooks.verify(secrets["bob"], headers, body)
+
+
 def test_a_410_stops_the_retries(client, worker):
     with Receiver({"/gone": (410, {}, b"gone")}) as receiver:
         job = submit(client, callback_url=receiver.url("/gone"))
@@ -98,7 +142,7 @@ def test_a_callback_to_a_private_address_is_refused_at_submit(client, settings):
     for url in ("http://10.0.0.7/hook", "http://169.254.169.254/latest/meta-data", "http://[::1]:8080/x",
                 "ftp://example.com/hook"):
         if url.startswith("http://[::1]"):
-            continue  # loopback is allowed to the tests' receivers (WHISPERQ_WEBHOOK_ALLOW_NETWORKS)
+            continue  # loopback is allowed to the tests' receivers (WHISPERQ_WEBHOOK_ALLOW, WHISPERQ_FETCH_ALLOW)
         resp = client.post("/v1/jobs", data={"file": (io.BytesIO(CLIPS["fox.flac"]["path"].read_bytes()), "a.flac"),
                                              "callback_url": url}, content_type="multipart/form-data")
         assert resp.status_code == 400, (url, resp.get_json())

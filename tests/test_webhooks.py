@@ -28,7 +28,8 @@ SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
 def make_settings(tmp_path, **env) -> Settings:
     environ = {"WHISPERQ_DATA_DIR": str(tmp_path / "data"), "WHISPERQ_WEBHOOK_SECRET": SECRET,
-               "WHISPERQ_WEBHOOK_ALLOW_NETWORKS": "127.0.0.0/8", "WHISPERQ_WEBHOOK_TIMEOUT": "2"}
+               "WHISPERQ_WEBHOOK_ALLOW": "127.0.0.0/8", "WHISPERQ_FETCH_ALLOW": "127.0.0.0/8",
+               "WHISPERQ_WEBHOOK_TIMEOUT": "2"}
     environ.update(env)
     return Settings.from_env({k: v for k, v in environ.items() if v is not None})
 
@@ -130,9 +131,9 @@ def test_bad_callback_urls_say_what_to_fix(tmp_path, url, words):
 def test_non_public_addresses_are_refused(tmp_path, address, kind):
     host = f"[{address}]" if ":" in address else address
     with pytest.raises(InvalidRequest) as err:
-        webhooks.check_callback_url(f"http://{host}/hook", make_settings(tmp_path, WHISPERQ_WEBHOOK_ALLOW_NETWORKS=None))
+        webhooks.check_callback_url(f"http://{host}/hook", make_settings(tmp_path, WHISPERQ_WEBHOOK_ALLOW=None))
     assert f"a {kind} address ({address})" in str(err.value)
-    assert "WHISPERQ_WEBHOOK_ALLOW_NETWORKS" in str(err.value)
+    assert "WHISPERQ_WEBHOOK_ALLOW" in str(err.value)
 
 
 def test_a_name_resolving_to_a_private_address_is_refused(tmp_path, monkeypatch):
@@ -140,7 +141,8 @@ def test_a_name_resolving_to_a_private_address_is_refused(tmp_path, monkeypatch)
     with pytest.raises(InvalidRequest) as err:
         webhooks.check_callback_url("https://hooks.internal/done", make_settings(tmp_path))
     assert str(err.value) == ("callback_url host hooks.internal resolves to a private address (10.0.0.5); webhooks go "
-                              "to public addresses only unless WHISPERQ_WEBHOOK_ALLOW_NETWORKS includes it")
+                              "to public addresses only unless WHISPERQ_WEBHOOK_ALLOW includes it (as host:port or "
+                              "network:port)")
 
 
 def test_public_names_pass_and_come_back_normalised(tmp_path, monkeypatch):
@@ -154,7 +156,7 @@ def test_public_names_pass_and_come_back_normalised(tmp_path, monkeypatch):
 
 
 def test_public_addresses_pass_however_written(tmp_path):
-    settings = make_settings(tmp_path, WHISPERQ_WEBHOOK_ALLOW_NETWORKS=None)
+    settings = make_settings(tmp_path, WHISPERQ_WEBHOOK_ALLOW=None)
     for url in ("http://93.184.216.34/x", "http://[::ffff:93.184.216.34]/x", "https://[2606:2800:220:1::]:8443/x"):
         assert webhooks.check_callback_url(url, settings) == url
         assert len(webhooks.resolve_allowed(url, settings)) == 1
@@ -162,10 +164,35 @@ def test_public_addresses_pass_however_written(tmp_path):
 
 def test_the_allow_list_admits_private_networks(tmp_path, monkeypatch):
     fake_dns(monkeypatch, {"hooks.internal": ["10.1.2.3"]})
-    settings = make_settings(tmp_path, WHISPERQ_WEBHOOK_ALLOW_NETWORKS="10.0.0.0/8, 127.0.0.0/8")
+    settings = make_settings(tmp_path, WHISPERQ_WEBHOOK_ALLOW="10.0.0.0/8, 127.0.0.0/8")
     assert webhooks.check_callback_url("http://hooks.internal:8080/x", settings) == "http://hooks.internal:8080/x"
     with pytest.raises(InvalidRequest, match="192.168.0.1"):
         webhooks.check_callback_url("http://192.168.0.1/x", settings)
+
+
+def test_allow_entries_are_scoped_to_a_port_and_a_purpose(tmp_path, monkeypatch):
+    """An entry opens one port of a host (not its database next door), and only for its own
+    purpose: a webhook target is not thereby a place audio may be fetched from."""
+    fake_dns(monkeypatch, {"hooks.internal": ["10.1.2.3"], "files.internal": ["10.9.9.9"]})
+    settings = make_settings(tmp_path, WHISPERQ_WEBHOOK_ALLOW="10.1.2.3:8443,[fd00::/8]:443,files.internal:80",
+                             WHISPERQ_FETCH_ALLOW=None)
+    assert webhooks.check_callback_url("https://hooks.internal:8443/x", settings)
+    assert webhooks.check_callback_url("https://[fd00::5]/x", settings)
+    assert webhooks.check_callback_url("http://files.internal/x", settings)  # by name, on its port
+    for refused in ("http://hooks.internal:5432/x", "https://10.1.2.3/x", "https://[fd00::5]:8443/x",
+                    "https://files.internal/x", "http://10.9.9.9/x"):
+        with pytest.raises(InvalidRequest, match="WHISPERQ_WEBHOOK_ALLOW"):
+            webhooks.check_callback_url(refused, settings)
+    with pytest.raises(InvalidRequest, match="audio is fetched from public addresses only unless WHISPERQ_FETCH_ALLOW"):
+        webhooks.check_url("https://hooks.internal:8443/a.flac", settings, "audio_url")
+    fetching = make_settings(tmp_path, WHISPERQ_WEBHOOK_ALLOW=None, WHISPERQ_FETCH_ALLOW="10.1.2.3:8443")
+    assert webhooks.check_url("https://hooks.internal:8443/a.flac", fetching, "audio_url")
+    with pytest.raises(InvalidRequest, match="WHISPERQ_WEBHOOK_ALLOW"):
+        webhooks.check_callback_url("https://hooks.internal:8443/x", fetching)
+    legacy = make_settings(tmp_path, WHISPERQ_WEBHOOK_ALLOW=None, WHISPERQ_FETCH_ALLOW=None,
+                           WHISPERQ_WEBHOOK_ALLOW_NETWORKS="10.0.0.0/8")  # as earlier versions read it: both
+    assert webhooks.check_callback_url("http://hooks.internal/x", legacy)
+    assert webhooks.check_url("http://hooks.internal/x", legacy, "audio_url")
 
 
 def test_an_unresolvable_host_is_an_invalid_request(tmp_path, monkeypatch):
@@ -208,15 +235,63 @@ def test_status_codes_decide_retries(tmp_path, status, delivered, retryable):
     assert (attempt.status_code, attempt.delivered, attempt.retryable) == (status, delivered, retryable)
     assert (attempt.error is None) == delivered
     if not delivered:
-        assert attempt.error.startswith(f"HTTP {status}") and "busy, try later" in attempt.error
+        # the standard phrase only: what the receiver wrote is never shown to the job's owner
+        assert attempt.error.startswith(f"HTTP {status} ") and "busy, try later" not in attempt.error
 
 
 def test_redirects_are_not_followed(tmp_path):
     with Receiver({"/old": (302, {"Location": "/new"}, b""), "/new": (200, {}, b"")}) as receiver:
         attempt = webhooks.deliver(receiver.url("/old"), {}, msg_id="m", settings=make_settings(tmp_path))
     assert (attempt.status_code, attempt.delivered, attempt.retryable) == (302, False, False)
-    assert "redirect to /new not followed" in attempt.error
+    assert attempt.error == "HTTP 302 Found: redirects are not followed; set callback_url to the final URL"
     assert [r[1] for r in receiver.requests] == ["/old"]
+
+
+@pytest.fixture()
+def chatty_server():
+    """A server that answers every request with its own reason phrase, a Location and a body
+    that name internal things: none of it may reach a client through an attempt or an error."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(5)
+
+    def serve():
+        for _ in range(4):
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                body = b"db-primary.corp:5432 password=hunter2"
+                conn.sendall(b"HTTP/1.1 %d internal db-primary.corp down\r\nLocation: http://10.1.2.3/admin\r\n"
+                             b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (serve.status, len(body), body))
+
+    serve.status = 500
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield serve, f"http://127.0.0.1:{listener.getsockname()[1]}/x"
+    listener.close()
+
+
+@pytest.mark.parametrize("status", [500, 404, 302])
+def test_nothing_the_remote_server_writes_is_echoed(tmp_path, chatty_server, status):
+    from models.errors import WhisperqError as JobError
+    from models.fetch import fetch_audio
+
+    serve, url = chatty_server
+    serve.status = status
+    attempt = webhooks.deliver(url, {}, msg_id="m", settings=make_settings(tmp_path))
+    try:
+        fetch_audio(url, tmp_path / "audio", make_settings(tmp_path))
+    except JobError as exc:
+        fetched = str(exc)
+    for said in (attempt.error, fetched):
+        assert said.startswith(("HTTP ", "audio_url answered HTTP ", "audio_url")), said
+        for leak in ("db-primary", "hunter2", "10.1.2.3", "internal"):
+            assert leak not in said, said
 
 
 def test_a_receiver_that_hangs_times_out_retryably(tmp_path):
@@ -239,7 +314,7 @@ def test_a_closed_port_is_retryable(tmp_path):
 def test_loopback_needs_the_allow_list(tmp_path):
     with Receiver({"/hook": (200, {}, b"")}) as receiver:
         refused = webhooks.deliver(receiver.url("/hook"), {}, msg_id="m",
-                                   settings=make_settings(tmp_path, WHISPERQ_WEBHOOK_ALLOW_NETWORKS=None))
+                                   settings=make_settings(tmp_path, WHISPERQ_WEBHOOK_ALLOW=None))
         allowed = webhooks.deliver(receiver.url("/hook"), {}, msg_id="m", settings=make_settings(tmp_path))
     assert (refused.delivered, refused.retryable, refused.status_code) == (False, False, None)
     assert refused.error.startswith("refused: callback_url host 127.0.0.1 resolves to a loopback address")
@@ -260,7 +335,7 @@ def test_delivery_connects_to_the_checked_address_with_the_original_host(tmp_pat
 def test_dns_rebinding_after_the_check_is_refused_at_delivery(tmp_path, monkeypatch):
     answers = iter([["93.184.216.34"], ["127.0.0.1"]])
     fake_dns(monkeypatch, {"rebind.example": lambda: next(answers)})
-    settings = make_settings(tmp_path, WHISPERQ_WEBHOOK_ALLOW_NETWORKS=None)
+    settings = make_settings(tmp_path, WHISPERQ_WEBHOOK_ALLOW=None)
     with Receiver({"/hook": (200, {}, b"")}) as receiver:
         url = webhooks.check_callback_url(receiver.url("/hook", host="rebind.example"), settings)
         attempt = webhooks.deliver(url, {}, msg_id="m", settings=settings)
@@ -326,7 +401,7 @@ def job(status="COMPLETED", **extra):
 def test_payload_inlines_a_small_transcript(tmp_path):
     payload = webhooks.payload_for(job(), "https://stt.example/v1/jobs/j1/transcript", make_settings(tmp_path))
     assert payload == {"type": "job.completed", "timestamp": "2024-01-01T00:00:09Z", "data": {
-        "job_id": "j1", "status": "COMPLETED", "created_at": "2024-01-01T00:00:00Z",
+        "job_id": "j1", "owner": None, "status": "COMPLETED", "created_at": "2024-01-01T00:00:00Z",
         "finished_at": "2024-01-01T00:00:09Z", "error": None,
         "transcript_url": "https://stt.example/v1/jobs/j1/transcript", "result": job()["result"]}}
 
@@ -358,7 +433,7 @@ def test_unfinished_jobs_have_no_event(tmp_path):
 
 def test_webhook_settings_defaults(tmp_path):
     s = Settings.from_env({"WHISPERQ_DATA_DIR": str(tmp_path)})
-    assert (s.webhook_secret, s.webhook_allow_networks, s.webhook_timeout_seconds, s.webhook_retry_base_seconds,
+    assert (s.webhook_secret, s.webhook_allow + s.fetch_allow, s.webhook_timeout_seconds, s.webhook_retry_base_seconds,
             s.webhook_retry_window_seconds, s.webhook_max_inline_bytes, s.fetch_timeout_seconds) == \
         (None, (), 10.0, 5.0, 86400.0, 262144, 120.0)
 
@@ -374,14 +449,19 @@ def test_a_generated_secret_is_shared_through_the_data_dir(tmp_path):
 
 
 def test_the_secret_is_masked_and_networks_listed(tmp_path):
-    described = make_settings(tmp_path, WHISPERQ_WEBHOOK_ALLOW_NETWORKS="10.0.0.0/8,fd00::/8").describe()
+    described = make_settings(tmp_path, WHISPERQ_WEBHOOK_ALLOW="10.0.0.0/8,[fd00::/8]:443,hooks.internal:443",
+                              WHISPERQ_FETCH_ALLOW="10.1.2.3, [fd00::1]:8080").describe()
     assert described["webhook_secret"] == "***"
-    assert described["webhook_allow_networks"] == "10.0.0.0/8,fd00::/8"
+    assert described["webhook_allow"] == "10.0.0.0/8,[fd00::/8]:443,hooks.internal:443"
+    assert described["fetch_allow"] == "10.1.2.3,[fd00::1]:8080"
 
 
 @pytest.mark.parametrize("name, value, words", [
     ("WHISPERQ_WEBHOOK_ALLOW_NETWORKS", "10.0.0.0/8,intranet", "'intranet'"),
-    ("WHISPERQ_WEBHOOK_ALLOW_NETWORKS", "10.0.0.0/33", "'10.0.0.0/33'"),
+    ("WHISPERQ_WEBHOOK_ALLOW", "10.0.0.0/33", "'10.0.0.0/33'"),
+    ("WHISPERQ_FETCH_ALLOW", "10.0.0.1:99999", "port '99999'"),
+    ("WHISPERQ_FETCH_ALLOW", "fd00::/8:443", "brackets"),
+    ("WHISPERQ_WEBHOOK_ALLOW", "files/internal", "not a network, an address or a host name"),
     ("WHISPERQ_WEBHOOK_SECRET", "whsec_not*base64", "not base64"),
     ("WHISPERQ_WEBHOOK_TIMEOUT", "soon", "not a number"),
     ("WHISPERQ_WEBHOOK_MAX_INLINE_BYTES", "-1", "out of range"),

@@ -59,13 +59,14 @@ def admit_submission() -> None:
 
 
 def admit_priority(priority: str) -> None:
-    """Once the priority is known: the key's tier must allow it (403), and normal and low
-    may not use the high reserve."""
+    """Once the priority is known: the key's tier must allow it (403), normal and low may
+    not use the high reserve, and a key may not hold more than its share of the queue."""
     from .auth import current
 
-    current().check_priority(priority)
-    if priority != "high":
-        check_queue(current_app.extensions["whisperq"], priority)
+    who = current()
+    who.check_priority(priority)
+    if priority != "high" or who.owner is not None:
+        check_queue(current_app.extensions["whisperq"], priority, owner=who.owner)
 
 
 def add_rate_headers(response):

@@ -9,7 +9,8 @@ from datetime import datetime
 
 from flask import Blueprint, Response, current_app, jsonify, request, url_for
 
-from models.errors import InvalidRequest, JobNotReady, ResultPurged, UnsupportedMediaType
+from models import apikeys
+from models.errors import Forbidden, InvalidRequest, JobNotReady, ResultPurged, UnsupportedMediaType
 from models.eta import estimate
 from models.formats import FORMATS, MIME_TYPES, render
 from models.job import Job, JobStatus
@@ -70,6 +71,21 @@ def create():
     body = job_body(job, detail=False)
     body["transcript_url"] = url_for("api.transcript", job_id=job.id, _external=True)
     return jsonify(body), 202 if created else 200, {"Location": body["status_url"]}
+
+
+@bp.post("/webhook-secret")
+def rotate_webhook_secret():
+    """A new webhook signing secret for the calling key, shown once; the old one keeps
+    signing beside it for a day, so the receiver can switch without missing a delivery."""
+    who = current()
+    if who.owner is None:
+        raise Forbidden("webhook secrets belong to API keys: send your key as 'Authorization: Bearer wq_...' (jobs "
+                        "without a key are signed with the deployment's secret, WHISPERQ_WEBHOOK_SECRET)")
+    record, secret = apikeys.rotate_webhook_secret(runtime(), who.owner)
+    until = record.previous_webhook_secret_until
+    body = {"key_id": record.id, "webhook_secret": secret,
+            "previous_secret_signs_until": until.isoformat().replace("+00:00", "Z") if until else None}
+    return jsonify(body), 200, {"Cache-Control": "no-store"}
 
 
 @bp.get("/jobs")

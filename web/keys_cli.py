@@ -36,6 +36,32 @@ def create(name: str, tier: str, admin: bool) -> None:
     click.echo(token)
     click.echo(f"key {record.id} ({record.name}, tier {record.tier}{', admin' if record.admin else ''}): "
                "shown this once; keep it in a secret store", err=True)
+    click.echo(f"webhook signing secret for this key's jobs: {record.webhook_secret}\n"
+               "  (shown this once too; `whisperq keys rotate-webhook-secret` makes a new one)", err=True)
+
+
+@keys.command("rotate-webhook-secret")
+@click.argument("key")
+@click.option("--overlap", default="24h", show_default=True,
+              help="How long the old secret keeps signing beside the new one (seconds, or with m/h/d; 0 stops it now).")
+def rotate_secret(key: str, overlap: str) -> None:
+    """Give a key (by id or the start of the key) a new webhook signing secret; prints it once."""
+    from datetime import timedelta
+
+    from config.settings import ConfigError, _Env
+    from models.apikeys import rotate_webhook_secret
+    from models.errors import WhisperqError
+
+    try:
+        seconds = _Env({"--overlap": overlap}).duration("--overlap", 0.0) or 0.0
+        record, secret = rotate_webhook_secret(_rt(), key, overlap=timedelta(seconds=seconds))
+    except (WhisperqError, ConfigError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(secret)
+    until = record.previous_webhook_secret_until
+    click.echo(f"key {record.id} ({record.name}): new webhook secret, shown this once; "
+               + (f"the old one also signs until {until.isoformat(timespec='seconds')}" if until
+                  else "the old one no longer signs"), err=True)
 
 
 @keys.command("list")

@@ -115,6 +115,11 @@ def paths() -> dict:
                 ],
             ),
         },
+        "/v1/webhook-secret": {
+            "post": op("rotateWebhookSecret", "A new webhook signing secret for the calling API key (shown once)",
+                       {"200": ok("The new secret; the old one signs beside it for 24 hours.", ref("WebhookSecret")),
+                        **errors(401, 403, 431)}, security=KEY),
+        },
         "/v1/jobs/{job_id}": {
             "parameters": [JOB_ID],
             "get": op("getJob", "A job: its status, progress, estimates and (once done) its transcript",

@@ -169,6 +169,13 @@ def schemas(models: list[str]) -> dict:
             "properties": {"status": {"type": "string", "enum": ["ready", "not_ready"]},
                            "checks": {"type": "object", "additionalProperties": STRING}},
         },
+        "WebhookSecret": {
+            "type": "object", "required": ["key_id", "webhook_secret"],
+            "properties": {"key_id": STRING,
+                           "webhook_secret": {"type": "string", "description": "`whsec_` + base64: verify this key's "
+                                              "webhooks with it (Standard Webhooks). Shown this once."},
+                           "previous_secret_signs_until": nullable({"type": "string", "format": "date-time"})},
+        },
         "TranscriptionJob": {
             "type": "object", "required": ["id", "object", "status", "status_url"],
             "properties": {"id": STRING, "object": {"type": "string", "enum": ["transcription.job"]},
