@@ -6,6 +6,7 @@ A test that needs a service it cannot reach is skipped, or fails when REQUIRE_SE
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -14,6 +15,7 @@ import tempfile
 import time
 import uuid
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -151,40 +153,85 @@ def published():
     before_task_publish.disconnect(record)
 
 
-@pytest.fixture()
-def restart_broker(celery_app, request):
-    """A function that stops the broker for `down` seconds (then calls `during()`, the
-    broker still down) and starts it again: the
-    embedded Redis (append-only file on), or a local RabbitMQ (durable queues). The suite
-    does not restart a Redis it did not start: one run without persistence would lose
-    its queues."""
-    url = celery_app.conf.broker_url
-    embedded = _state.get("embedded")
-    if embedded is not None:
-        def restart(down: float = 2.0, during=None) -> None:
-            embedded.stop()
-            time.sleep(down)
-            if during is not None:
-                during()
-            embedded.start()
-    elif url.startswith(("amqp", "pyamqp")) and ("@127.0.0.1" in url or "@localhost" in url):
-        if shutil.which("rabbitmqctl") is None:
-            need_service("rabbitmqctl is not on PATH: the RabbitMQ restart test needs the local broker's CLI")
+@dataclass
+class BrokerStack:
+    """What a broker-restart test drives: a client, the worker pools, the Celery app they
+    share, and `restart(down, during)`, which stops their broker for `down` seconds (calls
+    `during()` while it is down) and starts it again."""
 
-        def restart(down: float = 2.0, during=None) -> None:
-            subprocess.run(["rabbitmqctl", "-q", "stop_app"], check=True, timeout=120, capture_output=True)
-            time.sleep(down)
-            if during is not None:
-                during()
-            subprocess.run(["rabbitmqctl", "-q", "start_app"], check=True, timeout=120, capture_output=True)
-            subprocess.run(["rabbitmqctl", "-q", "await_startup"], check=True, timeout=120, capture_output=True)
-    else:
-        pytest.skip(f"the suite restarts only the embedded Redis or a local RabbitMQ, not {url.split('://')[0]} at this address")
-    yield restart
-    if "worker" in request.fixturenames:
+    client: object
+    worker: object
+    celery_app: object
+    restart: object
+
+
+def _restart_embedded(broker):
+    def restart(down: float = 2.0, during=None) -> None:
+        broker.stop()
+        time.sleep(down)
+        if during is not None:
+            during()
+        broker.start()
+
+    return restart
+
+
+@pytest.fixture()
+def broker_stack(celery_app, settings, database, request):
+    """A broker that may be restarted, with pools and a client on it: the suite's own when it
+    is the embedded Redis (append-only file on) or a local RabbitMQ (durable queues). A Redis
+    the suite did not start is not restarted (a run without persistence would lose its
+    queues): the test gets a private redis-server of its own, with its own pools and web
+    app, on the same database."""
+    url = celery_app.conf.broker_url
+    if _state.get("embedded") is not None or url.startswith(("amqp", "pyamqp")):
+        if _state.get("embedded") is not None:
+            restart = _restart_embedded(_state["embedded"])
+        elif "@127.0.0.1" in url or "@localhost" in url:
+            if shutil.which("rabbitmqctl") is None:
+                need_service("rabbitmqctl is not on PATH: the RabbitMQ restart test needs the local broker's CLI")
+
+            def restart(down: float = 2.0, during=None) -> None:
+                subprocess.run(["rabbitmqctl", "-q", "stop_app"], check=True, timeout=120, capture_output=True)
+                time.sleep(down)
+                if during is not None:
+                    during()
+                subprocess.run(["rabbitmqctl", "-q", "start_app"], check=True, timeout=120, capture_output=True)
+                subprocess.run(["rabbitmqctl", "-q", "await_startup"], check=True, timeout=120, capture_output=True)
+        else:
+            pytest.skip(f"the suite restarts a local RabbitMQ only, not one at {url.split('@')[-1]}")
+        pools = request.getfixturevalue("worker")
+        from web import create_app
+
+        yield BrokerStack(create_app({"SETTINGS": settings, "TESTING": True}).test_client(), pools, celery_app, restart)
         # The workers came through it (that is what the tests show), but their consumers
         # no longer obey cancel_consumer reliably, which later tests pause them with.
-        request.getfixturevalue("worker").restart_all()
+        pools.restart_all()
+        return
+    if not url.startswith(("redis", "rediss")):
+        pytest.skip(f"no way to restart a {url.split('://')[0]} broker here")
+    from config import make_celery
+    from config.embedded import EmbeddedRedis
+    from models import notify
+    from web import create_app
+
+    tmp = Path(tempfile.mkdtemp(prefix="private-broker-", dir=_state["tmp"]))
+    broker = EmbeddedRedis(tmp / "redis")
+    private = dataclasses.replace(settings, broker_url=broker.start(),
+                                  result_backend=None if settings.result_backend == url else settings.result_backend)
+    # Celery reads CELERY_BROKER_URL before its configuration: this process's apps and the
+    # pools started now must all see the private broker.
+    request.getfixturevalue("monkeypatch").setenv("CELERY_BROKER_URL", private.broker_url)
+    app, private_celery = create_app({"SETTINGS": private, "TESTING": True}), make_celery(private)
+    pools = None
+    try:
+        pools = Pools(private_celery, tmp, uuid.uuid4().hex[:6], env={"CELERY_BROKER_URL": private.broker_url})
+        yield BrokerStack(app.test_client(), pools, private_celery, _restart_embedded(broker))
+    finally:
+        if pools is not None:
+            pools.stop()
+        broker.stop()
+        notify.set_publisher(None)  # this app's publisher points at the broker just stopped
 
 
 @contextmanager
@@ -241,14 +288,15 @@ def stop_worker(worker: Worker) -> None:
 class Pools:
     """The preparation and inference workers, as the Procfile runs them."""
 
-    def __init__(self, celery_app, tmp: Path, tag: str):
+    def __init__(self, celery_app, tmp: Path, tag: str, env: dict | None = None):
         from config import NOTIFY_QUEUE, PREPARE_QUEUE
 
-        self.celery_app, self.tmp, self.tag, self.restarts = celery_app, tmp, tag, 0
-        self.prepare = start_worker(celery_app, tmp, f"prepare-{tag}", PREPARE_QUEUE)
+        self.celery_app, self.tmp, self.tag, self.restarts, self.env = celery_app, tmp, tag, 0, env
+        self.prepare = start_worker(celery_app, tmp, f"prepare-{tag}", PREPARE_QUEUE, extra_env=env)
         try:
             self.inference = self._start_inference()
-            self.notify = start_worker(celery_app, tmp, f"notify-{tag}", NOTIFY_QUEUE, pool="threads", concurrency=4)
+            self.notify = start_worker(celery_app, tmp, f"notify-{tag}", NOTIFY_QUEUE, pool="threads", concurrency=4,
+                                       extra_env=env)
         except BaseException:
             stop_worker(self.prepare)
             if hasattr(self, "inference"):
@@ -259,7 +307,8 @@ class Pools:
         from config import INFERENCE_QUEUE
 
         name = f"inference-{self.tag}" + (f"-{self.restarts}" if self.restarts else "")
-        return start_worker(self.celery_app, self.tmp, name, INFERENCE_QUEUE, pool="threads", concurrency=8)
+        return start_worker(self.celery_app, self.tmp, name, INFERENCE_QUEUE, pool="threads", concurrency=8,
+                            extra_env=self.env)
 
     def kill_inference(self) -> None:
         """kill -9 the inference worker: no warm shutdown, no acks, no goodbyes."""
@@ -279,7 +328,7 @@ class Pools:
         self.stop()
         self.tag += "r"
         self.restarts = 0
-        self.__init__(self.celery_app, self.tmp, self.tag)
+        self.__init__(self.celery_app, self.tmp, self.tag, self.env)
 
     def sweep(self, grace_seconds: float = 0.0):
         """One sweeper pass now, as beat would run it, without the start-up grace."""

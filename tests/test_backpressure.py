@@ -123,14 +123,14 @@ def test_the_rate_limiter_counts_in_windows(monkeypatch):
 
 
 @pytest.mark.integration
-def test_readyz_goes_503_with_the_broker_stopped_and_recovers(client, worker, celery_app, restart_broker):
-    seen = {}
+def test_readyz_goes_503_with_the_broker_stopped_and_recovers(broker_stack):
+    seen, client = {}, broker_stack.client
 
     def while_down():
         resp = client.get("/readyz")
         seen["status"], seen["checks"] = resp.status_code, resp.get_json()["checks"]
 
-    restart_broker(down=1.0, during=while_down)
+    broker_stack.restart(down=1.0, during=while_down)
     assert seen["status"] == 503 and seen["checks"]["broker"].startswith("unreachable"), seen
     assert seen["checks"]["database"] == "ok"
     deadline = time.monotonic() + 60

@@ -84,12 +84,13 @@ def wait_for_workers(celery_app, worker, timeout: float = 90) -> None:
     raise AssertionError(f"workers did not answer after the broker restart:\n{worker.output()[-4000:]}")
 
 
-def test_a_broker_restart_with_jobs_queued_and_running_loses_none(client, worker, celery_app, restart_broker, database):
+def test_a_broker_restart_with_jobs_queued_and_running_loses_none(broker_stack, database):
     from models.job import Job
 
+    client, worker, celery_app = broker_stack.client, broker_stack.worker, broker_stack.celery_app
     job_ids = [submit(client, "report.opus" if n % 3 == 0 else "fox.flac") for n in range(15)]
     wait_for_stage(client, job_ids[0], "infer")  # some run, the rest wait in the queues
-    restart_broker(down=2.0)
+    broker_stack.restart(down=2.0)
     wait_for_workers(celery_app, worker)
     # Beat sweeps every WHISPERQ_SWEEP_INTERVAL; here a pass every few seconds, without the grace.
     deadline, reports = time.monotonic() + 300, []
