@@ -108,6 +108,11 @@ def test_run_starts_the_whole_service_on_the_embedded_broker(tmp_path):
         assert "report.opus" not in text
         # The broker's data is kept under the data dir.
         assert (tmp_path / "var" / "redis" / "appendonly.aof").exists() or (tmp_path / "var" / "redis" / "appendonlydir").exists()
+
+        # 64 OpenAI-style calls at once, each willing to wait for its transcript: only
+        # WHISPERQ_SYNC_WAITS of them (per web process, one per client) hold a thread; the rest
+        # answer 202 at once, so the health check and ordinary submissions keep answering.
+        calls_answered_at_once(base)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -123,6 +128,34 @@ def test_run_starts_the_whole_service_on_the_embedded_broker(tmp_path):
     leftover = subprocess.run(["pgrep", "-f", str(tmp_path / "var" / "redis")], capture_output=True, text=True).stdout
     assert leftover.strip() == "", f"embedded redis still running: {leftover}"
     assert code in (0, -15, 143), out[-3000:]
+
+
+def calls_answered_at_once(base: str) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    audio = CLIPS["fox.flac"]["path"].read_bytes()
+
+    def call(_n):
+        resp = requests.post(f"{base}/v1/audio/transcriptions", files={"file": ("fox.flac", audio)},
+                             data={"model": "whisper-1"}, timeout=120)
+        return resp.status_code, resp.json()
+
+    with ThreadPoolExecutor(64) as pool:
+        calls = [pool.submit(call, n) for n in range(64)]
+        time.sleep(1.0)  # the calls are in: the ones allowed to wait are waiting
+        probes = [requests.get(f"{base}/healthz", timeout=10).status_code for _ in range(5)]
+        with CLIPS["fox.flac"]["path"].open("rb") as fh:
+            ordinary = requests.post(f"{base}/v1/jobs", files={"file": ("fox.flac", fh)}, timeout=10)
+        answers = [c.result() for c in calls]
+    assert probes == [200] * 5 and ordinary.status_code == 202, (probes, ordinary.text)
+    codes = [code for code, _ in answers]
+    assert set(codes) <= {200, 202}, codes
+    # One client (this address): at most one wait per web process (the Procfile runs two).
+    assert codes.count(200) <= 2 and codes.count(202) >= 62, codes
+    for _code, body in answers:  # leave no queue behind for the shutdown
+        if body.get("status_url"):
+            requests.delete(body["status_url"], timeout=10)
+    requests.delete(ordinary.headers["Location"], timeout=10)
 
 
 def test_run_refuses_a_bad_setting_with_its_name(tmp_path):
