@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from helpers import CLIPS, word_error_rate
+from helpers import CLIPS, Receiver, word_error_rate
 
 pytestmark = pytest.mark.integration
 
@@ -50,6 +50,11 @@ def test_run_starts_the_whole_service_on_the_embedded_broker(tmp_path):
     env = {k: v for k, v in os.environ.items()
            if k not in ("CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "DATABASE_URL", "FLOWER_BASIC_AUTH", "WHISPERQ_LOG_FORMAT")}
     env.update(WHISPERQ_DATA_DIR=str(tmp_path / "var"), PORT=str(port), FLOWER_PORT=str(flower))
+    # Tracing on, as an operator turns it on: every process exports over OTLP/HTTP to a
+    # collector (here a local receiver that keeps what it is sent).
+    collector = Receiver({"/v1/traces": (200, {"Content-Type": "application/x-protobuf"}, b"")})
+    collector.__enter__()
+    env.update(OTEL_EXPORTER_OTLP_ENDPOINT=collector.url(""), OTEL_BSP_SCHEDULE_DELAY="200")
     log = tmp_path / "run.log"
     whisperq = Path(sys.executable).parent / "whisperq"
     proc = subprocess.Popen([str(whisperq), "run"], env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
@@ -68,6 +73,12 @@ def test_run_starts_the_whole_service_on_the_embedded_broker(tmp_path):
         )
         assert job["status"] == "COMPLETED", job
         assert word_error_rate(clip["text"], job["result"]["text"]) <= 0.2
+        # One trace, read back from the collector, runs through the web, prepare and
+        # inference processes: the upload's request and both tasks' runs.
+        trace = wait_until(lambda: job_trace(collector, job["job_id"]), 30, "the job's trace", proc, log)
+        assert {"whisperq-web", "whisperq-prepare", "whisperq-inference"} <= {svc for svc, _ in trace}, trace
+        assert {("whisperq-prepare", "run/whisperq.transcribe"), ("whisperq-inference", "run/whisperq.infer")} <= trace
+        assert any(svc == "whisperq-web" and name.startswith("POST") for svc, name in trace), trace
 
         # Headers too large for gunicorn itself, or for the app: both answer in JSON.
         for size in (20_000, 40_000, 200_000):
@@ -120,6 +131,7 @@ def test_run_starts_the_whole_service_on_the_embedded_broker(tmp_path):
         except subprocess.TimeoutExpired:
             proc.kill()
             raise
+    collector.__exit__(None, None, None)
     out = log.read_text()
     assert "Warm shutdown" in out
     # Nothing is left listening: web and the embedded broker are gone.
@@ -128,6 +140,28 @@ def test_run_starts_the_whole_service_on_the_embedded_broker(tmp_path):
     leftover = subprocess.run(["pgrep", "-f", str(tmp_path / "var" / "redis")], capture_output=True, text=True).stdout
     assert leftover.strip() == "", f"embedded redis still running: {leftover}"
     assert code in (0, -15, 143), out[-3000:]
+
+
+def job_trace(collector, job_id: str) -> set[tuple[str, str]] | None:
+    """(service, span name) of every span in the trace of the task run that carries the
+    job's id, from what the collector was sent; None until the web's span is in too."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    spans = []
+    for _method, _path, _headers, body in list(collector.requests):
+        request = ExportTraceServiceRequest.FromString(body)
+        for resource_spans in request.resource_spans:
+            service = next((a.value.string_value for a in resource_spans.resource.attributes
+                            if a.key == "service.name"), "")
+            for scope in resource_spans.scope_spans:
+                for span in scope.spans:
+                    attributes = {a.key: a.value.string_value for a in span.attributes}
+                    spans.append((span.trace_id, service, span.name, attributes))
+    ids = {trace for trace, _svc, name, attrs in spans if job_id in attrs.values()}
+    if len(ids) != 1:
+        return None
+    found = {(svc, name) for trace, svc, name, _attrs in spans if trace in ids}
+    return found if any(svc == "whisperq-web" for svc, _ in found) else None
 
 
 def calls_answered_at_once(base: str) -> None:
