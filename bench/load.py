@@ -37,7 +37,7 @@ class MemoryWatch:
     """Peak RSS of every process below `root`, by kind, sampled every 0.5 s."""
 
     KINDS = (("redis-server", "broker"), ("prepare@", "prepare"), ("inference@", "inference"), ("notify@", "notify"),
-             ("flower", "flower"), ("beat", "beat"), ("gunicorn", "web"), ("honcho", "honcho"), ("whisperq", "whisperq run"))
+             ("flower", "flower"), ("beat", "beat"), ("gunicorn", "web"), ("supervisord", "supervisord"), ("whisperq", "whisperq run"))
 
     def __init__(self, root: int):
         self.root, self.peak, self.stop = root, {}, threading.Event()

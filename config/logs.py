@@ -6,7 +6,7 @@ never reach the logs: Celery's "Task ... succeeded" line has its return value (t
 transcript) replaced by :data:`OMITTED`.
 
 ``WHISPERQ_LOG_FORMAT``: ``json``, ``text``, or ``auto`` (the default): JSON unless
-stderr is a terminal, so processes under honcho, systemd or a container log JSON.
+stderr is a terminal, so processes under supervisord, systemd or a container log JSON.
 """
 from __future__ import annotations
 

@@ -49,7 +49,8 @@ def test_run_starts_the_whole_service_on_the_embedded_broker(tmp_path):
     port, flower = free_port(), free_port()
     env = {k: v for k, v in os.environ.items()
            if k not in ("CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "DATABASE_URL", "FLOWER_BASIC_AUTH", "WHISPERQ_LOG_FORMAT")}
-    env.update(WHISPERQ_DATA_DIR=str(tmp_path / "var"), PORT=str(port), FLOWER_PORT=str(flower))
+    env.update(WHISPERQ_DATA_DIR=str(tmp_path / "var"), PORT=str(port), FLOWER_PORT=str(flower),
+               WHISPERQ_SWEEP_INTERVAL="5")
     # Tracing on, as an operator turns it on: every process exports over OTLP/HTTP to a
     # collector (here a local receiver that keeps what it is sent).
     collector = Receiver({"/v1/traces": (200, {"Content-Type": "application/x-protobuf"}, b"")})
@@ -120,6 +121,9 @@ def test_run_starts_the_whole_service_on_the_embedded_broker(tmp_path):
         # The broker's data is kept under the data dir.
         assert (tmp_path / "var" / "redis" / "appendonly.aof").exists() or (tmp_path / "var" / "redis" / "appendonlydir").exists()
 
+        # The pools run below the web's scheduling priority; a killed pool comes back by itself.
+        survives_a_killed_pool(base, tmp_path / "var", proc, log)
+
         # 64 OpenAI-style calls at once, each willing to wait for its transcript: only
         # WHISPERQ_SYNC_WAITS of them (per web process, one per client) hold a thread; the rest
         # answer 202 at once, so the health check and ordinary submissions keep answering.
@@ -162,6 +166,45 @@ def job_trace(collector, job_id: str) -> set[tuple[str, str]] | None:
         return None
     found = {(svc, name) for trace, svc, name, _attrs in spans if trace in ids}
     return found if any(svc == "whisperq-web" for svc, _ in found) else None
+
+
+def supervised_pid(data_dir: Path, name: str) -> int:
+    out = subprocess.run([str(Path(sys.executable).parent / "supervisorctl"), "-c", str(data_dir / "supervisord.conf"),
+                          "pid", name], capture_output=True, text=True, timeout=30).stdout.strip()
+    return int(out) if out.isdigit() else 0
+
+
+def niceness(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+
+
+def survives_a_killed_pool(base: str, data_dir: Path, proc, log: Path) -> None:
+    """SIGKILL of the inference process with jobs in it (as the OOM killer would): the API
+    keeps answering, supervisord starts the pool again, and every job completes."""
+    pids = {name: supervised_pid(data_dir, name) for name in ("web", "prepare", "inference")}
+    assert all(pids.values()), pids
+    assert niceness(pids["web"]) == 0 and niceness(pids["prepare"]) == niceness(pids["inference"]) == 10, pids
+    clip = CLIPS["report.opus"]
+
+    def upload():
+        with clip["path"].open("rb") as fh:
+            resp = requests.post(f"{base}/v1/jobs", files={"file": ("report.opus", fh)}, timeout=30)
+        assert resp.status_code == 202, resp.text
+        return resp.headers["Location"]
+
+    jobs = [upload() for _ in range(3)]
+    wait_until(lambda: any(requests.get(u, timeout=5).json()["stage"] == "infer" for u in jobs), 60,
+               "a job in inference", proc, log)
+    os.kill(pids["inference"], signal.SIGKILL)
+    assert requests.get(f"{base}/healthz", timeout=5).status_code == 200
+    jobs.append(upload())  # the door keeps taking work
+    wait_until(lambda: supervised_pid(data_dir, "inference") not in (0, pids["inference"]), 60,
+               "the inference pool back", proc, log)
+    done = [wait_until(lambda u=u: (j := requests.get(u, timeout=5).json())["status"] in ("COMPLETED", "FAILED") and j,
+                       180, "a job after the kill", proc, log) for u in jobs]
+    assert [j["status"] for j in done] == ["COMPLETED"] * len(jobs), done
+    assert all(word_error_rate(clip["text"], j["result"]["text"]) <= 0.2 for j in done)
+    assert supervised_pid(data_dir, "web") == pids["web"]  # the web was never restarted
 
 
 def calls_answered_at_once(base: str) -> None:

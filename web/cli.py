@@ -4,9 +4,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -36,7 +33,7 @@ def run(procfile: str) -> None:
     """Start web, worker and Flower; with no CELERY_BROKER_URL, an embedded Redis too."""
     settings = _settings()
     private_dir(settings.data_dir)
-    bindir = str(Path(sys.executable).parent)  # gunicorn, celery and honcho live beside Python
+    bindir = str(Path(sys.executable).parent)  # gunicorn, celery and supervisord live beside Python
     env = dict(os.environ, WHISPERQ_DATA_DIR=str(settings.data_dir), PATH=bindir + os.pathsep + os.environ.get("PATH", ""))
     broker = None
     if not settings.broker_url:
@@ -63,32 +60,20 @@ def run(procfile: str) -> None:
         flower_login = f"  (user admin, password {password}; set FLOWER_BASIC_AUTH to choose)"
     flower_host = settings.flower_address if settings.flower_address not in ("", "0.0.0.0", "::") else "127.0.0.1"
     flower_host = f"[{flower_host}]" if ":" in flower_host else flower_host
-    honcho = shutil.which("honcho", path=env["PATH"])
-    if honcho is None:
-        raise click.ClickException("honcho is not installed; run `make run` or pip install honcho")
+    env["PORT"] = str(settings.port)
     click.echo(
         f"\n  upload form  http://{settings.host}:{settings.port}/\n"
         f"  API          http://{settings.host}:{settings.port}/v1/jobs\n"
         f"  Flower       http://{flower_host}:{settings.flower_port}/{flower_login}\n"
-        f"  data         {settings.data_dir}\n"
+        f"  data         {settings.data_dir}  (logs in {settings.data_dir / 'logs'})\n"
     )
-    proc = None
+    from .supervise import run_supervised
+
     try:
-        proc = subprocess.Popen([honcho, "start", "-f", procfile, "-d", str(ROOT), "-p", str(settings.port)], env=env)
-
-        def forward(signum, _frame):
-            # honcho stops its processes on SIGINT/SIGTERM; the broker is stopped after them.
-            proc.send_signal(signum)
-
-        signal.signal(signal.SIGTERM, forward)
-        signal.signal(signal.SIGINT, forward)
-        code = proc.wait()
+        code = run_supervised(Path(procfile), ROOT, settings.data_dir, env)
     finally:
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            proc.wait()
         if broker is not None:
-            broker.stop()
+            broker.stop()  # after every process that used it
     sys.exit(code)
 
 
@@ -102,7 +87,7 @@ def flower() -> None:
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
     sys.stdout.flush()
-    os.execve(argv[0], argv, env)  # Flower takes this process's place: honcho's signals reach it
+    os.execve(argv[0], argv, env)  # Flower takes this process's place: the supervisor's signals reach it
 
 
 @cli.command("config")

@@ -1,0 +1,136 @@
+"""`whisperq run`'s process manager: supervisord runs the Procfile's processes.
+
+A process that dies (the OOM killer, a crash) is started again by itself while the others
+keep running, web first of all; one that keeps failing to start is retried with a growing
+delay (supervisord's backoff) and then left stopped, its log saying why. Ctrl-C or SIGTERM
+stops everything gracefully: each process gets SIGTERM (Celery finishes the tasks it is
+running) and up to STOP_WAIT seconds before it is killed.
+
+Each process logs to `$WHISPERQ_DATA_DIR/logs/<name>.log` (rotated at 10 MB, 3 kept), and
+`whisperq run` prints every line to its own output prefixed with the process's name, as a
+Procfile runner does. `supervisorctl -c $WHISPERQ_DATA_DIR/supervisord.conf status` shows
+the processes; `... restart inference` restarts one.
+"""
+from __future__ import annotations
+
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+STOP_WAIT = 60  # seconds a process gets to drain after SIGTERM
+_LINE = re.compile(r"^([A-Za-z0-9_-]+):\s*(.+)$")
+
+
+def procfile_processes(procfile: Path) -> list[tuple[str, str]]:
+    """(name, command) for each line of a Procfile."""
+    out = []
+    for line in Path(procfile).read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            match = _LINE.match(line.strip())
+            if not match:
+                raise ValueError(f"{procfile}: {line!r} is not NAME: COMMAND")
+            out.append((match.group(1), match.group(2)))
+    return out
+
+
+def config_text(processes: list[tuple[str, str]], root: Path, data_dir: Path) -> str:
+    """supervisord's configuration for these processes, all state under the data dir."""
+    logs = data_dir / "logs"
+
+    def esc(value) -> str:  # supervisord expands %(name)s in values
+        return str(value).replace("%", "%%")
+
+    sections = [
+        "[supervisord]", "nodaemon=true", "silent=true", f"logfile={esc(logs / 'supervisord.log')}",
+        "logfile_maxbytes=10MB", f"pidfile={esc(data_dir / 'supervisord.pid')}", f"childlogdir={esc(logs)}", "",
+        "[unix_http_server]", f"file={esc(data_dir / 'supervisor.sock')}", "chmod=0700", "",
+        "[rpcinterface:supervisor]", "supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface",
+        "", "[supervisorctl]", f"serverurl=unix://{esc(data_dir / 'supervisor.sock')}", "",
+    ]
+    for name, command in processes:
+        sections += [
+            f"[program:{name}]",
+            f"command=/bin/sh -c {esc(shlex.quote('exec ' + command))}",
+            f"directory={esc(root)}",
+            # The web starts first and stops last: it answers (503 on /readyz) while pools come and go.
+            f"priority={10 if name == 'web' else 100}",
+            "autostart=true", "autorestart=true", "startsecs=3", "startretries=10",
+            "stopsignal=TERM", f"stopwaitsecs={STOP_WAIT}", "stopasgroup=true", "killasgroup=true",
+            "redirect_stderr=true", f"stdout_logfile={esc(logs / (name + '.log'))}",
+            "stdout_logfile_maxbytes=10MB", "stdout_logfile_backups=3", "",
+        ]
+    return "\n".join(sections)
+
+
+class Follower(threading.Thread):
+    """Prints what each log file gains, line by line, prefixed with its name."""
+
+    def __init__(self, files: dict[str, Path], out=sys.stdout):
+        super().__init__(daemon=True)
+        self.files, self.out, self.done = files, out, threading.Event()
+        self.offsets = {name: 0 for name in files}
+        self.partial = {name: b"" for name in files}
+        self.width = max(len(n) for n in files)
+
+    def poll(self) -> None:
+        for name, path in self.files.items():
+            try:
+                size = path.stat().st_size
+            except FileNotFoundError:
+                continue
+            if size < self.offsets[name]:  # rotated
+                self.offsets[name] = 0
+            if size == self.offsets[name]:
+                continue
+            with path.open("rb") as fh:
+                fh.seek(self.offsets[name])
+                data = self.partial[name] + fh.read(size - self.offsets[name])
+            self.offsets[name] = size
+            *lines, self.partial[name] = data.split(b"\n")
+            for line in lines:
+                self.out.write(f"{name:<{self.width}} | {line.decode('utf-8', 'replace')}\n")
+            self.out.flush()
+
+    def run(self) -> None:
+        while not self.done.wait(0.2):
+            self.poll()
+        self.poll()
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join(5)
+
+
+def run_supervised(procfile: Path, root: Path, data_dir: Path, env: dict) -> int:
+    """Run the Procfile under supervisord until it is stopped; its exit status."""
+    processes = procfile_processes(procfile)
+    logs = data_dir / "logs"
+    logs.mkdir(mode=0o700, exist_ok=True)
+    for stale in logs.glob("*.log"):  # this run's lines only (rotated backups stay)
+        stale.unlink()
+    conf = data_dir / "supervisord.conf"
+    conf.write_text(config_text(processes, root, data_dir))
+    follower = Follower({"supervisor": logs / "supervisord.log", **{n: logs / f"{n}.log" for n, _ in processes}})
+    follower.start()
+    bindir = Path(sys.executable).parent
+    proc = subprocess.Popen([str(bindir / "supervisord"), "-c", str(conf)], env=env)
+
+    def forward(signum, _frame):
+        proc.send_signal(signal.SIGTERM)  # supervisord stops every process, gracefully
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        time.sleep(0.3)
+        follower.stop()
