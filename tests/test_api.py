@@ -153,6 +153,32 @@ def test_transcript_is_409_until_completed(client, database):
     assert client.get(f"/v1/jobs/{job_id}/transcript?format=docx").status_code == 400
 
 
+def test_status_has_an_etag_and_a_poll_hint(client, database):
+    """A waiting job: 304 for the ETag the client holds, until the job changes; Retry-After
+    says when polling again is worth it; a finished job has no hint."""
+    from models.job import new_job_id
+
+    job_id = new_job_id()
+    with database.session() as s:
+        s.add(Job(id=job_id, audio_ref="audio/x.flac", priority="normal", audio_duration=4.0))
+    first = client.get(f"/v1/jobs/{job_id}")
+    assert first.status_code == 200 and first.headers["ETag"]
+    assert 1 <= int(first.headers["Retry-After"]) <= 30
+    again = client.get(f"/v1/jobs/{job_id}", headers={"If-None-Match": first.headers["ETag"]})
+    assert again.status_code == 304 and again.data == b"" and again.headers["ETag"] == first.headers["ETag"]
+    with database.session() as s:
+        job = s.get(Job, job_id)
+        job.start("w")
+        job.stage = "infer"
+    moved = client.get(f"/v1/jobs/{job_id}", headers={"If-None-Match": first.headers["ETag"]})
+    assert moved.status_code == 200 and moved.get_json()["status"] == "PROCESSING"
+    assert moved.headers["ETag"] != first.headers["ETag"] and moved.headers["Retry-After"] == "1"
+    with database.session() as s:
+        s.get(Job, job_id).fail("test")
+    done = client.get(f"/v1/jobs/{job_id}")
+    assert done.status_code == 200 and "Retry-After" not in done.headers
+
+
 def test_unknown_route_and_method_are_json(client):
     assert client.get("/v1/nothing").get_json()["error"]["code"] == "not_found"
     assert client.delete("/v1/jobs").status_code == 405

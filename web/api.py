@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from datetime import datetime
+from datetime import datetime, timezone
 
 from flask import Blueprint, Response, current_app, jsonify, request, url_for
 
@@ -129,7 +129,27 @@ def _decode_cursor(token: str | None) -> tuple[datetime, str] | None:
 
 @bp.get("/jobs/<job_id>")
 def show(job_id: str):
-    return jsonify(job_body(get_job(runtime(), job_id, owner=scope())))
+    """The job, with an ETag (send it back in If-None-Match: 304 while nothing changed) and,
+    until it is finished, Retry-After: when polling again is worth it."""
+    job = get_job(runtime(), job_id, owner=scope())
+    body = job_body(job)
+    resp = jsonify(body)
+    if not job.state.finished:
+        resp.headers["Retry-After"] = str(poll_after(job, body))
+    resp.add_etag()
+    return resp.make_conditional(request)
+
+
+def poll_after(job: Job, body: dict) -> int:
+    """Seconds before a poll may show something new: 1 while it is transcribed (progress
+    moves window by window), else a quarter of the wait to its estimated start, 1 to 30."""
+    if job.stage == "infer":
+        return 1
+    start = body.get("estimated_start_at")
+    if not start:
+        return 5
+    wait = (datetime.fromisoformat(start.replace("Z", "+00:00")) - datetime.now(timezone.utc)).total_seconds()
+    return int(min(30, max(1, wait / 4)))
 
 
 @bp.post("/jobs/<job_id>/cancel")

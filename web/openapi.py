@@ -29,6 +29,14 @@ def error(description: str, schema: str = "Error", headers: dict | None = None) 
 
 RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before trying again.", "schema": {"type": "integer"}}}
 LOCATION = {"Location": {"description": "The job's status URL.", "schema": {"type": "string"}}}
+POLLING = {
+    "ETag": {"description": "Send it back in If-None-Match: 304 while the job is unchanged.",
+             "schema": {"type": "string"}},
+    "Retry-After": {"description": "Until the job is finished: seconds before polling again is worth it.",
+                    "schema": {"type": "integer"}},
+}
+IF_NONE_MATCH = {"name": "If-None-Match", "in": "header", "required": False, "schema": {"type": "string"},
+                 "description": "The ETag of the job as last seen: 304, without a body, if it has not changed."}
 
 
 def errors(*codes: int, schema: str = "Error") -> dict:
@@ -123,7 +131,11 @@ def paths() -> dict:
         "/v1/jobs/{job_id}": {
             "parameters": [JOB_ID],
             "get": op("getJob", "A job: its status, progress, estimates and (once done) its transcript",
-                      {"200": ok("The job.", job), **errors(401, 404, 431)}),
+                      {"200": ok("The job.", job, headers=POLLING),
+                       "304": {"description": "Not modified: the job is as the ETag sent in If-None-Match says.",
+                               "headers": POLLING},
+                       **errors(401, 404, 431)},
+                      parameters=[IF_NONE_MATCH]),
             "delete": op("deleteJob", "Delete a job's audio and transcript (a running job stops)",
                          {"204": ok("Deleted."), **errors(401, 404, 431)}),
         },
