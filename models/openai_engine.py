@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from .audio import SAMPLE_RATE
 from .segments import Segment, window_segments
-from .speech import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, FasterWhisperEngine, bundled_model_path, model_path
+from .speech import (APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, FasterWhisperEngine, bundled_model_path, engine_threads,
+                     model_path)
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -207,4 +208,4 @@ def load_engine(settings: "Settings") -> OpenAIWhisperEngine:
             "(or the build for your GPU), then `pip install -e '.[openai-whisper]'`"
         ) from exc
     return OpenAIWhisperEngine(checkpoint_path(settings), device=settings.device, compute_type=settings.compute_type,
-                               cpu_threads=settings.cpu_threads, beam_size=settings.beam_size)
+                               cpu_threads=engine_threads(settings), beam_size=settings.beam_size)

@@ -6,6 +6,7 @@ forked child whose parent touched it, and the web process has no use for the wei
 from __future__ import annotations
 
 import logging
+import os
 import math
 import threading
 from functools import lru_cache
@@ -203,6 +204,28 @@ _engine: SpeechEngine | None = None
 _engine_lock = threading.Lock()
 
 
+def usable_cores() -> int:
+    """CPU cores this process may run on: its affinity mask, within a cgroup v2 CPU quota
+    (a container limited to 2 CPUs on a 64-core host gets 2, not 64)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, math.ceil(int(quota) / int(period)))
+    except (OSError, ValueError):
+        pass
+    return max(1, cores)
+
+
+def engine_threads(settings: "Settings") -> int:
+    """WHISPERQ_CPU_THREADS, or one thread per usable core: CTranslate2's own default (4)
+    oversubscribes a 2-core machine and leaves a 32-core one mostly idle."""
+    return settings.cpu_threads or usable_cores()
+
+
 def get_engine(settings: "Settings") -> SpeechEngine:
     """The process's engine, loaded on first use and kept for every later job."""
     global _engine
@@ -220,8 +243,9 @@ def get_engine(settings: "Settings") -> SpeechEngine:
                         path,
                         device=settings.device,
                         compute_type=settings.compute_type,
-                        cpu_threads=settings.cpu_threads,
+                        cpu_threads=engine_threads(settings),
                         beam_size=settings.beam_size,
                     )
-                log.info("model loaded on %s (%s)", _engine.device, getattr(_engine, "compute_type", "?"))
+                log.info("model loaded on %s (%s, %d CPU threads)", _engine.device,
+                         getattr(_engine, "compute_type", "?"), engine_threads(settings))
     return _engine
