@@ -39,6 +39,9 @@ class BatchRecord:
     jobs: int
     wait_ms: float
     run_ms: float
+    # A full batch was already waiting when the batcher became free: the model did not
+    # wait for work (the pool holds enough jobs for the next batch to fill meanwhile).
+    ready: bool = False
 
 
 class Batcher:
@@ -57,6 +60,7 @@ class Batcher:
         self._cond = threading.Condition()
         self._seq = itertools.count()
         self._closed = False
+        self._ready = False
         self.records: deque[BatchRecord] = deque(maxlen=history)
         self.batches = 0
         self.windows = 0
@@ -103,6 +107,7 @@ class Batcher:
             "max_wait_ms": self.max_wait * 1000,
             "recent_sizes": sizes[-200:],
             "recent_wait_ms": [round(r.wait_ms, 1) for r in records[-200:]],
+            "recent_ready": [r.ready for r in records[-200:]],
             "mean_size": (sum(sizes) / len(sizes)) if sizes else 0.0,
         }
 
@@ -116,6 +121,7 @@ class Batcher:
 
     def _take(self) -> list[_Item] | None:
         with self._cond:
+            self._ready = len(self._pending) >= self.max_batch
             while not self._pending:
                 if self._closed:
                     return None
@@ -176,7 +182,7 @@ class Batcher:
 
     def _record(self, batch: list[_Item], wait_ms: float, run_ms: float) -> None:
         jobs = len({i.job_id for i in batch})
-        record = BatchRecord(len(batch), jobs, wait_ms, run_ms)
+        record = BatchRecord(len(batch), jobs, wait_ms, run_ms, self._ready)
         self.records.append(record)
         if self.on_batch is not None:
             try:

@@ -19,7 +19,7 @@ from .errors import JobTimeLimitExceeded, TransientJobError
 from .jobs import begin_inference, cancel_running, complete_job, count_engine_run, get_job, record_progress
 from .metrics import observe_batch
 from .runtime import Runtime
-from .speech import Transcript, get_engine
+from .speech import Transcript, batch_size, get_engine
 from .windows import Window
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ def get_batcher(rt: Runtime) -> Batcher:
                     return engine.transcribe_batch([p[0] for p in payloads], [p[1] for p in payloads], language, task,
                                                    word_timestamps=words, **extra)
 
-                _batcher = Batcher(run_batch, max_batch=settings.batch_size, max_wait=settings.batch_wait_ms / 1000,
+                _batcher = Batcher(run_batch, max_batch=batch_size(settings), max_wait=settings.batch_wait_ms / 1000,
                                    on_batch=observe_batch)
     return _batcher
 

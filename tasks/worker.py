@@ -83,6 +83,15 @@ def _ready(sender=None, **_kwargs) -> None:
     pool = ",".join(QUEUES.get(name, name) for name in consumed) or "default"
     slots = int(getattr(getattr(sender, "controller", None), "concurrency", 1) or 1)
     start_heartbeat(get_runtime, os.environ.get("WHISPERQ_WORKER_ID", sender.hostname), sender.hostname, pool, slots)
+    if pool == "inference":
+        from models.speech import batch_size
+
+        size = batch_size(get_runtime().settings)
+        if slots < 2 * size:  # one batch runs while the next fills: it needs both batches' jobs
+            logging.getLogger(__name__).warning(
+                "this inference worker holds %d jobs (its concurrency) for batches of %d windows: batches will run "
+                "part-empty while the next one waits for jobs; give it 2 x %d slots (WHISPERQ_INFERENCE_SLOTS=%d)",
+                slots, size, size, 2 * size)
 
 
 @worker_process_init.connect

@@ -54,6 +54,39 @@ def test_jobs_queued_together_are_batched_and_read_as_they_do_alone(client, work
         assert job["result"]["segments"] == alone[name]["segments"]
 
 
+def batcher_stats(celery_app, worker) -> dict:
+    from conftest import control_connection
+
+    with control_connection(celery_app) as conn:
+        reply = celery_app.control.inspect(destination=[worker.inference.node], timeout=5,
+                                           connection=conn)._request("batcher_stats") or {}
+    return reply.get(worker.inference.node, {})
+
+
+def test_a_burst_runs_full_batches(client, worker, celery_app):
+    """Jobs waiting for inference fill every batch: the next batch forms while one runs
+    (the pool holds two batches' worth of jobs), so after the first (which starts as soon
+    as a window waits) every batch but the last is full, and was waiting when the batcher
+    became free."""
+    wait_for_job(client, submit(client, "fox.flac"))  # the batcher exists once a job has run
+    start = batcher_stats(celery_app, worker)
+    full = start["max_batch"]
+    prepared = worker.prepared(celery_app)
+    with worker.paused(celery_app, pools=("inference",)):
+        ids = [submit(client, "fox.flac", language="en") for _ in range(5 * full)]
+        deadline = time.monotonic() + 120
+        while worker.prepared(celery_app) < prepared + len(ids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    jobs = [wait_for_job(client, job_id, timeout=300) for job_id in ids]
+    assert all(j["status"] == "COMPLETED" for j in jobs), jobs
+    end = batcher_stats(celery_app, worker)
+    ran = end["batches"] - start["batches"]
+    sizes, ready = end["recent_sizes"][-ran:], end["recent_ready"][-ran:]
+    assert sum(sizes) == len(ids) and sizes[1:-1] and all(size == full for size in sizes[1:-1]), sizes
+    # While one batch ran the next filled (not for the last two: fewer jobs were left).
+    assert all(ready[1:-2]), list(zip(sizes, ready))
+
+
 def test_a_failing_job_fails_alone(client, worker, celery_app, tmp_path):
     from tasks import transcribe
 
