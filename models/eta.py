@@ -7,9 +7,14 @@ second while busy, from the last jobs' inference intervals (their union, so jobs
 together are not counted twice), per worker that ran them, times the inference workers
 alive now. Audio not fetched yet counts as long as the recent jobs' average. Estimates
 are None while no inference worker is alive.
+
+Reading a job's status costs no scan of the queue: each process keeps a snapshot of the
+waiting jobs (at most a second old) with running sums of their audio, and finds a job's
+place in it by bisection; only a job newer than the snapshot is counted by a query.
 """
 from __future__ import annotations
 
+import bisect
 import threading
 import time
 from datetime import datetime, timedelta
@@ -76,10 +81,9 @@ def estimate(rt: Runtime, job: Job, now: datetime | None = None) -> dict[str, An
     out: dict[str, Any] = {"queue_position": None, "estimated_start_at": None, "estimated_finish_at": None}
     if job.state.finished:
         return out
-    workers = len(alive(rt, "inference", now))
+    workers = _inference_workers(rt)
     speed, typical = measured_speed(rt)
     capacity = speed * workers
-    running = (Job.status == JobStatus.PROCESSING.value) & (Job.stage == "infer")
     if job.state is JobStatus.PROCESSING and job.stage == "infer":
         out["queue_position"] = 0
         out["estimated_start_at"] = _iso(job.infer_started_at)
@@ -87,19 +91,7 @@ def estimate(rt: Runtime, job: Job, now: datetime | None = None) -> dict[str, An
             left = max(0.0, job.audio_duration - (job.progress_seconds or 0.0))
             out["estimated_finish_at"] = _iso(now + timedelta(seconds=left / speed))
         return out
-    waiting = Job.status.in_([JobStatus.PENDING.value, JobStatus.PROCESSING.value]) & ~running
-    mine = _rank(job.priority)
-    ahead = waiting & (Job.id != job.id) & (
-        (_rank(Job.priority) < mine) | ((_rank(Job.priority) == mine) & (Job.created_at < job.created_at)))
-    with rt.db.session() as session:
-        count, audio_ahead, unknown = session.execute(
-            select(func.count(), func.coalesce(func.sum(Job.audio_duration), 0.0),
-                   func.count().filter(Job.audio_duration.is_(None))).where(ahead)
-        ).one()
-        in_progress = session.execute(
-            select(func.coalesce(func.sum(Job.audio_duration - func.coalesce(Job.progress_seconds, 0.0)), 0.0))
-            .where(running)
-        ).scalar_one()
+    count, audio_ahead, unknown, in_progress = _ahead(rt, job)
     out["queue_position"] = int(count)
     if capacity <= 0:
         return out
@@ -108,6 +100,79 @@ def estimate(rt: Runtime, job: Job, now: datetime | None = None) -> dict[str, An
     out["estimated_start_at"] = _iso(start)
     out["estimated_finish_at"] = _iso(start + timedelta(seconds=(job.audio_duration or typical) / speed))
     return out
+
+
+def _inference_workers(rt: Runtime) -> int:
+    """Inference workers alive now (their heartbeats), read at most once a second."""
+    key = ("workers", rt.settings.database_url)
+    with _cache_lock:
+        hit = _cache.get(key)
+        if hit and hit[0] > time.monotonic():
+            return hit[1]
+    value = len(alive(rt, "inference"))
+    with _cache_lock:
+        _cache[key] = (time.monotonic() + QUEUE_SNAPSHOT_SECONDS, value)
+    return value
+
+
+class _Queue:
+    """The waiting jobs in the order they will be taken, with running sums of their audio:
+    a job's place and the work ahead of it by bisection, not a query per status read."""
+
+    def __init__(self, rows, in_progress: float, taken_at: datetime):
+        rank = {"high": 0, "normal": 1}
+        self.keys = sorted((rank.get(p, 2), created, job_id, duration) for job_id, p, created, duration in rows)
+        self.audio, self.unknown = [0.0], [0]
+        for *_key, duration in self.keys:
+            self.audio.append(self.audio[-1] + (duration or 0.0))
+            self.unknown.append(self.unknown[-1] + (duration is None))
+        self.in_progress, self.taken_at = in_progress, taken_at
+        self.expires = time.monotonic() + QUEUE_SNAPSHOT_SECONDS
+
+    def ahead(self, job: Job) -> tuple[int, float, int]:
+        rank = {"high": 0, "normal": 1}.get(job.priority, 2)
+        n = bisect.bisect_left(self.keys, (rank, job.created_at, job.id))
+        return n, self.audio[n], self.unknown[n]
+
+
+QUEUE_SNAPSHOT_SECONDS = 1.0
+_queues: dict[str, _Queue] = {}
+_queues_lock = threading.Lock()
+
+
+def _waiting():
+    running = (Job.status == JobStatus.PROCESSING.value) & (Job.stage == "infer")
+    return Job.status.in_([JobStatus.PENDING.value, JobStatus.PROCESSING.value]) & ~running, running
+
+
+def _ahead(rt: Runtime, job: Job) -> tuple[int, float, int, float]:
+    """(jobs ahead, their known audio, how many of them are of unknown length, audio left of
+    the jobs being transcribed). From a snapshot of the queue at most a second old (one
+    query a second per process, however many clients poll); a job newer than the
+    snapshot is counted exactly, so a client's first answer is right."""
+    waiting, running = _waiting()
+    with _queues_lock:
+        queue = _queues.get(rt.settings.database_url)
+    if queue is None or queue.expires < time.monotonic():
+        with rt.db.session() as session:
+            taken_at = utcnow()
+            rows = session.execute(select(Job.id, Job.priority, Job.created_at, Job.audio_duration).where(waiting)).all()
+            in_progress = session.execute(
+                select(func.coalesce(func.sum(Job.audio_duration - func.coalesce(Job.progress_seconds, 0.0)), 0.0))
+                .where(running)).scalar_one()
+        queue = _Queue(rows, float(in_progress), taken_at)
+        with _queues_lock:
+            _queues[rt.settings.database_url] = queue
+    if job.created_at < queue.taken_at - timedelta(milliseconds=50):
+        return (*queue.ahead(job), queue.in_progress)
+    mine = _rank(job.priority)
+    ahead = waiting & (Job.id != job.id) & (
+        (_rank(Job.priority) < mine) | ((_rank(Job.priority) == mine) & (Job.created_at < job.created_at)))
+    with rt.db.session() as session:
+        count, audio, unknown = session.execute(
+            select(func.count(), func.coalesce(func.sum(Job.audio_duration), 0.0),
+                   func.count().filter(Job.audio_duration.is_(None))).where(ahead)).one()
+    return int(count), float(audio), int(unknown), queue.in_progress
 
 
 def _iso(value: datetime | None) -> str | None:
