@@ -127,6 +127,27 @@ def test_each_keys_webhooks_are_signed_with_its_own_secret(worker, settings, dat
         webhooks.verify(secrets["bob"], headers, body)
 
 
+def test_a_long_poll_answers_when_the_job_changes(client, worker):
+    """GET ?wait=30 with the ETag last seen: each answer is a change (a new ETag), and the
+    client learns of COMPLETED in a handful of requests instead of polling every second."""
+    job = submit(client, "report.opus")
+    seen, tag, requests_made = [], None, 0
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        resp = client.get(f"/v1/jobs/{job['job_id']}?wait=30", headers={"If-None-Match": tag} if tag else {})
+        requests_made += 1
+        if resp.status_code == 304:
+            continue
+        assert resp.status_code == 200 and resp.headers["ETag"] != tag
+        tag, body = resp.headers["ETag"], resp.get_json()
+        seen.append((body["status"], body["stage"], body["progress"]))
+        if body["status"] == "COMPLETED":
+            break
+    assert seen[-1][0] == "COMPLETED", seen
+    assert requests_made == len(seen) <= 12, seen  # one answer per change, none empty-handed
+    assert client.get(f"/v1/jobs/{job['job_id']}?wait=61").status_code == 400
+
+
 def test_a_410_stops_the_retries(client, worker):
     with Receiver({"/gone": (410, {}, b"gone")}) as receiver:
         job = submit(client, callback_url=receiver.url("/gone"))

@@ -124,6 +124,10 @@ def test_run_starts_the_whole_service_on_the_embedded_broker(tmp_path):
         # The pools run below the web's scheduling priority; a killed pool comes back by itself.
         survives_a_killed_pool(base, tmp_path / "var", proc, log)
 
+        # 300 clients long-polling a job that does not change: under the gevent workers none
+        # holds a thread, so the health check and an upload answer meanwhile.
+        long_polls_hold_no_thread(base)
+
         # 64 OpenAI-style calls at once, each willing to wait for its transcript: only
         # WHISPERQ_SYNC_WAITS of them (per web process, one per client) hold a thread; the rest
         # answer 202 at once, so the health check and ordinary submissions keep answering.
@@ -148,7 +152,8 @@ def test_run_starts_the_whole_service_on_the_embedded_broker(tmp_path):
 
 def job_trace(collector, job_id: str) -> set[tuple[str, str]] | None:
     """(service, span name) of every span in the trace of the task run that carries the
-    job's id, from what the collector was sent; None until the web's span is in too."""
+    job's id, from what the collector was sent; None until the web's, the prepare pool's and
+    the inference pool's spans are all in."""
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     spans = []
@@ -165,7 +170,8 @@ def job_trace(collector, job_id: str) -> set[tuple[str, str]] | None:
     if len(ids) != 1:
         return None
     found = {(svc, name) for trace, svc, name, _attrs in spans if trace in ids}
-    return found if any(svc == "whisperq-web" for svc, _ in found) else None
+    # Spans are exported in batches: wait until each process's are in.
+    return found if {"whisperq-web", "whisperq-prepare", "whisperq-inference"} <= {svc for svc, _ in found} else None
 
 
 def supervised_pid(data_dir: Path, name: str) -> int:
@@ -205,6 +211,45 @@ def survives_a_killed_pool(base: str, data_dir: Path, proc, log: Path) -> None:
     assert [j["status"] for j in done] == ["COMPLETED"] * len(jobs), done
     assert all(word_error_rate(clip["text"], j["result"]["text"]) <= 0.2 for j in done)
     assert supervised_pid(data_dir, "web") == pids["web"]  # the web was never restarted
+
+
+def long_polls_hold_no_thread(base: str) -> None:
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    release = threading.Event()
+
+    def slow(handler, _receiver):  # the audio server that never finishes sending
+        release.wait(60)
+        handler.send_response(503)
+        handler.send_header("Content-Length", "0")
+        handler.end_headers()
+
+    with Receiver({"/slow.flac": slow}) as origin:
+        resp = requests.post(f"{base}/v1/jobs", json={"audio_url": origin.url("/slow.flac")}, timeout=10)
+        assert resp.status_code == 202, resp.text
+        status_url = resp.headers["Location"]
+        deadline = time.monotonic() + 30
+        while not origin.requests and time.monotonic() < deadline:  # the fetch has begun: the job holds still
+            time.sleep(0.2)
+        first = requests.get(status_url, timeout=10)
+        tag = first.headers["ETag"]
+
+        def poll(_n):
+            return requests.get(f"{status_url}?wait=8", headers={"If-None-Match": tag}, timeout=30).status_code
+
+        with ThreadPoolExecutor(300) as pool:
+            polls = [pool.submit(poll, n) for n in range(300)]
+            time.sleep(2)
+            probes = [requests.get(f"{base}/healthz", timeout=5).status_code for _ in range(5)]
+            with CLIPS["fox.flac"]["path"].open("rb") as fh:
+                upload = requests.post(f"{base}/v1/jobs", files={"file": ("fox.flac", fh)}, timeout=5)
+            codes = [p.result() for p in polls]
+        release.set()
+    assert probes == [200] * 5 and upload.status_code == 202, (probes, upload.text)
+    assert codes == [304] * 300, sorted(set(codes))
+    for url in (status_url, upload.headers["Location"]):
+        requests.delete(url, timeout=10)
 
 
 def calls_answered_at_once(base: str) -> None:

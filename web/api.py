@@ -3,8 +3,10 @@ download transcripts."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import logging
+import time
 from datetime import datetime, timezone
 
 from flask import Blueprint, Response, current_app, jsonify, request, url_for
@@ -127,17 +129,53 @@ def _decode_cursor(token: str | None) -> tuple[datetime, str] | None:
         raise InvalidRequest("cursor is not one this API gave out; pass next_cursor from the previous page") from None
 
 
+MAX_WAIT = 60
+
+
 @bp.get("/jobs/<job_id>")
 def show(job_id: str):
     """The job, with an ETag (send it back in If-None-Match: 304 while nothing changed) and,
-    until it is finished, Retry-After: when polling again is worth it."""
-    job = get_job(runtime(), job_id, owner=scope())
-    body = job_body(job)
+    until it is finished, Retry-After: when polling again is worth it.
+
+    `?wait=N` (1-60 s) is a long-poll: with the ETag of the job as the client last saw it
+    in If-None-Match, the answer comes as soon as the job changes (its status, stage,
+    progress, place in the queue...), or as 304 after N seconds. Under the gevent web worker
+    a waiting request holds no thread."""
+    wait = _wait_seconds(request.args.get("wait"))
+    job, body, tag = _current(job_id)
+    deadline = time.monotonic() + wait
+    while wait and not job.state.finished and request.if_none_match.contains_weak(tag) \
+            and time.monotonic() < deadline:
+        time.sleep(min(WAIT_STEP, max(0.0, deadline - time.monotonic())))
+        job, body, tag = _current(job_id)
     resp = jsonify(body)
     if not job.state.finished:
         resp.headers["Retry-After"] = str(poll_after(job, body))
-    resp.add_etag()
+    resp.set_etag(tag, weak=True)
     return resp.make_conditional(request)
+
+
+WAIT_STEP = 0.5  # how often a long-poll looks at its job (a primary-key read)
+
+
+def _wait_seconds(value: str | None) -> int:
+    if value is None:
+        return 0
+    if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= MAX_WAIT:
+        raise InvalidRequest(f"wait must be a whole number of seconds from 1 to {MAX_WAIT}")
+    return int(value)
+
+
+def _current(job_id: str) -> tuple[Job, dict, str]:
+    """The job, as the API shows it, and its ETag: a digest of what a client acts on
+    (status, stage, progress, attempts, errors, place in the queue), not of the estimates,
+    which move with the clock."""
+    job = get_job(runtime(), job_id, owner=scope())
+    body = job_body(job)
+    state = [body.get(k) for k in ("status", "stage", "progress", "attempts", "error", "next_attempt_at", "finished_at",
+                                   "result_purged_at", "queue_position", "audio_duration")]
+    state.append([(d["status"], len(d["attempts"])) for d in body.get("webhook_deliveries", [])])
+    return job, body, hashlib.sha256(json.dumps(state, default=str).encode()).hexdigest()[:32]
 
 
 def poll_after(job: Job, body: dict) -> int:

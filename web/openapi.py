@@ -134,8 +134,11 @@ def paths() -> dict:
                       {"200": ok("The job.", job, headers=POLLING),
                        "304": {"description": "Not modified: the job is as the ETag sent in If-None-Match says.",
                                "headers": POLLING},
-                       **errors(401, 404, 431)},
-                      parameters=[IF_NONE_MATCH]),
+                       **errors(400, 401, 404, 431)},
+                      parameters=[IF_NONE_MATCH,
+                                  query("wait", {"type": "integer", "minimum": 1, "maximum": 60},
+                                        "Long-poll: with If-None-Match, answer as soon as the job changes, or 304 "
+                                        "after this many seconds.")]),
             "delete": op("deleteJob", "Delete a job's audio and transcript (a running job stops)",
                          {"204": ok("Deleted."), **errors(401, 404, 431)}),
         },

@@ -1,4 +1,9 @@
-"""The gunicorn worker the Procfile runs: gthread, with errors as JSON.
+"""The gunicorn worker the Procfile runs: gevent, with errors as JSON.
+
+gevent: each request is a greenlet, not a thread, so a client waiting on a long-poll
+(`GET /v1/jobs/<id>?wait=30`) or an OpenAI-style call waiting for its transcript costs a
+few kilobytes and no thread; the web keeps answering with thousands of them open.
+(`JSONErrorWorker`, the threaded variant, stays for deployments that cannot use gevent.)
 
 gunicorn answers requests it cannot parse (a header line over
 ``--limit-request-field_size``, a malformed request line) itself, before the app sees
@@ -33,7 +38,7 @@ def json_error(status: int, reason: str, code: str, message: str) -> bytes:
     return head.encode("latin-1") + body
 
 
-class JSONErrorWorker(ThreadWorker):
+class JSONErrors:
     def handle_error(self, req, client, addr, exc):
         for kinds, status, reason, code, message in _CLIENT_ERRORS:
             if isinstance(exc, kinds):
@@ -44,6 +49,25 @@ class JSONErrorWorker(ThreadWorker):
                     self.log.debug("Failed to send error message.")
                 return
         super().handle_error(req, client, addr, exc)
+
+
+class JSONErrorWorker(JSONErrors, ThreadWorker):
+    """gthread: a thread per request in progress."""
+
+
+def _gevent_worker():
+    from gunicorn.workers.ggevent import GeventWorker
+
+    class JSONErrorGeventWorker(JSONErrors, GeventWorker):
+        """gevent: a greenlet per request in progress."""
+
+    return JSONErrorGeventWorker
+
+
+def __getattr__(name):  # imported only when gunicorn asks for it: gevent patches the process
+    if name == "JSONErrorGeventWorker":
+        return _gevent_worker()
+    raise AttributeError(name)
 
 
 class JSONLogger(Logger):

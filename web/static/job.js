@@ -1,6 +1,7 @@
-/* The job page, live: poll GET /v1/jobs/<id> every second while the job runs and
-   update the page in place; cancel; copy the transcript. Without this script the page
-   refreshes itself (<noscript>) and the server renders the same parts. */
+/* The job page, live: long-poll GET /v1/jobs/<id>?wait=30 with the job's ETag, so the
+   server answers as soon as the job changes (and the page does not poll), and update the
+   page in place; cancel; copy the transcript. Without this script the page refreshes
+   itself (<noscript>) and the server renders the same parts. */
 (function () {
   "use strict";
 
@@ -173,14 +174,25 @@
     current = job.status;
   }
 
+  var etag = null;
+
   function poll() {
-    fetch(statusUrl, { headers: { Accept: "application/json" }, cache: "no-store" })
+    var headers = { Accept: "application/json" };
+    if (etag) headers["If-None-Match"] = etag;
+    var url = statusUrl + (statusUrl.indexOf("?") < 0 ? "?" : "&") + "wait=30";
+    var sent = Date.now();
+    // At most one request a second, even from a server (or proxy) that answers at once.
+    function again() { schedule(Math.max(0, 1000 - (Date.now() - sent))); }
+    fetch(url, { headers: headers, cache: "no-store" })
       .then(function (resp) {
         var date = Date.parse(resp.headers.get("Date") || "");
         if (!isNaN(date) && Math.abs(date - Date.now()) > 5000) skew = date - Date.now();
+        if (resp.status === 304) return { ok: true, status: 304, body: null };
+        etag = resp.headers.get("ETag") || null;
         return resp.json().then(function (body) { return { ok: resp.ok, status: resp.status, body: body }; });
       })
       .then(function (r) {
+        if (r.status === 304) { failures = 0; again(); return; }  // unchanged for 30 s: wait again
         if (!r.ok) {
           var message = r.body && r.body.error && r.body.error.message;
           if (r.status === 404) { showProblem(sentence(message || "This job no longer exists")); return; }
@@ -189,7 +201,7 @@
         failures = 0;
         showProblem("");
         render(r.body);
-        if (!finished(r.body.status)) schedule(1000);
+        if (!finished(r.body.status)) again();  // the next long-poll answers when the job changes
       })
       .catch(function () {
         failures += 1;
