@@ -1,17 +1,25 @@
-"""Benchmark: load leveling. A burst of submissions from concurrent clients against the
-whole service (`whisperq run`: embedded broker, gunicorn, the pools), and the same burst
-against a synchronous baseline (bench/sync_baseline.py: the model run inside the request,
-under the same gunicorn settings). Run with `make bench-load`; results go in the README.
+"""Benchmark: does the queue pay for itself? Four ways through the same burst, in one run,
+on the same audio (BENCH_JOBS uploads of the 9.4 s clip):
 
-Reported for each: how many requests were accepted (202 from the queue; 200 within the
-client's time-out from the baseline), API latency p50/p99, the time until every accepted
-job had its transcript, and the peak resident memory of each kind of process.
+  (a) faster-whisper called file by file (WhisperModel.transcribe: same model, beam, threads);
+  (b) the engine's batched ceiling: all the burst's windows through the real batcher and
+      engine in one process, every job waiting from the start;
+  (c) the service as `make run` starts it (`whisperq run`), the uploads sent at once, each
+      client then following its job with the long-poll (`?wait=30`), as the web page does;
+  (d) the synchronous baseline (bench/sync_baseline.py: the model run inside the request,
+      gunicorn 2 processes x 4 threads, as whisper services are commonly run), same burst.
 
-    BENCH_JOBS=1000 BENCH_CLIENTS=32 BENCH_TIMEOUT=60 python bench/load.py
+Reported: audio-seconds per second and the ratios; for (c) accept p50/p99, status GET
+p50/p99 during the burst (a prober reading a waiting job every 100 ms), the CPU each kind of
+process used, and the batch sizes seen; prepare's CPU per audio-second. Run with
+`make bench-load`; results go in the README.
+
+    BENCH_JOBS=60 python bench/load.py
 """
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import statistics
 import subprocess
@@ -24,152 +32,218 @@ from pathlib import Path
 import requests
 
 ROOT = Path(__file__).resolve().parent.parent
-CLIP = ROOT / "tests" / "fixtures" / "fox.flac"
-JOBS = int(os.environ.get("BENCH_JOBS", "1000"))
-CLIENTS = int(os.environ.get("BENCH_CLIENTS", "32"))
-TIMEOUT = float(os.environ.get("BENCH_TIMEOUT", "60"))  # a typical proxy or client time-out
-
+sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
 from service import free_port, running_service, stop  # noqa: E402
 
-
-class MemoryWatch:
-    """Peak RSS of every process below `root`, by kind, sampled every 0.5 s."""
-
-    KINDS = (("redis-server", "broker"), ("prepare@", "prepare"), ("inference@", "inference"), ("notify@", "notify"),
-             ("flower", "flower"), ("beat", "beat"), ("gunicorn", "web"), ("supervisord", "supervisord"), ("whisperq", "whisperq run"))
-
-    def __init__(self, root: int):
-        self.root, self.peak, self.stop = root, {}, threading.Event()
-        self.thread = threading.Thread(target=self.run, daemon=True)
-
-    def kind(self, cmdline: str) -> str:
-        return next((name for key, name in self.KINDS if key in cmdline), "other")
-
-    def run(self) -> None:
-        while not self.stop.wait(0.5):
-            children: dict[int, list[int]] = {}
-            for entry in Path("/proc").iterdir():
-                if entry.name.isdigit():
-                    try:
-                        ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                    except (OSError, IndexError, ValueError):
-                        continue
-                    children.setdefault(ppid, []).append(int(entry.name))
-            todo, usage = [self.root], {}
-            while todo:
-                pid = todo.pop()
-                todo += children.get(pid, [])
-                try:
-                    cmd = (Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
-                    rss = next(int(line.split()[1]) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-                               if line.startswith("VmRSS:")) * 1024
-                except (OSError, StopIteration):
-                    continue
-                kind = self.kind(cmd)
-                usage[kind] = max(usage.get(kind, 0), rss)  # the largest process of each kind
-            for kind, rss in usage.items():
-                self.peak[kind] = max(self.peak.get(kind, 0), rss)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.thread.join()
+CLIP = ROOT / "tests" / "fixtures" / "report.opus"
+JOBS = int(os.environ.get("BENCH_JOBS", "60"))
+TIMEOUT = float(os.environ.get("BENCH_TIMEOUT", "120"))
+KINDS = (("redis-server", "broker"), ("prepare@", "prepare"), ("inference@", "inference"), ("notify@", "notify"),
+         ("flower", "flower"), ("beat", "beat"), ("gunicorn", "web"), ("supervisord", "supervisord"))
+TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def burst(url: str, field: str = "file") -> tuple[list[int], list[float], float]:
-    data = CLIP.read_bytes()
-    local = threading.local()
-
-    def one(n: int) -> tuple[int, float]:
-        session = getattr(local, "session", None) or requests.Session()
-        local.session = session
-        started = time.perf_counter()
-        try:
-            resp = session.post(url, files={field: (f"burst-{n}.flac", data)}, timeout=TIMEOUT)
-            status = resp.status_code
-        except requests.RequestException:
-            status = 0  # timed out or refused: the client gave up
-        return status, time.perf_counter() - started
-
-    started = time.perf_counter()
-    with ThreadPoolExecutor(CLIENTS) as pool:
-        results = list(pool.map(one, range(JOBS)))
-    return [r[0] for r in results], [r[1] for r in results], time.perf_counter() - started
-
-
-def percentile(values: list[float], q: float) -> float:
+def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-def queued_service() -> dict:
+def clip_seconds() -> float:
+    from models import audio
+
+    return len(audio.decode(CLIP)) / audio.SAMPLE_RATE
+
+
+# --- (a) and (b): in this process -----------------------------------------------------------
+
+def direct() -> float:
+    from faster_whisper import WhisperModel
+
+    from config import Settings
+    from models import audio
+    from models.speech import engine_threads, model_path
+
+    settings = Settings.from_env({})
+    model = WhisperModel(model_path(settings), device="cpu", compute_type="int8", cpu_threads=engine_threads(settings))
+    samples = audio.decode(CLIP)
+    list(model.transcribe(samples, beam_size=settings.beam_size, language="en")[0])  # warm
+    started = time.perf_counter()
+    for _ in range(JOBS):
+        list(model.transcribe(samples, beam_size=settings.beam_size, language="en")[0])
+    return JOBS * len(samples) / audio.SAMPLE_RATE / (time.perf_counter() - started)
+
+
+def ceiling() -> tuple[float, int]:
+    from config import Settings
+    from models import audio
+    from models.batching import Batcher
+    from models.speech import FasterWhisperEngine, batch_size, engine_threads, model_path
+    from models.windows import split_windows
+
+    settings = Settings.from_env({})
+    engine = FasterWhisperEngine(model_path(settings), cpu_threads=engine_threads(settings), beam_size=settings.beam_size)
+    samples = audio.decode(CLIP)
+    chunks = [(w.samples(samples), w.time_map()) for w in split_windows(samples)]
+    engine.transcribe_batch([c[0] for c in chunks], [c[1] for c in chunks], "en")  # warm
+    size = batch_size(settings)
+    batcher = Batcher(lambda key, ps: engine.transcribe_batch([p[0] for p in ps], [p[1] for p in ps], key),
+                      max_batch=size, max_wait=0.05)
+    started = time.perf_counter()
+    futures = [f for _ in range(JOBS) for f in batcher.submit("en", chunks)]
+    for f in futures:
+        f.result()
+    took = time.perf_counter() - started
+    batcher.close()
+    return JOBS * len(samples) / audio.SAMPLE_RATE / took, size
+
+
+# --- (c): the service -------------------------------------------------------------------------
+
+def cpu_by_kind(root: int) -> dict[str, float]:
+    """CPU seconds used so far by every process below `root`, by kind."""
+    children: dict[int, list[int]] = {}
+    stats: dict[int, list[str]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            stats[int(entry.name)] = fields
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    todo, out = [root], {}
+    while todo:
+        pid = todo.pop()
+        todo += children.get(pid, [])
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        kind = next((name for key, name in KINDS if key in cmd), None)
+        if kind and pid in stats:
+            out[kind] = out.get(kind, 0.0) + (int(stats[pid][11]) + int(stats[pid][12])) / TICKS
+    return out
+
+
+def service() -> dict:
     with running_service("whisperq-load-") as (proc, base, tmp):
-        # One job first, so the model is loaded as in a running service.
-        requests.post(f"{base}/v1/jobs", files={"file": ("warm.flac", CLIP.read_bytes())}, timeout=30)
-        db = sqlite3.connect(tmp / "whisperq.db", timeout=30)
-
-        def completed() -> int:
-            return db.execute("select count(*) from jobs where status = 'COMPLETED'").fetchone()[0]
-
-        while completed() < 1:
+        data = CLIP.read_bytes()
+        warm = requests.post(f"{base}/v1/jobs", files={"file": ("warm.opus", data)}, timeout=30).headers["Location"]
+        while requests.get(warm, timeout=10).json()["status"] != "COMPLETED":
             time.sleep(0.2)
-        with MemoryWatch(proc.pid) as memory:
+        log = tmp / "logs" / "inference.log"
+        skip = log.read_text().count("batch:")
+        db = sqlite3.connect(tmp / "whisperq.db", timeout=30)
+        accept, status_reads, finished = [], [], []
+        done = threading.Event()
+        probe_url: list[str] = []
+
+        def prober():  # a client reading a waiting job the plain way, every 100 ms
+            while not done.wait(0.1):
+                if probe_url:
+                    started = time.perf_counter()
+                    requests.get(probe_url[0], timeout=10)
+                    status_reads.append(time.perf_counter() - started)
+
+        def client(n: int) -> None:
             started = time.perf_counter()
-            statuses, latencies, submit_seconds = burst(f"{base}/v1/jobs")
-            accepted = statuses.count(202)
-            while completed() < accepted + 1:
-                time.sleep(0.5)
-            drained = time.perf_counter() - started
-        return {"accepted": accepted, "statuses": statuses, "latencies": latencies, "submit_seconds": submit_seconds,
-                "drain_seconds": drained, "memory": memory.peak}
+            resp = requests.post(f"{base}/v1/jobs", files={"file": (f"burst-{n}.opus", data)}, timeout=60)
+            accept.append(time.perf_counter() - started)
+            url, tag = resp.headers["Location"], None
+            if not probe_url:
+                probe_url.append(url)
+            while True:
+                answer = requests.get(f"{url}?wait=30", headers={"If-None-Match": tag} if tag else {}, timeout=60)
+                if answer.status_code == 200:
+                    tag = answer.headers["ETag"]
+                    if answer.json()["status"] in ("COMPLETED", "FAILED"):
+                        finished.append(time.perf_counter())
+                        return
+
+        before = cpu_by_kind(proc.pid)
+        thread = threading.Thread(target=prober, daemon=True)
+        thread.start()
+        started = time.perf_counter()
+        with ThreadPoolExecutor(JOBS) as pool:
+            list(pool.map(client, range(JOBS)))
+        drained = max(finished) - started
+        done.set()
+        after = cpu_by_kind(proc.pid)
+        sizes = [int(m) for m in re.findall(r"batch: (\d+) windows", log.read_text())][skip:]
+        prepared = db.execute("select sum(audio_duration) from jobs").fetchone()[0]
+    used = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    return {"drained": drained, "accept": accept, "status": status_reads, "cpu": used, "sizes": sizes,
+            "prepare_cpu_per_audio_s": used.get("prepare", 0.0) / max(prepared or 1.0, 1.0)}
 
 
-def synchronous_baseline() -> dict:
+# --- (d): the synchronous baseline --------------------------------------------------------------
+
+def baseline() -> dict:
     port = free_port()
     bindir = Path(sys.executable).parent
     proc = subprocess.Popen(
         [str(bindir / "gunicorn"), "--bind", f"127.0.0.1:{port}", "--workers", "2", "--worker-class", "gthread",
-         "--threads", "4", "--timeout", "300", "bench.sync_baseline:app"],
+         "--threads", "4", "--timeout", "600", "bench.sync_baseline:app"],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/transcribe"
+    data = CLIP.read_bytes()
     try:
-        deadline = time.monotonic() + 60
-        while True:  # one request per gunicorn worker loads its model
+        deadline = time.monotonic() + 120
+        warmed = 0
+        while warmed < 4:  # both processes load their model
             try:
-                if requests.post(url, files={"file": ("warm.flac", CLIP.read_bytes())}, timeout=60).status_code == 200:
-                    requests.post(url, files={"file": ("warm.flac", CLIP.read_bytes())}, timeout=60)
-                    break
+                warmed += requests.post(url, files={"file": ("warm.opus", data)}, timeout=60).status_code == 200
             except requests.RequestException:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("the baseline did not start")
-            time.sleep(0.5)
-        with MemoryWatch(proc.pid) as memory:
-            statuses, latencies, seconds = burst(url)
-        # Requests the client gave up on still run to the end on the server.
-        return {"accepted": statuses.count(200), "statuses": statuses, "latencies": latencies,
-                "submit_seconds": seconds, "drain_seconds": seconds, "memory": memory.peak}
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the baseline did not start") from None
+                time.sleep(0.5)
+
+        def one(n: int) -> tuple[int, float]:
+            started = time.perf_counter()
+            try:
+                return requests.post(url, files={"file": (f"b{n}.opus", data)}, timeout=TIMEOUT).status_code, \
+                    time.perf_counter() - started
+            except requests.RequestException:
+                return 0, time.perf_counter() - started
+
+        started = time.perf_counter()
+        with ThreadPoolExecutor(JOBS) as pool:
+            answers = list(pool.map(one, range(JOBS)))
+        return {"drained": time.perf_counter() - started, "ok": sum(1 for s, _ in answers if s == 200),
+                "latency": [t for _, t in answers]}
     finally:
         stop(proc)
 
 
-def report(name: str, r: dict) -> None:
-    lat = r["latencies"]
-    others = {s: r["statuses"].count(s) for s in set(r["statuses"]) if s not in (200, 202)}
-    print(f"{name}: {r['accepted']}/{JOBS} accepted ({r['accepted'] / JOBS:.0%}), others {others}; "
-          f"API latency p50 {statistics.median(lat):.3f} s, p99 {percentile(lat, 0.99):.3f} s; "
-          f"burst sent in {r['submit_seconds']:.1f} s; all accepted jobs transcribed after {r['drain_seconds']:.0f} s")
-    print("  peak RSS: " + ", ".join(f"{k} {v / 2**20:.0f} MiB" for k, v in sorted(r["memory"].items())))
-
-
 def main() -> None:
-    print(f"{JOBS} submissions of the 4.3 s clip from {CLIENTS} client threads, client time-out {TIMEOUT:.0f} s")
-    report("queued (whisperq run)", queued_service())
-    report("synchronous baseline", synchronous_baseline())
+    seconds = clip_seconds()
+    audio_total = JOBS * seconds
+    a = direct()
+    b, size = ceiling()
+    c = service()
+    d = baseline()
+    c_rate = audio_total / c["drained"]
+    d_rate = d["ok"] * seconds / d["drained"]
+    print(f"{JOBS} uploads of the {seconds:.1f} s clip ({audio_total:.0f} s of audio), sent at once; "
+          f"{os.cpu_count()} cores, batch {size}\n")
+    print("| way through the burst | audio-s per s | vs (a) |")
+    print("|---|---|---|")
+    for name, rate in (("(a) faster-whisper file by file", a), (f"(b) the engine, batches of {size}, one process", b),
+                       ("(c) the service (`whisperq run`)", c_rate), ("(d) synchronous baseline", d_rate)):
+        print(f"| {name} | {rate:.1f} | {rate / a:.2f}x |")
+    print(f"\n(c) / (b) = {c_rate / b:.2f}, (c) / (d) = {c_rate / d_rate:.2f}")
+    print(f"(c) accept p50 {statistics.median(c['accept']) * 1000:.0f} ms, p99 {pct(c['accept'], 0.99) * 1000:.0f} ms; "
+          f"status GET during the burst p50 {statistics.median(c['status']) * 1000:.1f} ms, "
+          f"p99 {pct(c['status'], 0.99) * 1000:.1f} ms ({len(c['status'])} reads)")
+    total = sum(c["cpu"].values()) or 1.0
+    print("(c) CPU by process: " + ", ".join(f"{k} {v:.1f} s ({v / total:.0%})"
+                                            for k, v in sorted(c["cpu"].items(), key=lambda kv: -kv[1])))
+    print(f"(c) batch sizes: {c['sizes']} (mean {statistics.mean(c['sizes']):.2f})")
+    print(f"(c) prepare: {c['prepare_cpu_per_audio_s'] * 1000:.1f} ms of CPU per audio-second")
+    print(f"(d) {d['ok']}/{JOBS} answered within {TIMEOUT:.0f} s; latency p50 {statistics.median(d['latency']):.1f} s, "
+          f"p99 {pct(d['latency'], 0.99):.1f} s")
 
 
 if __name__ == "__main__":

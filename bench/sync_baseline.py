@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from config import Settings  # noqa: E402
 from models import audio  # noqa: E402
-from models.speech import FasterWhisperEngine, model_path  # noqa: E402
+from models.speech import FasterWhisperEngine, model_path, usable_cores  # noqa: E402
 
 app = Flask(__name__)
 _engine = None
@@ -28,7 +28,9 @@ def engine() -> FasterWhisperEngine:
     with _lock:
         if _engine is None:
             settings = Settings.from_env({})
-            _engine = FasterWhisperEngine(model_path(settings), beam_size=settings.beam_size)
+            # Two processes share the cores, as two inference processes would.
+            _engine = FasterWhisperEngine(model_path(settings), cpu_threads=max(1, usable_cores() // 2),
+                                          beam_size=settings.beam_size)
     return _engine
 
 

@@ -1,10 +1,12 @@
 """Dynamic batching across jobs, in the manner of Triton's dynamic batcher.
 
-Jobs running in a worker's threads submit their windows; one batcher thread takes the
+Jobs running in a worker's threads submit their windows; a batcher thread takes the
 most urgent window waiting, gathers up to `max_batch` windows that can share an
 inference call (same language and task), waiting at most `max_wait` for more to
-arrive, and runs one call. Each window has its own future, so a failure belongs to
-the window that caused it: a batch that raises is split and retried window by window.
+arrive, and runs one call. `parallel` such threads run batches side by side (on a CPU,
+one per core: see models.speech.parallel_batches). Each window has its own future, so a
+failure belongs to the window that caused it: a batch that raises is split and retried
+window by window.
 """
 from __future__ import annotations
 
@@ -49,9 +51,9 @@ class Batcher:
 
     def __init__(self, run_batch: Callable[[Hashable, list[Any]], Sequence[Any]], max_batch: int = 8,
                  max_wait: float = 0.05, history: int = 1000,
-                 on_batch: Callable[[BatchRecord], None] | None = None):
-        if max_batch < 1:
-            raise ValueError("max_batch must be at least 1")
+                 on_batch: Callable[[BatchRecord], None] | None = None, parallel: int = 1):
+        if max_batch < 1 or parallel < 1:
+            raise ValueError("max_batch and parallel must be at least 1")
         self.run_batch = run_batch
         self.on_batch = on_batch  # told of every batch record (metrics); must not raise
         self.max_batch = max_batch
@@ -60,12 +62,15 @@ class Batcher:
         self._cond = threading.Condition()
         self._seq = itertools.count()
         self._closed = False
-        self._ready = False
+        self.parallel = parallel
         self.records: deque[BatchRecord] = deque(maxlen=history)
         self.batches = 0
         self.windows = 0
-        self._thread = threading.Thread(target=self._loop, name="whisperq-batcher", daemon=True)
-        self._thread.start()
+        self._count_lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._loop, name=f"whisperq-batcher-{n}", daemon=True)
+                         for n in range(parallel)]
+        for thread in self._threads:
+            thread.start()
 
     def submit(self, key: Hashable, payloads: Sequence[Any], priority: str = "normal", job_id: str = "") -> list[Future]:
         rank = PRIORITY_RANK.get(priority, 1)
@@ -104,6 +109,7 @@ class Batcher:
             "windows": self.windows,
             "pending": self.pending(),
             "max_batch": self.max_batch,
+            "parallel": self.parallel,
             "max_wait_ms": self.max_wait * 1000,
             "recent_sizes": sizes[-200:],
             "recent_wait_ms": [round(r.wait_ms, 1) for r in records[-200:]],
@@ -115,13 +121,16 @@ class Batcher:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        self._thread.join(timeout=10)
+        for thread in self._threads:
+            thread.join(timeout=10)
 
     # The batcher thread.
 
-    def _take(self) -> list[_Item] | None:
+    def _take(self) -> tuple[list[_Item], bool] | None:
+        """The next batch, and whether a full one was already waiting when this thread
+        became free; None once the batcher is closed."""
         with self._cond:
-            self._ready = len(self._pending) >= self.max_batch
+            ready = len(self._pending) >= self.max_batch
             while not self._pending:
                 if self._closed:
                     return None
@@ -134,23 +143,24 @@ class Batcher:
                 if len(same) >= self.max_batch or remaining <= 0 or self._closed:
                     break
                 self._cond.wait(remaining)
-                if first not in self._pending:  # withdrawn while we waited
-                    return []
+                if first not in self._pending:  # withdrawn, or taken by another thread, while we waited
+                    return [], ready
             batch = same[: self.max_batch]
             taken = {id(i) for i in batch}
             self._pending = [i for i in self._pending if id(i) not in taken]
-            return batch
+            return batch, ready
 
     def _loop(self) -> None:
         while True:
-            batch = self._take()
-            if batch is None:
+            taken = self._take()
+            if taken is None:
                 return
+            batch, ready = taken
             batch = [i for i in batch if i.future.set_running_or_notify_cancel()]
             if batch:
-                self._run(batch)
+                self._run(batch, ready)
 
-    def _run(self, batch: list[_Item]) -> None:
+    def _run(self, batch: list[_Item], ready: bool = False) -> None:
         started = time.monotonic()
         wait_ms = (started - min(i.enqueued for i in batch)) * 1000
         try:
@@ -168,7 +178,7 @@ class Batcher:
         run_ms = (time.monotonic() - started) * 1000
         for item, result in zip(batch, results):
             item.future.set_result(result)
-        self._record(batch, wait_ms, run_ms)
+        self._record(batch, wait_ms, run_ms, ready)
 
     def _run_one(self, item: _Item) -> None:
         started = time.monotonic()
@@ -180,15 +190,16 @@ class Batcher:
         item.future.set_result(result)
         self._record([item], 0.0, (time.monotonic() - started) * 1000)
 
-    def _record(self, batch: list[_Item], wait_ms: float, run_ms: float) -> None:
+    def _record(self, batch: list[_Item], wait_ms: float, run_ms: float, ready: bool = False) -> None:
         jobs = len({i.job_id for i in batch})
-        record = BatchRecord(len(batch), jobs, wait_ms, run_ms, self._ready)
-        self.records.append(record)
+        record = BatchRecord(len(batch), jobs, wait_ms, run_ms, ready)
+        with self._count_lock:
+            self.records.append(record)
+            self.batches += 1
+            self.windows += len(batch)
         if self.on_batch is not None:
             try:
                 self.on_batch(record)
             except Exception:
                 log.warning("batch record not passed on", exc_info=True)
-        self.batches += 1
-        self.windows += len(batch)
         log.info("batch: %d windows from %d jobs, waited %.0f ms, ran %.0f ms", len(batch), jobs, wait_ms, run_ms)

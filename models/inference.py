@@ -19,7 +19,7 @@ from .errors import JobTimeLimitExceeded, TransientJobError
 from .jobs import begin_inference, cancel_running, complete_job, count_engine_run, get_job, record_progress
 from .metrics import observe_batch
 from .runtime import Runtime
-from .speech import Transcript, batch_size, get_engine
+from .speech import Transcript, batch_size, get_engine, parallel_batches
 from .windows import Window
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ def get_batcher(rt: Runtime) -> Batcher:
                                                    word_timestamps=words, **extra)
 
                 _batcher = Batcher(run_batch, max_batch=batch_size(settings), max_wait=settings.batch_wait_ms / 1000,
-                                   on_batch=observe_batch)
+                                   on_batch=observe_batch, parallel=parallel_batches(settings))
     return _batcher
 
 

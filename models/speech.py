@@ -108,13 +108,16 @@ class FasterWhisperEngine:
 
     name = "faster-whisper"
 
-    def __init__(self, path: str, device: str = "auto", compute_type: str = "auto", cpu_threads: int = 0, beam_size: int = 5):
+    def __init__(self, path: str, device: str = "auto", compute_type: str = "auto", cpu_threads: int = 0, beam_size: int = 5,
+                 workers: int = 1):
         from faster_whisper import BatchedInferencePipeline, WhisperModel
 
         self.path = path
         self.device, self.compute_type = resolve_device(device, compute_type)
         self.beam_size = beam_size
-        self.model = WhisperModel(path, device=self.device, compute_type=self.compute_type, cpu_threads=cpu_threads)
+        # `workers` batches may run at once, from as many threads (CTranslate2's inter_threads).
+        self.model = WhisperModel(path, device=self.device, compute_type=self.compute_type, cpu_threads=cpu_threads,
+                                  num_workers=workers)
         self.pipeline = BatchedInferencePipeline(self.model)
         self.multilingual = self.model.model.is_multilingual
         self._tokenizers: dict[tuple[str, str], Any] = {}
@@ -221,14 +224,30 @@ def usable_cores() -> int:
 
 
 def engine_threads(settings: "Settings") -> int:
-    """WHISPERQ_CPU_THREADS, or one thread per usable core: CTranslate2's own default (4)
-    oversubscribes a 2-core machine and leaves a 32-core one mostly idle."""
-    return settings.cpu_threads or usable_cores()
+    """CPU threads per running batch: WHISPERQ_CPU_THREADS, else one for faster-whisper
+    (batches run side by side, one per core: on a 2-core CPU two one-thread batches do
+    36.3 audio-s/s where one batch on both cores does 28.5) and every usable core for
+    openai-whisper (PyTorch runs one batch at a time)."""
+    if settings.cpu_threads:
+        return settings.cpu_threads
+    return usable_cores() if settings.engine == "openai-whisper" else 1
 
 
-# Windows per inference call by device, as measured (`make bench`): on a 2-core CPU 4 does
-# 23.2 audio-s/s, 8 does 21.5 and 2 does 18.2; a GPU keeps gaining to 16 and more.
-BATCH_SIZE = {"cpu": 4, "cuda": 16}
+def parallel_batches(settings: "Settings") -> int:
+    """How many batches run at once in an inference process: on a CPU, the usable cores
+    divided by the threads of one batch (CTranslate2's workers); on a GPU, and for
+    openai-whisper, one."""
+    if settings.engine == "openai-whisper" or resolve_device(settings.device, settings.compute_type)[0] == "cuda":
+        return 1
+    return max(1, usable_cores() // engine_threads(settings))
+
+
+# Windows per inference call by device, as measured (`make bench-load` and bench/batching.py):
+# on a 2-core CPU with two batches side by side, 2 windows do 35.6 audio-s/s, 4 do 36.3 and
+# 8 do 33.1, so 2, which keeps the slots an inference process needs (and holds back from
+# priority order) few; one batch at a time on both cores: 2 → 18.2, 4 → 23.2, 8 → 21.5.
+# A GPU keeps gaining to 16 and more.
+BATCH_SIZE = {"cpu": 2, "cuda": 16}
 
 
 def batch_size(settings: "Settings") -> int:
@@ -236,6 +255,12 @@ def batch_size(settings: "Settings") -> int:
     if settings.batch_size:
         return settings.batch_size
     return BATCH_SIZE[resolve_device(settings.device, settings.compute_type)[0]]
+
+
+def slots_needed(settings: "Settings") -> int:
+    """Jobs an inference process must hold so that the model never waits: a full batch for
+    each of its parallel batches, and one more forming."""
+    return (parallel_batches(settings) + 1) * batch_size(settings)
 
 
 def get_engine(settings: "Settings") -> SpeechEngine:
@@ -257,7 +282,8 @@ def get_engine(settings: "Settings") -> SpeechEngine:
                         compute_type=settings.compute_type,
                         cpu_threads=engine_threads(settings),
                         beam_size=settings.beam_size,
+                        workers=parallel_batches(settings),
                     )
-                log.info("model loaded on %s (%s, %d CPU threads)", _engine.device,
-                         getattr(_engine, "compute_type", "?"), engine_threads(settings))
+                log.info("model loaded on %s (%s): %d batches at once, %d CPU threads each", _engine.device,
+                         getattr(_engine, "compute_type", "?"), parallel_batches(settings), engine_threads(settings))
     return _engine

@@ -84,14 +84,14 @@ def _ready(sender=None, **_kwargs) -> None:
     slots = int(getattr(getattr(sender, "controller", None), "concurrency", 1) or 1)
     start_heartbeat(get_runtime, os.environ.get("WHISPERQ_WORKER_ID", sender.hostname), sender.hostname, pool, slots)
     if pool == "inference":
-        from models.speech import batch_size
+        from models.speech import batch_size, parallel_batches, slots_needed
 
-        size = batch_size(get_runtime().settings)
-        if slots < 2 * size:  # one batch runs while the next fills: it needs both batches' jobs
+        settings = get_runtime().settings
+        if slots < slots_needed(settings):  # the batches running, and the next one filling
             logging.getLogger(__name__).warning(
-                "this inference worker holds %d jobs (its concurrency) for batches of %d windows: batches will run "
-                "part-empty while the next one waits for jobs; give it 2 x %d slots (WHISPERQ_INFERENCE_SLOTS=%d)",
-                slots, size, size, 2 * size)
+                "this inference worker holds %d jobs (its concurrency) for %d batches of %d windows at once: the model "
+                "will wait for work while the next batch fills; give it %d slots (WHISPERQ_INFERENCE_SLOTS=%d)",
+                slots, parallel_batches(settings), batch_size(settings), slots_needed(settings), slots_needed(settings))
 
 
 @worker_process_init.connect

@@ -109,3 +109,23 @@ def test_withdrawn_windows_never_run():
 def test_batch_size_must_be_positive():
     with pytest.raises(ValueError):
         Batcher(Recorder(), max_batch=0)
+
+
+def test_parallel_batches_run_side_by_side():
+    """With parallel=2 two batches run at once (each in its own thread, as CTranslate2's
+    workers run them on a CPU)."""
+    both = threading.Barrier(2, timeout=5)
+    order = []
+
+    def run(key, payloads):
+        order.append(list(payloads))
+        both.wait()  # would time out if the two batches ran one after the other
+        return [f"{key}:{p}" for p in payloads]
+
+    b = Batcher(run, max_batch=2, max_wait=0.05, parallel=2)
+    low = b.submit("en", ["l0", "l1"], priority="low")
+    high = b.submit("en", ["h0", "h1"], priority="high")
+    assert [f.result(10) for f in high + low] == ["en:h0", "en:h1", "en:l0", "en:l1"]
+    assert sorted(map(sorted, order)) == [["h0", "h1"], ["l0", "l1"]]
+    assert b.stats()["parallel"] == 2 and b.stats()["batches"] == 2
+    b.close()

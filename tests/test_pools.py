@@ -64,16 +64,16 @@ def batcher_stats(celery_app, worker) -> dict:
 
 
 def test_a_burst_runs_full_batches(client, worker, celery_app):
-    """Jobs waiting for inference fill every batch: the next batch forms while one runs
-    (the pool holds two batches' worth of jobs), so after the first (which starts as soon
-    as a window waits) every batch but the last is full, and was waiting when the batcher
-    became free."""
+    """Jobs waiting for inference fill every batch: the next batch forms while the running
+    ones run (the pool holds a batch more than it runs at once), so after the first ones
+    (which start as soon as a window waits) every batch but the last is full, and was
+    waiting when a batcher thread became free."""
     wait_for_job(client, submit(client, "fox.flac"))  # the batcher exists once a job has run
     start = batcher_stats(celery_app, worker)
-    full = start["max_batch"]
+    full, parallel = start["max_batch"], start["parallel"]
     prepared = worker.prepared(celery_app)
     with worker.paused(celery_app, pools=("inference",)):
-        ids = [submit(client, "fox.flac", language="en") for _ in range(5 * full)]
+        ids = [submit(client, "fox.flac", language="en") for _ in range(6 * parallel * full)]
         deadline = time.monotonic() + 120
         while worker.prepared(celery_app) < prepared + len(ids) and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -82,9 +82,10 @@ def test_a_burst_runs_full_batches(client, worker, celery_app):
     end = batcher_stats(celery_app, worker)
     ran = end["batches"] - start["batches"]
     sizes, ready = end["recent_sizes"][-ran:], end["recent_ready"][-ran:]
-    assert sum(sizes) == len(ids) and sizes[1:-1] and all(size == full for size in sizes[1:-1]), sizes
-    # While one batch ran the next filled (not for the last two: fewer jobs were left).
-    assert all(ready[1:-2]), list(zip(sizes, ready))
+    middle = slice(parallel, -parallel)  # the first batches start as soon as windows wait; the last have what is left
+    assert sum(sizes) == len(ids) and sizes[middle] and all(size == full for size in sizes[middle]), sizes
+    # While batches ran the next filled (not for the last few: fewer jobs were left).
+    assert all(ready[parallel:-(parallel + 1)]), list(zip(sizes, ready))
 
 
 def test_a_failing_job_fails_alone(client, worker, celery_app, tmp_path):
