@@ -102,6 +102,15 @@ def estimate(rt: Runtime, job: Job, now: datetime | None = None) -> dict[str, An
     return out
 
 
+def queue_position(rt: Runtime, job: Job) -> int | None:
+    """The job's place in the queue as estimate() gives it, without the estimates."""
+    if job.state.finished:
+        return None
+    if job.state is JobStatus.PROCESSING and job.stage == "infer":
+        return 0
+    return int(_ahead(rt, job)[0])
+
+
 def _inference_workers(rt: Runtime) -> int:
     """Inference workers alive now (their heartbeats), read at most once a second."""
     key = ("workers", rt.settings.database_url)

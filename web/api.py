@@ -13,7 +13,7 @@ from flask import Blueprint, Response, current_app, jsonify, request, url_for
 
 from models import apikeys
 from models.errors import Forbidden, InvalidRequest, JobNotReady, ResultPurged, UnsupportedMediaType
-from models.eta import estimate
+from models.eta import estimate, queue_position
 from models.formats import FORMATS, MIME_TYPES, render
 from models.job import Job, JobStatus
 from models.jobs import cancel_job, delete_job, get_job, list_jobs
@@ -142,12 +142,17 @@ def show(job_id: str):
     progress, place in the queue...), or as 304 after N seconds. Under the gevent web worker
     a waiting request holds no thread."""
     wait = _wait_seconds(request.args.get("wait"))
-    job, body, tag = _current(job_id)
+    rt = runtime()
+    job = get_job(rt, job_id, owner=scope())
+    tag = fingerprint(rt, job)
     deadline = time.monotonic() + wait
+    # Each look is a primary-key read and a bisection: the job's body is built once, at the end.
     while wait and not job.state.finished and request.if_none_match.contains_weak(tag) \
             and time.monotonic() < deadline:
         time.sleep(min(WAIT_STEP, max(0.0, deadline - time.monotonic())))
-        job, body, tag = _current(job_id)
+        job = get_job(rt, job_id, owner=scope())
+        tag = fingerprint(rt, job)
+    body = job_body(job)
     resp = jsonify(body)
     if not job.state.finished:
         resp.headers["Retry-After"] = str(poll_after(job, body))
@@ -155,7 +160,7 @@ def show(job_id: str):
     return resp.make_conditional(request)
 
 
-WAIT_STEP = 0.5  # how often a long-poll looks at its job (a primary-key read)
+WAIT_STEP = 0.5  # how often a long-poll looks at its job
 
 
 def _wait_seconds(value: str | None) -> int:
@@ -166,16 +171,15 @@ def _wait_seconds(value: str | None) -> int:
     return int(value)
 
 
-def _current(job_id: str) -> tuple[Job, dict, str]:
-    """The job, as the API shows it, and its ETag: a digest of what a client acts on
-    (status, stage, progress, attempts, errors, place in the queue), not of the estimates,
-    which move with the clock."""
-    job = get_job(runtime(), job_id, owner=scope())
-    body = job_body(job)
-    state = [body.get(k) for k in ("status", "stage", "progress", "attempts", "error", "next_attempt_at", "finished_at",
-                                   "result_purged_at", "queue_position", "audio_duration")]
-    state.append([(d["status"], len(d["attempts"])) for d in body.get("webhook_deliveries", [])])
-    return job, body, hashlib.sha256(json.dumps(state, default=str).encode()).hexdigest()[:32]
+def fingerprint(rt: Runtime, job: Job) -> str:
+    """The job's ETag: a digest of what a client acts on (status, stage, progress, attempts,
+    errors, place in the queue, webhook deliveries), not of the estimates, which move with
+    the clock."""
+    state = [job.status, job.stage, job.progress, job.attempts, job.error, job.next_attempt_at, job.finished_at,
+             job.result_purged_at, job.audio_duration, queue_position(rt, job)]
+    if job.callback_url:
+        state.append([(d["status"], len(d["attempts"])) for d in deliveries_of(rt, job.id)])
+    return hashlib.sha256(json.dumps(state, default=str).encode()).hexdigest()[:32]
 
 
 def poll_after(job: Job, body: dict) -> int:
