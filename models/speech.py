@@ -225,9 +225,9 @@ def usable_cores() -> int:
 
 def engine_threads(settings: "Settings") -> int:
     """CPU threads per running batch: WHISPERQ_CPU_THREADS, else one for faster-whisper
-    (batches run side by side, one per core: on a 2-core CPU two one-thread batches do
-    36.3 audio-s/s where one batch on both cores does 28.5) and every usable core for
-    openai-whisper (PyTorch runs one batch at a time)."""
+    (batches run side by side, one per core: on a 2-core CPU two one-thread batches of 2
+    windows do 38.2 audio-s/s where one batch on both cores does 25.1, `make bench`) and
+    every usable core for openai-whisper (PyTorch runs one batch at a time)."""
     if settings.cpu_threads:
         return settings.cpu_threads
     return usable_cores() if settings.engine == "openai-whisper" else 1
@@ -242,11 +242,11 @@ def parallel_batches(settings: "Settings") -> int:
     return max(1, usable_cores() // engine_threads(settings))
 
 
-# Windows per inference call by device, as measured (`make bench-load` and bench/batching.py):
-# on a 2-core CPU with two batches side by side, 2 windows do 35.6 audio-s/s, 4 do 36.3 and
-# 8 do 33.1, so 2, which keeps the slots an inference process needs (and holds back from
-# priority order) few; one batch at a time on both cores: 2 → 18.2, 4 → 23.2, 8 → 21.5.
-# A GPU keeps gaining to 16 and more.
+# Windows per inference call by device, as measured (`make bench`, bench/batching.py): on a
+# 2-core CPU with two one-thread batches side by side, 1, 2, 4 and 8 windows do 39.6, 38.2,
+# 39.5 and 35.3 audio-s/s: the cores, not the batch, bring the gain there, so 2, which keeps
+# the slots an inference process needs (and holds back from priority order) few. A GPU,
+# which one window leaves mostly idle, keeps gaining to 16 and more.
 BATCH_SIZE = {"cpu": 2, "cuda": 16}
 
 
