@@ -58,3 +58,46 @@ def test_places_from_the_snapshot_match_the_database_and_cost_no_query(settings,
         s.flush()
         s.expunge(fresh)
     assert eta._ahead(rt, fresh)[0] == sum(1 for j in jobs if j.priority == "high")
+
+
+def test_many_long_polls_share_one_reader(settings, tmp_path):
+    """Fifty clients waiting on jobs cost one query per look (web.waits), and all wake when
+    their job changes."""
+    import threading
+    import time
+
+    from models.job import Job, new_job_id, utcnow
+    from models.runtime import Runtime
+    from web.api import fingerprint
+    from web.waits import JobWatch
+
+    rt = Runtime(dataclasses.replace(settings, database_url=f"sqlite:///{tmp_path / 'watch.db'}"))
+    rt.db.create_all()
+    ids = [new_job_id() for _ in range(5)]
+    with rt.db.session() as s:
+        for n, job_id in enumerate(ids):
+            s.add(Job(id=job_id, audio_ref="", status="PENDING", priority="normal",
+                      created_at=utcnow() - timedelta(minutes=10 - n), audio_duration=4.0))
+    with rt.db.session() as s:
+        tags = {job_id: fingerprint(rt, s.get(Job, job_id)) for job_id in ids}
+    watch, woke = JobWatch(fingerprint, step=0.2), []
+    threads = [threading.Thread(target=lambda j=ids[n % 5]: (watch.wait(rt, j, tags[j], 4), woke.append(j)))
+               for n in range(50)]
+    statements = []
+    listen = lambda *args, **kwargs: statements.append(args[2])  # noqa: E731
+    event.listen(rt.db.engine, "before_cursor_execute", listen)
+    try:
+        for t in threads:
+            t.start()
+        time.sleep(1.1)  # about five looks
+        looks = [q for q in statements if q.lstrip().upper().startswith("SELECT") and "FROM jobs" in q]
+        assert woke == [] and 1 <= len(looks) <= 12, len(looks)  # per look: the jobs, and the queue snapshot
+    finally:
+        event.remove(rt.db.engine, "before_cursor_execute", listen)
+    with rt.db.session() as s:
+        s.get(Job, ids[-1]).start("w")  # the last in the queue starts: only its waiters have news
+    time.sleep(0.8)
+    assert woke == [ids[-1]] * 10, woke
+    for t in threads:
+        t.join(10)
+    assert len(woke) == 50  # the others at their time-out

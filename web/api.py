@@ -6,7 +6,6 @@ import base64
 import hashlib
 import json
 import logging
-import time
 from datetime import datetime, timezone
 
 from flask import Blueprint, Response, current_app, jsonify, request, url_for
@@ -23,6 +22,7 @@ from models.runtime import Runtime
 from .admission import admit_priority, admit_submission
 from .auth import current, scope, scoped_idempotency_key
 from .uploads import submit_upload, submit_url
+from .waits import JobWatch
 
 bp = Blueprint("api", __name__, url_prefix="/v1")
 log = logging.getLogger(__name__)
@@ -145,11 +145,10 @@ def show(job_id: str):
     rt = runtime()
     job = get_job(rt, job_id, owner=scope())
     tag = fingerprint(rt, job)
-    deadline = time.monotonic() + wait
-    # Each look is a primary-key read and a bisection: the job's body is built once, at the end.
-    while wait and not job.state.finished and request.if_none_match.contains_weak(tag) \
-            and time.monotonic() < deadline:
-        time.sleep(min(WAIT_STEP, max(0.0, deadline - time.monotonic())))
+    if wait and not job.state.finished and request.if_none_match.contains_weak(tag):
+        # One reader per process looks at every waiting client's job (web.waits); the body
+        # is built once, at the end.
+        _watch.wait(rt, job_id, tag, wait)
         job = get_job(rt, job_id, owner=scope())
         tag = fingerprint(rt, job)
     body = job_body(job)
@@ -158,9 +157,6 @@ def show(job_id: str):
         resp.headers["Retry-After"] = str(poll_after(job, body))
     resp.set_etag(tag, weak=True)
     return resp.make_conditional(request)
-
-
-WAIT_STEP = 0.5  # how often a long-poll looks at its job
 
 
 def _wait_seconds(value: str | None) -> int:
@@ -180,6 +176,9 @@ def fingerprint(rt: Runtime, job: Job) -> str:
     if job.callback_url:
         state.append([(d["status"], len(d["attempts"])) for d in deliveries_of(rt, job.id)])
     return hashlib.sha256(json.dumps(state, default=str).encode()).hexdigest()[:32]
+
+
+_watch = JobWatch(fingerprint)
 
 
 def poll_after(job: Job, body: dict) -> int:
