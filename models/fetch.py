@@ -15,7 +15,7 @@ from typing import BinaryIO, Callable
 from urllib.parse import urljoin, urlsplit
 
 from .errors import InvalidRequest, PermanentJobError, TransientJobError
-from .webhooks import Deadline, check_addresses, describe_error, open_pinned, parse_url, resolve_host, status_line
+from .outbound import Deadline, check_addresses, describe_error, open_pinned, parse_url, resolve_host, status_line
 
 log = logging.getLogger(__name__)
 

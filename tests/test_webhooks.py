@@ -20,7 +20,7 @@ import pytest
 
 from config import ConfigError, Settings
 from helpers import Receiver
-from models import webhooks
+from models import outbound, webhooks
 from models.errors import InvalidRequest
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -117,7 +117,7 @@ def test_verify_rejects_tampering_replays_and_missing_headers(change, words):
 ])
 def test_bad_callback_urls_say_what_to_fix(tmp_path, url, words):
     with pytest.raises(InvalidRequest, match="callback_url") as err:
-        webhooks.check_callback_url(url, make_settings(tmp_path))
+        outbound.check_callback_url(url, make_settings(tmp_path))
     assert words in str(err.value)
 
 
@@ -131,7 +131,7 @@ def test_bad_callback_urls_say_what_to_fix(tmp_path, url, words):
 def test_non_public_addresses_are_refused(tmp_path, address, kind):
     host = f"[{address}]" if ":" in address else address
     with pytest.raises(InvalidRequest) as err:
-        webhooks.check_callback_url(f"http://{host}/hook", make_settings(tmp_path, WHISPERQ_WEBHOOK_ALLOW=None))
+        outbound.check_callback_url(f"http://{host}/hook", make_settings(tmp_path, WHISPERQ_WEBHOOK_ALLOW=None))
     assert f"a {kind} address ({address})" in str(err.value)
     assert "WHISPERQ_WEBHOOK_ALLOW" in str(err.value)
 
@@ -139,7 +139,7 @@ def test_non_public_addresses_are_refused(tmp_path, address, kind):
 def test_a_name_resolving_to_a_private_address_is_refused(tmp_path, monkeypatch):
     fake_dns(monkeypatch, {"hooks.internal": ["93.184.216.34", "10.0.0.5"]})  # one bad answer is enough
     with pytest.raises(InvalidRequest) as err:
-        webhooks.check_callback_url("https://hooks.internal/done", make_settings(tmp_path))
+        outbound.check_callback_url("https://hooks.internal/done", make_settings(tmp_path))
     assert str(err.value) == ("callback_url host hooks.internal resolves to a private address (10.0.0.5); webhooks go "
                               "to public addresses only unless WHISPERQ_WEBHOOK_ALLOW includes it (as host:port or "
                               "network:port)")
@@ -148,26 +148,26 @@ def test_a_name_resolving_to_a_private_address_is_refused(tmp_path, monkeypatch)
 def test_public_names_pass_and_come_back_normalised(tmp_path, monkeypatch):
     fake_dns(monkeypatch, {"hooks.example.com": ["93.184.216.34", "2606:2800:220:1::"]})
     settings = make_settings(tmp_path)
-    assert webhooks.check_callback_url("HTTPS://Hooks.Example.COM:443/done?x=1#frag", settings) == \
+    assert outbound.check_callback_url("HTTPS://Hooks.Example.COM:443/done?x=1#frag", settings) == \
         "https://hooks.example.com/done?x=1"
-    assert webhooks.resolve_allowed("https://hooks.example.com/", settings) == ["93.184.216.34", "2606:2800:220:1::"]
-    assert webhooks.check_callback_url("http://hooks.example.com/café?q=ü&r=%20", settings) == \
+    assert outbound.resolve_allowed("https://hooks.example.com/", settings) == ["93.184.216.34", "2606:2800:220:1::"]
+    assert outbound.check_callback_url("http://hooks.example.com/café?q=ü&r=%20", settings) == \
         "http://hooks.example.com/caf%C3%A9?q=%C3%BC&r=%20"
 
 
 def test_public_addresses_pass_however_written(tmp_path):
     settings = make_settings(tmp_path, WHISPERQ_WEBHOOK_ALLOW=None)
     for url in ("http://93.184.216.34/x", "http://[::ffff:93.184.216.34]/x", "https://[2606:2800:220:1::]:8443/x"):
-        assert webhooks.check_callback_url(url, settings) == url
-        assert len(webhooks.resolve_allowed(url, settings)) == 1
+        assert outbound.check_callback_url(url, settings) == url
+        assert len(outbound.resolve_allowed(url, settings)) == 1
 
 
 def test_the_allow_list_admits_private_networks(tmp_path, monkeypatch):
     fake_dns(monkeypatch, {"hooks.internal": ["10.1.2.3"]})
     settings = make_settings(tmp_path, WHISPERQ_WEBHOOK_ALLOW="10.0.0.0/8, 127.0.0.0/8")
-    assert webhooks.check_callback_url("http://hooks.internal:8080/x", settings) == "http://hooks.internal:8080/x"
+    assert outbound.check_callback_url("http://hooks.internal:8080/x", settings) == "http://hooks.internal:8080/x"
     with pytest.raises(InvalidRequest, match="192.168.0.1"):
-        webhooks.check_callback_url("http://192.168.0.1/x", settings)
+        outbound.check_callback_url("http://192.168.0.1/x", settings)
 
 
 def test_allow_entries_are_scoped_to_a_port_and_a_purpose(tmp_path, monkeypatch):
@@ -176,29 +176,29 @@ def test_allow_entries_are_scoped_to_a_port_and_a_purpose(tmp_path, monkeypatch)
     fake_dns(monkeypatch, {"hooks.internal": ["10.1.2.3"], "files.internal": ["10.9.9.9"]})
     settings = make_settings(tmp_path, WHISPERQ_WEBHOOK_ALLOW="10.1.2.3:8443,[fd00::/8]:443,files.internal:80",
                              WHISPERQ_FETCH_ALLOW=None)
-    assert webhooks.check_callback_url("https://hooks.internal:8443/x", settings)
-    assert webhooks.check_callback_url("https://[fd00::5]/x", settings)
-    assert webhooks.check_callback_url("http://files.internal/x", settings)  # by name, on its port
+    assert outbound.check_callback_url("https://hooks.internal:8443/x", settings)
+    assert outbound.check_callback_url("https://[fd00::5]/x", settings)
+    assert outbound.check_callback_url("http://files.internal/x", settings)  # by name, on its port
     for refused in ("http://hooks.internal:5432/x", "https://10.1.2.3/x", "https://[fd00::5]:8443/x",
                     "https://files.internal/x", "http://10.9.9.9/x"):
         with pytest.raises(InvalidRequest, match="WHISPERQ_WEBHOOK_ALLOW"):
-            webhooks.check_callback_url(refused, settings)
+            outbound.check_callback_url(refused, settings)
     with pytest.raises(InvalidRequest, match="audio is fetched from public addresses only unless WHISPERQ_FETCH_ALLOW"):
-        webhooks.check_url("https://hooks.internal:8443/a.flac", settings, "audio_url")
+        outbound.check_url("https://hooks.internal:8443/a.flac", settings, "audio_url")
     fetching = make_settings(tmp_path, WHISPERQ_WEBHOOK_ALLOW=None, WHISPERQ_FETCH_ALLOW="10.1.2.3:8443")
-    assert webhooks.check_url("https://hooks.internal:8443/a.flac", fetching, "audio_url")
+    assert outbound.check_url("https://hooks.internal:8443/a.flac", fetching, "audio_url")
     with pytest.raises(InvalidRequest, match="WHISPERQ_WEBHOOK_ALLOW"):
-        webhooks.check_callback_url("https://hooks.internal:8443/x", fetching)
+        outbound.check_callback_url("https://hooks.internal:8443/x", fetching)
     legacy = make_settings(tmp_path, WHISPERQ_WEBHOOK_ALLOW=None, WHISPERQ_FETCH_ALLOW=None,
                            WHISPERQ_WEBHOOK_ALLOW_NETWORKS="10.0.0.0/8")  # as earlier versions read it: both
-    assert webhooks.check_callback_url("http://hooks.internal/x", legacy)
-    assert webhooks.check_url("http://hooks.internal/x", legacy, "audio_url")
+    assert outbound.check_callback_url("http://hooks.internal/x", legacy)
+    assert outbound.check_url("http://hooks.internal/x", legacy, "audio_url")
 
 
 def test_an_unresolvable_host_is_an_invalid_request(tmp_path, monkeypatch):
     fake_dns(monkeypatch, {"nowhere.example": lambda: socket.gaierror(socket.EAI_NONAME, "Name or service not known")})
     with pytest.raises(InvalidRequest, match="callback_url host nowhere.example does not resolve"):
-        webhooks.check_callback_url("https://nowhere.example/x", make_settings(tmp_path))
+        outbound.check_callback_url("https://nowhere.example/x", make_settings(tmp_path))
 
 
 # --- delivery -------------------------------------------------------------------------------
@@ -337,7 +337,7 @@ def test_dns_rebinding_after_the_check_is_refused_at_delivery(tmp_path, monkeypa
     fake_dns(monkeypatch, {"rebind.example": lambda: next(answers)})
     settings = make_settings(tmp_path, WHISPERQ_WEBHOOK_ALLOW=None)
     with Receiver({"/hook": (200, {}, b"")}) as receiver:
-        url = webhooks.check_callback_url(receiver.url("/hook", host="rebind.example"), settings)
+        url = outbound.check_callback_url(receiver.url("/hook", host="rebind.example"), settings)
         attempt = webhooks.deliver(url, {}, msg_id="m", settings=settings)
     assert (attempt.delivered, attempt.retryable) == (False, False)
     assert "loopback address (127.0.0.1)" in attempt.error

@@ -21,7 +21,7 @@ from models.jobs import check_options, create_job, discard_job, get_job
 from models.runtime import Runtime
 from models.speech import check_language, is_multilingual, model_path
 from models.storage import SealedSpool, clean_filename
-from models.webhooks import check_url
+from models.outbound import check_url
 
 log = logging.getLogger(__name__)
 
