@@ -34,7 +34,7 @@ def _silence() -> bytes:
     from pathlib import Path
 
     with tempfile.TemporaryDirectory() as d:
-        return write_wav(Path(d) / "s.wav", np.zeros(16000 * 3, dtype=np.float32)).read_bytes()
+        return write_wav(Path(d) / "s.wav", np.zeros(16000 * 1, dtype=np.float32)).read_bytes()
 
 
 SILENCE = _silence()

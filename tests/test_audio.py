@@ -32,6 +32,23 @@ def test_probe_enforces_the_length_limit():
         audio.probe(CLIPS["fox.flac"]["path"], max_seconds=2)
 
 
+def test_the_door_decodes_a_bounded_start_and_prepare_the_rest(tmp_path):
+    """A silent file no longer than the door's decode is refused at the door; a longer one
+    passes the door (only its start was decoded) and is refused when decoded in full."""
+    import numpy as np
+
+    from helpers import write_wav
+    from models.errors import SilentAudio
+
+    short = write_wav(tmp_path / "short.wav", np.zeros(int(16000 * audio.DOOR_SECONDS * 0.5), dtype=np.float32))
+    with pytest.raises(SilentAudio, match="silent"):
+        audio.probe(short)
+    long = write_wav(tmp_path / "long.wav", np.zeros(int(16000 * (audio.DOOR_SECONDS + 4)), dtype=np.float32))
+    assert audio.probe(long).duration == pytest.approx(audio.DOOR_SECONDS + 4, abs=0.01)
+    with pytest.raises(SilentAudio, match="silent"):
+        audio.decode(long)
+
+
 def test_decode_gives_16k_mono_float():
     samples = audio.decode(CLIPS["fox.flac"]["path"])
     assert samples.dtype.name == "float32"

@@ -79,6 +79,22 @@ def test_undecodable_audio_fails_the_job_with_a_reason(client, worker, tmp_path)
     assert client.get(f"/v1/jobs/{r.id}/transcript").status_code == 409
 
 
+def test_a_long_silent_upload_fails_in_prepare_with_a_reason(client, worker, tmp_path):
+    """The door decodes only the start of a file; silence past it is found in prepare."""
+    import numpy as np
+
+    from helpers import write_wav
+    from models.audio import DOOR_SECONDS
+
+    quiet = write_wav(tmp_path / "quiet.wav", np.zeros(int(16000 * (DOOR_SECONDS + 3)), dtype=np.float32))
+    resp = client.post("/v1/jobs", data={"file": (io.BytesIO(quiet.read_bytes()), "quiet.wav")},
+                       content_type="multipart/form-data")
+    assert resp.status_code == 202, resp.get_json()
+    job = wait_for_job(client, resp.get_json()["job_id"])
+    assert job["status"] == "FAILED" and "silent" in job["error"], job
+    assert job["attempts"] == 1  # a permanent failure: not retried
+
+
 def test_missing_file_fails_with_a_reason(client, worker, tmp_path):
     from tasks import transcribe
 
