@@ -17,6 +17,11 @@ class Base(DeclarativeBase):
     pass
 
 
+def register_tables() -> None:
+    """Import every module that declares a table, so Base.metadata holds them all."""
+    from . import apikeys, deadletter, idempotency, job, notify, workers  # noqa: F401
+
+
 def _sqlite_pragmas(dbapi_connection, _record) -> None:
     # WAL lets the web process read while a worker writes; busy_timeout waits out a
     # writer instead of failing with "database is locked".
@@ -71,39 +76,22 @@ class Database:
                 session.rollback()
                 raise
 
-    def create_all(self) -> None:
-        """Create missing tables. Several processes may start at once: on PostgreSQL two
-        concurrent CREATE TABLEs collide, so a loser looks again and finds the tables."""
-        from sqlalchemy.exc import DBAPIError
+    def upgrade(self) -> None:
+        """Bring the schema to the newest revision (models/migrations): several processes
+        may start at once, so the upgrade runs under a lock and is a no-op once done. On
+        PostgreSQL a connection lost mid-way (a restart) is tried again."""
+        from sqlalchemy.exc import OperationalError
 
-        from . import apikeys, deadletter, idempotency, job, notify, workers  # noqa: F401 - registers the tables
+        from .migrations import upgrade
 
         for attempt in range(3):
             try:
-                Base.metadata.create_all(self.engine)
-                self._add_missing_columns()
+                upgrade(self.engine)
                 return
-            except DBAPIError:
+            except OperationalError:
                 if attempt == 2:
                     raise
                 time.sleep(0.5 * (attempt + 1))
-
-    def _add_missing_columns(self) -> None:
-        """Bring tables made by an earlier version up to date: new columns are nullable,
-        so adding them is all an upgrade needs."""
-        from sqlalchemy import inspect
-
-        inspector = inspect(self.engine)
-        with self.engine.begin() as conn:
-            for table in Base.metadata.sorted_tables:
-                present = {c["name"] for c in inspector.get_columns(table.name)}
-                for column in table.columns:
-                    if column.name not in present and column.nullable:
-                        kind = column.type.compile(dialect=self.engine.dialect)
-                        conn.exec_driver_sql(f'ALTER TABLE {table.name} ADD COLUMN "{column.name}" {kind}')
-                        for index in table.indexes:
-                            if list(index.columns) == [column]:
-                                index.create(conn, checkfirst=True)
 
     def ping(self) -> None:
         with self.engine.connect() as conn:

@@ -35,7 +35,7 @@ def get_runtime() -> Runtime:
         with _lock:
             if _runtime is None:
                 runtime = Runtime(Settings.from_env())
-                runtime.db.create_all()
+                runtime.db.upgrade()
                 _runtime = runtime
     return _runtime
 

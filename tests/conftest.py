@@ -90,7 +90,7 @@ def database(settings):
 
     db = Database(settings.database_url)
     try:
-        db.create_all()
+        db.upgrade()
     except Exception as exc:
         need_service(f"database {settings.describe()['database_url']} unreachable: {exc}")
     return db
@@ -127,7 +127,7 @@ def own_inference(settings, monkeypatch):
     monkeypatch.setattr(speech, "_engine", None)
     monkeypatch.setattr(inference, "_batcher", None)
     rt = Runtime(settings)
-    rt.db.create_all()
+    rt.db.upgrade()
     batcher = inference.get_batcher(rt)
     yield rt, batcher
     batcher.close()

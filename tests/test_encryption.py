@@ -304,7 +304,7 @@ def private_rt(tmp_path, settings):
     def make(keys: str | None = A) -> Runtime:
         rt = Runtime(dataclasses.replace(settings, data_dir=tmp_path / "data", encryption_keys=keys,
                                          database_url=f"sqlite:///{tmp_path / 'jobs.db'}"))
-        rt.db.create_all()
+        rt.db.upgrade()
         return rt
 
     return make

@@ -15,7 +15,7 @@ def test_places_from_the_snapshot_match_the_database_and_cost_no_query(settings,
     from models.runtime import Runtime
 
     rt = Runtime(dataclasses.replace(settings, database_url=f"sqlite:///{tmp_path / 'eta.db'}"))
-    rt.db.create_all()
+    rt.db.upgrade()
     rng, now = random.Random(7), utcnow()
     with rt.db.session() as s:
         for n in range(60):
@@ -72,7 +72,7 @@ def test_many_long_polls_share_one_reader(settings, tmp_path):
     from web.waits import JobWatch
 
     rt = Runtime(dataclasses.replace(settings, database_url=f"sqlite:///{tmp_path / 'watch.db'}"))
-    rt.db.create_all()
+    rt.db.upgrade()
     ids = [new_job_id() for _ in range(5)]
     with rt.db.session() as s:
         for n, job_id in enumerate(ids):

@@ -56,7 +56,7 @@ def rt(settings, private_db, tmp_path, monkeypatch):
     monkeypatch.setattr(notify, "_publisher", None)
     runtime = Runtime(dataclasses.replace(settings, database_url=private_db, data_dir=tmp_path / "data",
                                           audio_retention_seconds=3600.0, result_retention_seconds=7 * 86400.0))
-    runtime.db.create_all()
+    runtime.db.upgrade()
     yield runtime
     runtime.db.dispose()
 
@@ -131,21 +131,6 @@ def deliveries(rt, job_id: str) -> int:
 def dead_letter(rt, job_id: str) -> DeadLetter | None:
     with rt.db.session() as s:
         return s.get(DeadLetter, job_id)
-
-
-def test_create_all_adds_the_retention_columns_to_an_existing_table(tmp_path):
-    from models.db import Database
-
-    db = Database(f"sqlite:///{tmp_path / 'old.db'}")
-    db.create_all()
-    with db.engine.begin() as conn:  # a jobs table from before retention
-        conn.exec_driver_sql("ALTER TABLE jobs DROP COLUMN audio_purged_at")
-        conn.exec_driver_sql("ALTER TABLE jobs DROP COLUMN result_purged_at")
-    db.create_all()
-    with db.engine.connect() as conn:
-        columns = {r[1] for r in conn.exec_driver_sql("PRAGMA table_info(jobs)")}
-    assert {"audio_purged_at", "result_purged_at"} <= columns
-    db.dispose()
 
 
 def test_audio_after_an_hour_and_transcripts_after_a_week_and_nothing_else(rt, tmp_path):

@@ -18,7 +18,7 @@ def rt(settings, tmp_path):
     from models.runtime import Runtime
 
     runtime = Runtime(dataclasses.replace(settings, database_url=f"sqlite:///{tmp_path / 'sweep.db'}"))
-    runtime.db.create_all()
+    runtime.db.upgrade()
     return runtime
 
 

@@ -117,7 +117,7 @@ def test_audio_longer_than_its_header_says_is_cut_short_in_preparation(settings,
     from models.runtime import Runtime
 
     rt = Runtime(dataclasses.replace(settings, max_audio_seconds=30.0))
-    rt.db.create_all()
+    rt.db.upgrade()
     path = flac(tmp_path / "long.flac", 45)
     with pytest.raises(PermanentJobError, match="longer than the limit of 30 s"):
         prepare_job(rt, "0a0a0a0a-0000-4000-8000-000000000001", str(path), {"language": "en"})

@@ -37,7 +37,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.json.sort_keys = False  # keep job_id and status first, as documented
 
     runtime = Runtime(settings)
-    runtime.db.create_all()
+    runtime.db.upgrade()
     app.extensions["whisperq"] = runtime
     app.extensions["celery"] = celery = make_celery(settings)
     notify.set_publisher(lambda ids: publish_notify(celery, ids))

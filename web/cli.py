@@ -51,7 +51,7 @@ def run(procfile: str) -> None:
     Settings.from_env(env)  # the processes will read the same; fail here, not in three places
     from models.db import Database
 
-    Database(settings.database_url).create_all()  # once, before three processes race for it
+    Database(settings.database_url).upgrade()  # once, before three processes race for it
     flower_login = ""
     if not settings.flower_basic_auth:
         # Flower shows every job's arguments and results: never leave it open, even on loopback.
@@ -99,12 +99,37 @@ def show_config() -> None:
 
 @cli.command("init-db")
 def init_db() -> None:
-    """Create the database tables (web and workers also do this at start)."""
+    """Create the database tables or upgrade them to the newest schema revision (web and
+    workers also do this at start)."""
+    from models import migrations
     from models.db import Database
 
     settings = _settings()
-    Database(settings.database_url).create_all()
-    click.echo(f"tables ready in {settings.describe()['database_url']}")
+    db = Database(settings.database_url)
+    db.upgrade()
+    click.echo(f"tables ready at schema revision {migrations.current(db.engine)} in {settings.describe()['database_url']}")
+
+
+@cli.command("new-migration")
+@click.argument("message")
+def new_migration(message: str) -> None:
+    """Write a new schema revision into models/migrations/versions/ from what the models
+    declare beyond the newest revision (for developers; review it before committing)."""
+    import tempfile
+
+    from alembic import command
+    from sqlalchemy import create_engine
+
+    from models import migrations
+
+    with tempfile.TemporaryDirectory() as tmp:
+        engine = create_engine(f"sqlite:///{tmp}/schema.db")
+        migrations.upgrade(engine)
+        with engine.connect() as conn:
+            number = f"{int(migrations.head()) + 1:04d}"
+            script = command.revision(migrations.config(conn), message=message, autogenerate=True, rev_id=number)
+        engine.dispose()
+    click.echo(f"wrote {script.path}; check it (and on PostgreSQL), then commit it with the model change")
 
 
 @cli.command("convert-model")
@@ -134,7 +159,7 @@ def _runtime():
     from models.runtime import Runtime
 
     rt = Runtime(_settings())
-    rt.db.create_all()
+    rt.db.upgrade()
     return rt
 
 
