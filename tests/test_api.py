@@ -2,6 +2,7 @@
 import dataclasses
 import io
 import time
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from sqlalchemy import func, select
@@ -177,6 +178,51 @@ def test_status_has_an_etag_and_a_poll_hint(client, database):
         s.get(Job, job_id).fail("test")
     done = client.get(f"/v1/jobs/{job_id}")
     assert done.status_code == 200 and "Retry-After" not in done.headers
+
+
+def test_a_long_poll_ends_when_the_job_changes_not_when_the_queue_moves(client, database):
+    """In a burst every job ahead that finishes would otherwise answer every waiting client
+    (n² answers for n jobs): moving up the queue shows in the answer the wait ends with,
+    but does not end it; a change of the job itself does."""
+    import threading
+
+    from models.eta import QUEUE_SNAPSHOT_SECONDS
+    from models.job import new_job_id
+
+    ahead, mine = new_job_id(), new_job_id()
+    with database.session() as s:
+        s.add(Job(id=ahead, audio_ref="audio/a.flac", priority="normal", audio_duration=4.0,
+                  created_at=datetime.now(timezone.utc) - timedelta(minutes=1)))
+        s.add(Job(id=mine, audio_ref="audio/b.flac", priority="normal", audio_duration=4.0))
+    first = client.get(f"/v1/jobs/{mine}")
+    place = first.get_json()["queue_position"]
+    assert place >= 1
+
+    def finish_the_one_ahead():
+        with database.session() as s:
+            s.get(Job, ahead).fail("test")
+
+    timer = threading.Timer(0.5, finish_the_one_ahead)
+    timer.start()
+    started = time.monotonic()
+    waited = client.get(f"/v1/jobs/{mine}?wait=3", headers={"If-None-Match": first.headers["ETag"]})
+    timer.join()
+    assert time.monotonic() - started >= 2.9  # the queue moved at 0.5 s: no answer for it
+    assert waited.status_code == 200 and waited.get_json()["queue_position"] == place - 1
+    assert waited.headers["ETag"] != first.headers["ETag"]
+
+    def start_mine():
+        with database.session() as s:
+            s.get(Job, mine).start("w")
+
+    time.sleep(QUEUE_SNAPSHOT_SECONDS)
+    timer = threading.Timer(0.5, start_mine)
+    timer.start()
+    started = time.monotonic()
+    woke = client.get(f"/v1/jobs/{mine}?wait=30", headers={"If-None-Match": waited.headers["ETag"]})
+    timer.join()
+    assert woke.status_code == 200 and woke.get_json()["status"] == "PROCESSING"
+    assert time.monotonic() - started < 10
 
 
 def test_unknown_route_and_method_are_json(client):

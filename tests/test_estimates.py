@@ -68,7 +68,7 @@ def test_many_long_polls_share_one_reader(settings, tmp_path):
 
     from models.job import Job, new_job_id, utcnow
     from models.runtime import Runtime
-    from web.api import fingerprint
+    from web.api import job_state
     from web.waits import JobWatch
 
     rt = Runtime(dataclasses.replace(settings, database_url=f"sqlite:///{tmp_path / 'watch.db'}"))
@@ -79,8 +79,8 @@ def test_many_long_polls_share_one_reader(settings, tmp_path):
             s.add(Job(id=job_id, audio_ref="", status="PENDING", priority="normal",
                       created_at=utcnow() - timedelta(minutes=10 - n), audio_duration=4.0))
     with rt.db.session() as s:
-        tags = {job_id: fingerprint(rt, s.get(Job, job_id)) for job_id in ids}
-    watch, woke = JobWatch(fingerprint, step=0.2), []
+        tags = {job_id: job_state(rt, s.get(Job, job_id)) for job_id in ids}
+    watch, woke = JobWatch(job_state, step=0.2), []
     threads = [threading.Thread(target=lambda j=ids[n % 5]: (watch.wait(rt, j, tags[j], 4), woke.append(j)))
                for n in range(50)]
     statements = []

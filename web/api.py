@@ -138,17 +138,21 @@ def show(job_id: str):
     until it is finished, Retry-After: when polling again is worth it.
 
     `?wait=N` (1-60 s) is a long-poll: with the ETag of the job as the client last saw it
-    in If-None-Match, the answer comes as soon as the job changes (its status, stage,
-    progress, place in the queue...), or as 304 after N seconds. Under the gevent web worker
-    a waiting request holds no thread."""
+    in If-None-Match, the answer comes as soon as the job itself changes (its status, stage,
+    progress, attempts, webhook deliveries), or after N seconds: 304 if nothing changed, or
+    200 with its new place in the queue. Moving up the queue does not end a wait: in a
+    burst every job ahead that finishes would answer every waiting client, n² answers for n
+    jobs. Under the gevent web worker a waiting request holds no thread."""
     wait = _wait_seconds(request.args.get("wait"))
     rt = runtime()
     job = get_job(rt, job_id, owner=scope())
     tag = fingerprint(rt, job)
-    if wait and not job.state.finished and request.if_none_match.contains_weak(tag):
+    state = tag.split(".", 1)[0]
+    if wait and not job.state.finished and any(
+            held.split(".", 1)[0] == state for held in request.if_none_match.as_set(include_weak=True)):
         # One reader per process looks at every waiting client's job (web.waits); the body
         # is built once, at the end.
-        _watch.wait(rt, job_id, tag, wait)
+        _watch.wait(rt, job_id, state, wait)
         job = get_job(rt, job_id, owner=scope())
         tag = fingerprint(rt, job)
     body = job_body(job)
@@ -167,18 +171,24 @@ def _wait_seconds(value: str | None) -> int:
     return int(value)
 
 
-def fingerprint(rt: Runtime, job: Job) -> str:
-    """The job's ETag: a digest of what a client acts on (status, stage, progress, attempts,
-    errors, place in the queue, webhook deliveries), not of the estimates, which move with
-    the clock."""
+def job_state(rt: Runtime, job: Job) -> str:
+    """A digest of the job itself as a client acts on it: status, stage, progress, attempts,
+    errors, webhook deliveries (not its place in the queue, nor the estimates)."""
     state = [job.status, job.stage, job.progress, job.attempts, job.error, job.next_attempt_at, job.finished_at,
-             job.result_purged_at, job.audio_duration, queue_position(rt, job)]
+             job.result_purged_at, job.audio_duration]
     if job.callback_url:
         state.append([(d["status"], len(d["attempts"])) for d in deliveries_of(rt, job.id)])
-    return hashlib.sha256(json.dumps(state, default=str).encode()).hexdigest()[:32]
+    return hashlib.sha256(json.dumps(state, default=str).encode()).hexdigest()[:24]
 
 
-_watch = JobWatch(fingerprint)
+def fingerprint(rt: Runtime, job: Job) -> str:
+    """The job's ETag, `STATE.PLACE`: the job itself (job_state) and its place in the queue.
+    Not the estimates, which move with the clock."""
+    place = queue_position(rt, job)
+    return f"{job_state(rt, job)}.{'-' if place is None else place}"
+
+
+_watch = JobWatch(job_state)
 
 
 def poll_after(job: Job, body: dict) -> int:

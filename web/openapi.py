@@ -137,8 +137,9 @@ def paths() -> dict:
                        **errors(400, 401, 404, 431)},
                       parameters=[IF_NONE_MATCH,
                                   query("wait", {"type": "integer", "minimum": 1, "maximum": 60},
-                                        "Long-poll: with If-None-Match, answer as soon as the job changes, or 304 "
-                                        "after this many seconds.")]),
+                                        "Long-poll: with If-None-Match, answer as soon as the job itself changes "
+                                        "(not its place in the queue), or after this many seconds: 304 if nothing "
+                                        "changed, else 200.")]),
             "delete": op("deleteJob", "Delete a job's audio and transcript (a running job stops)",
                          {"204": ok("Deleted."), **errors(401, 404, 431)}),
         },

@@ -1,9 +1,9 @@
 """Long-polls: one reader per web process for every client waiting on a job.
 
-Each client waiting (`GET /v1/jobs/<id>?wait=N`) registers the ETag it holds; every STEP
-one thread (a greenlet under the gevent worker) loads all the jobs being waited on in one
-query and wakes the clients whose job's ETag changed. A thousand waiting clients cost one
-query per step, not a thousand.
+Each client waiting (`GET /v1/jobs/<id>?wait=N`) registers the state of its job it holds
+(the first part of the ETag, web.api.job_state); every STEP one thread (a greenlet under the
+gevent worker) loads all the jobs being waited on in one query and wakes the clients whose
+job's state changed. A thousand waiting clients cost one query per step, not a thousand.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ class JobWatch:
         self._thread: threading.Thread | None = None
 
     def wait(self, rt: Runtime, job_id: str, tag: str, timeout: float) -> None:
-        """Return once the job's ETag is no longer `tag` (or it is gone), or after `timeout`."""
+        """Return once the job's state is no longer `tag` (or it is gone), or after `timeout`."""
         entry = (threading.Event(), tag, rt)
         key = (id(rt), job_id)
         with self._lock:
