@@ -10,9 +10,10 @@ from .celeryconfig import (
     publish_transcribe,
 )
 from .languages import LANGUAGES
-from .settings import PRIORITIES, ConfigError, Settings, private_dir
+from .priorities import PRIORITIES, Priority
+from .settings import ConfigError, Settings, private_dir
 
 __all__ = [
-    "Settings", "ConfigError", "PRIORITIES", "LANGUAGES", "private_dir", "celery_config", "broker_priority", "make_celery",
+    "Settings", "ConfigError", "PRIORITIES", "Priority", "LANGUAGES", "private_dir", "celery_config", "broker_priority", "make_celery",
     "publish_transcribe", "publish_notify", "PREPARE_QUEUE", "INFERENCE_QUEUE", "NOTIFY_QUEUE",
 ]

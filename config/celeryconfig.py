@@ -9,7 +9,8 @@ from __future__ import annotations
 from celery import Celery
 from kombu import Exchange, Queue
 
-from .settings import PRIORITIES, Settings
+from .priorities import AMQP_MAX_PRIORITY, REDIS_PRIORITY_STEPS, Priority
+from .settings import Settings
 
 EXCHANGE = "whisperq"
 # One queue per pool, so each pool scales on its own: preparation is CPU-bound (decode,
@@ -23,12 +24,6 @@ QUEUES = {PREPARE_QUEUE: "prepare", INFERENCE_QUEUE: "inference", NOTIFY_QUEUE: 
 DEAD_LETTER_EXCHANGE = "whisperq.dead"
 DEAD_LETTER_QUEUE = "whisperq.dead"
 
-# Redis: `queue_order_strategy=priority` keeps one list per step and pops the lowest step first.
-REDIS_PRIORITY_STEPS = [0, 3, 6, 9]
-REDIS_PRIORITIES = {"high": 0, "normal": 3, "low": 6}
-# RabbitMQ: queues are declared with x-max-priority; a higher number is delivered first.
-AMQP_MAX_PRIORITY = 9
-AMQP_PRIORITIES = {"high": 9, "normal": 5, "low": 1}
 
 
 def is_redis(broker_url: str) -> bool:
@@ -37,10 +32,7 @@ def is_redis(broker_url: str) -> bool:
 
 def broker_priority(tier: str, broker_url: str) -> int:
     """The broker's message priority for a tier (`high`, `normal` or `low`)."""
-    if tier not in PRIORITIES:
-        raise ValueError(f"priority {tier!r} is not one of: {', '.join(PRIORITIES)}")
-    table = REDIS_PRIORITIES if is_redis(broker_url) else AMQP_PRIORITIES
-    return table[tier]
+    return Priority.parse(tier).broker_number(redis=is_redis(broker_url))
 
 
 def visibility_timeout(settings: Settings) -> int:

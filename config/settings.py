@@ -16,11 +16,11 @@ from typing import Mapping
 
 from .allow import AllowRule, parse_rule
 from .languages import LANGUAGES
+from .priorities import PRIORITIES
 
 ENGINES = ("faster-whisper", "openai-whisper")
 DEVICES = ("auto", "cpu", "cuda")
 COMPUTE_TYPES = ("auto", "default", "int8", "int8_float16", "int8_float32", "int16", "float16", "bfloat16", "float32")
-PRIORITIES = ("high", "normal", "low")
 # Worker metrics ports: WHISPERQ_METRICS_PORT + 0..METRICS_PORT_SPAN-1 (see tasks.metrics).
 METRICS_PORT_SPAN = 100
 LOG_FORMATS = ("auto", "json", "text")

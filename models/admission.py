@@ -28,7 +28,7 @@ from sqlalchemy import case, func, select
 from config.settings import parse_rate
 
 from .errors import WhisperqError
-from .job import Job, JobStatus
+from .job import Job, JobStatus, Stage
 from .runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ def backlog(rt: Runtime, owner=_EVERYONE) -> Backlog:
         if hit and hit[0] > time.monotonic():
             return hit[1]
     waiting = Job.status.in_([JobStatus.PENDING.value, JobStatus.PROCESSING.value]) & (
-        Job.stage.is_(None) | (Job.stage != "infer"))
+        Job.stage.is_(None) | (Job.stage != Stage.INFER.value))
     if owner is not _EVERYONE:
         waiting &= Job.owner == owner
     seconds = case((Job.audio_duration.is_(None) & Job.audio_url.is_not(None), rt.settings.max_audio_seconds),

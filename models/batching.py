@@ -19,9 +19,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Sequence
 
+from config.priorities import Priority
+
 log = logging.getLogger(__name__)
 
-PRIORITY_RANK = {"high": 0, "normal": 1, "low": 2}
 
 
 @dataclass(order=True)
@@ -73,7 +74,7 @@ class Batcher:
             thread.start()
 
     def submit(self, key: Hashable, payloads: Sequence[Any], priority: str = "normal", job_id: str = "") -> list[Future]:
-        rank = PRIORITY_RANK.get(priority, 1)
+        rank = Priority.rank_of(priority)
         now = time.monotonic()
         futures = []
         with self._cond:

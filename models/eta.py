@@ -23,7 +23,9 @@ from typing import Any
 
 from sqlalchemy import case, func, select
 
-from .job import Job, JobStatus, utcnow
+from config.priorities import Priority
+
+from .job import Job, JobStatus, Stage, utcnow
 from .runtime import Runtime
 from .workers import alive
 
@@ -36,7 +38,8 @@ _cache_lock = threading.Lock()
 
 
 def _rank(priority):
-    return case((priority == "high", 0), (priority == "normal", 1), else_=2)
+    """A tier's rank in SQL (an unknown name ranks last, as in _Queue)."""
+    return case(*((priority == p.value, p.rank) for p in Priority if p is not Priority.LOW), else_=Priority.LOW.rank)
 
 
 DEFAULT_DURATION = 60.0
@@ -85,7 +88,7 @@ def estimate(rt: Runtime, job: Job, now: datetime | None = None) -> dict[str, An
     workers = _inference_workers(rt)
     speed, typical = measured_speed(rt)
     capacity = speed * workers
-    if job.state is JobStatus.PROCESSING and job.stage == "infer":
+    if job.state is JobStatus.PROCESSING and job.stage == Stage.INFER:
         out["queue_position"] = 0
         out["estimated_start_at"] = _iso(job.infer_started_at)
         if speed and job.audio_duration:
@@ -107,7 +110,7 @@ def queue_position(rt: Runtime, job: Job) -> int | None:
     """The job's place in the queue as estimate() gives it, without the estimates."""
     if job.state.finished:
         return None
-    if job.state is JobStatus.PROCESSING and job.stage == "infer":
+    if job.state is JobStatus.PROCESSING and job.stage == Stage.INFER:
         return 0
     return int(_ahead(rt, job)[0])
 
@@ -130,8 +133,8 @@ class _Queue:
     a job's place and the work ahead of it by bisection, not a query per status read."""
 
     def __init__(self, rows, in_progress: float, taken_at: datetime):
-        rank = {"high": 0, "normal": 1}
-        self.keys = sorted((rank.get(p, 2), created, job_id, duration) for job_id, p, created, duration in rows)
+        self.keys = sorted((Priority.rank_of(p, Priority.LOW), created, job_id, duration)
+                           for job_id, p, created, duration in rows)
         self.audio, self.unknown = [0.0], [0]
         for *_key, duration in self.keys:
             self.audio.append(self.audio[-1] + (duration or 0.0))
@@ -140,7 +143,7 @@ class _Queue:
         self.expires = time.monotonic() + QUEUE_SNAPSHOT_SECONDS
 
     def ahead(self, job: Job) -> tuple[int, float, int]:
-        rank = {"high": 0, "normal": 1}.get(job.priority, 2)
+        rank = Priority.rank_of(job.priority, Priority.LOW)
         n = bisect.bisect_left(self.keys, (rank, job.created_at, job.id))
         return n, self.audio[n], self.unknown[n]
 
@@ -154,7 +157,7 @@ _queues_lock = threading.Lock()
 def _waiting():
     """(waiting, running) as SQL conditions, built once: building them per status read was a
     tenth of the web's CPU in a burst."""
-    running = (Job.status == JobStatus.PROCESSING.value) & (Job.stage == "infer")
+    running = (Job.status == JobStatus.PROCESSING.value) & (Job.stage == Stage.INFER.value)
     return Job.status.in_([JobStatus.PENDING.value, JobStatus.PROCESSING.value]) & ~running, running
 
 

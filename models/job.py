@@ -52,6 +52,14 @@ class JobStatus(str, enum.Enum):
         return self in (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.EXPIRED, JobStatus.CANCELLED)
 
 
+class Stage(str, enum.Enum):
+    """Where a PROCESSING job is: decoded in the preparation pool, waiting for the speech
+    model, or being transcribed. Stored as its value (`.value` in rows and SQL)."""
+    PREPARE = "prepare"
+    QUEUED = "queued"
+    INFER = "infer"
+
+
 class InvalidTransition(RuntimeError):
     pass
 
@@ -109,8 +117,7 @@ class Job(Base):
     result_language: Mapped[str | None] = mapped_column(String(8))
     result_segments_token: Mapped[Any] = mapped_column("result_segments", JSON, nullable=True)
     processing_seconds: Mapped[float | None] = mapped_column(Float)
-    # Where a PROCESSING job is: "prepare", "queued" (for inference) or "infer"; and which
-    # worker process holds its message.
+    # Where a PROCESSING job is (a Stage's value); and which worker process holds its message.
     stage: Mapped[str | None] = mapped_column(String(16))
     worker_id: Mapped[str | None] = mapped_column(String(64), index=True)
     next_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
@@ -164,7 +171,7 @@ class Job(Base):
         self.started_at = utcnow()
         self.worker = worker
         self.worker_id = worker_id
-        self.stage = "prepare"
+        self.stage = Stage.PREPARE.value
         self.next_attempt_at = None
 
     def retry_later(self, reason: str, when: datetime) -> None:

@@ -26,7 +26,7 @@ from .errors import (
     TransientJobError,
     UnsupportedAudio,
 )
-from .job import Job, JobStatus, new_job_id, utcnow
+from .job import Job, JobStatus, Stage, new_job_id, utcnow
 from .runtime import Runtime
 from .speech import check_language
 from .storage import caller_file
@@ -220,7 +220,7 @@ def prepare_job(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any
             cancelled = False
             stored.audio_duration = round(duration, 3)
             # Handed over: the inference message waits in its queue, held by no worker yet.
-            stored.stage, stored.worker_id = "queued", None
+            stored.stage, stored.worker_id = Stage.QUEUED.value, None
     if cancelled:
         rt.storage.delete(ref)
         raise JobCancelled(f"job {job_id} was cancelled while it was prepared")
@@ -310,7 +310,7 @@ def begin_inference(rt: Runtime, job_id: str, worker: str | None, worker_id: str
         if job.cancel_requested:
             job.cancel()
             return job.result() or {"job_id": job_id, "cancelled": True}
-        if job.stage == "infer":
+        if job.stage == Stage.INFER:
             if job.attempts >= rt.settings.max_attempts:
                 raise AttemptsExhausted(
                     f"inference was started {job.attempts} times without finishing (its worker was lost each time)"
@@ -318,7 +318,7 @@ def begin_inference(rt: Runtime, job_id: str, worker: str | None, worker_id: str
             job.attempts += 1
         if job.state is JobStatus.PENDING:
             job.start(worker, worker_id)
-        job.stage, job.worker, job.worker_id = "infer", worker, worker_id
+        job.stage, job.worker, job.worker_id = Stage.INFER.value, worker, worker_id
         job.infer_started_at, job.progress_seconds = utcnow(), 0.0
         return None
 
@@ -375,7 +375,7 @@ def cancel_job(rt: Runtime, job_id: str, owner=ANY) -> Job:
             raise JobNotFound(f"no job with id {job_id!r}")
         if job.state.finished:
             raise JobNotReady(f"job {job_id} is already {job.status}; only PENDING or PROCESSING jobs can be cancelled")
-        prepared = job.stage == "queued"
+        prepared = job.stage == Stage.QUEUED
         if job.state is JobStatus.PENDING or prepared:
             job.cancel()
         else:
@@ -396,7 +396,7 @@ def delete_job(rt: Runtime, job_id: str, owner=ANY) -> None:
         if not _visible(job, owner):
             raise JobNotFound(f"no job with id {job_id!r}")
         if not job.state.finished:
-            if job.state is JobStatus.PENDING or job.stage == "queued":
+            if job.state is JobStatus.PENDING or job.stage == Stage.QUEUED:
                 job.cancel()
             else:
                 job.cancel_requested = True

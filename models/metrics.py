@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 from config.settings import PRIORITIES
 
-from .job import Job, JobStatus, utcnow
+from .job import Job, JobStatus, Stage, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +181,7 @@ def _notes_for(job: Job) -> list[tuple]:
                 infer = _seconds(job.finished_at, job.infer_started_at)
                 notes.append(("completed", priority, _seconds(job.finished_at, job.created_at), infer,
                               infer / job.audio_duration if infer is not None and job.audio_duration else None))
-    if stage.added and _old(stage) == "prepare" and job.stage == "queued":
+    if stage.added and _old(stage) == Stage.PREPARE and job.stage == Stage.QUEUED:
         notes.append(("prepared", _seconds(utcnow(), job.started_at)))
     return notes
 

@@ -23,7 +23,7 @@ from sqlalchemy import func, select
 
 from .deadletter import bury
 from .idempotency import forget_old
-from .job import Job, JobStatus, utcnow
+from .job import Job, JobStatus, Stage, utcnow
 from .runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ def sweep(rt: Runtime, holdings: dict[str, set[str]], publish: Callable[[Job], N
             if over_limit:
                 stuck.append((job.id, "past its time limit"))
             elif waiting is not None and job.id not in waiting and job.id not in held and since < now - grace:
-                if job.state is JobStatus.PROCESSING and job.stage in ("prepare", "infer"):
+                if job.state is JobStatus.PROCESSING and job.stage in (Stage.PREPARE, Stage.INFER):
                     gone = job.worker_id not in holdings
                     stuck.append((job.id, f"its worker {job.worker_id} is gone" if gone else "its worker no longer holds it"))
                 else:

@@ -17,7 +17,8 @@ import time
 from datetime import timedelta
 
 from config import publish_notify, publish_transcribe
-from config.celeryconfig import QUEUES, REDIS_PRIORITY_STEPS, is_redis
+from config.celeryconfig import QUEUES, is_redis
+from config.priorities import REDIS_PRIORITY_STEPS
 
 log = logging.getLogger(__name__)
 

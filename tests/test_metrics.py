@@ -309,7 +309,8 @@ def test_worker_ports_follow_the_pool():
 
 def _broker_counts(celery_app) -> dict[tuple[str, str], int]:
     """What the broker says, asked the broker's own way."""
-    from config.celeryconfig import QUEUES, REDIS_PRIORITY_STEPS, is_redis
+    from config.celeryconfig import QUEUES, is_redis
+    from config.priorities import REDIS_PRIORITY_STEPS
     from tasks.broker import redis_queue_keys
     from web.metrics import STEP_TIERS
 

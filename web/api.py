@@ -14,7 +14,7 @@ from models import apikeys
 from models.errors import Forbidden, InvalidRequest, JobNotReady, ResultPurged, UnsupportedMediaType
 from models.eta import estimate, queue_position
 from models.formats import FORMATS, MIME_TYPES, render
-from models.job import Job, JobStatus
+from models.job import Job, JobStatus, Stage
 from models.jobs import cancel_job, delete_job, get_job, list_jobs
 from models.notify import deliveries_of
 from models.runtime import Runtime
@@ -194,7 +194,7 @@ _watch = JobWatch(job_state)
 def poll_after(job: Job, body: dict) -> int:
     """Seconds before a poll may show something new: 1 while it is transcribed (progress
     moves window by window), else a quarter of the wait to its estimated start, 1 to 30."""
-    if job.stage == "infer":
+    if job.stage == Stage.INFER:
         return 1
     start = body.get("estimated_start_at")
     if not start:

@@ -24,10 +24,11 @@ from typing import Any
 from flask import Blueprint, Flask, Response, current_app, request
 from sqlalchemy import func, select
 
-from config.celeryconfig import QUEUES, REDIS_PRIORITIES, REDIS_PRIORITY_STEPS, is_redis
+from config.celeryconfig import QUEUES, is_redis
+from config.priorities import REDIS_PRIORITY_STEPS, Priority
 from config.settings import PRIORITIES, Settings
 from models.deadletter import DeadLetter
-from models.job import Job, JobStatus, utcnow
+from models.job import Job, JobStatus, Stage, utcnow
 from models.runtime import Runtime
 from models.workers import alive
 
@@ -39,7 +40,7 @@ CACHE_SECONDS = 2.0
 POOLS = tuple(QUEUES.values())
 # Redis priority step -> tier: the tier with the largest step at or below it (step 9,
 # which no tier uses, counts as low).
-STEP_TIERS = {step: max((t for t in REDIS_PRIORITIES.items() if t[1] <= step), key=lambda t: t[1])[0]
+STEP_TIERS = {step: max((p for p in Priority if p.redis_step <= step), key=lambda p: p.redis_step).value
               for step in REDIS_PRIORITY_STEPS}
 STAGE_QUEUES = {"prepare": "whisperq.prepare", "inference": "whisperq.inference"}
 
@@ -81,7 +82,7 @@ def database_figures(rt: Runtime, now: datetime | None = None) -> dict[str, Any]
     """Job counts, waits and dead letters, as the database has them."""
     now = now or utcnow()
     pending = Job.status == JobStatus.PENDING.value
-    queued = (Job.status == JobStatus.PROCESSING.value) & (Job.stage == "queued")
+    queued = (Job.status == JobStatus.PROCESSING.value) & (Job.stage == Stage.QUEUED.value)
     with rt.db.session() as session:
         statuses = dict(session.execute(select(Job.status, func.count()).group_by(Job.status)).all())
         waiting = {("prepare", p): n for p, n in session.execute(
@@ -90,7 +91,7 @@ def database_figures(rt: Runtime, now: datetime | None = None) -> dict[str, Any]
             select(Job.priority, func.count()).where(queued).group_by(Job.priority))})
         running = dict(session.execute(
             select(Job.stage, func.count()).where(Job.status == JobStatus.PROCESSING.value,
-                                                  Job.stage.in_(["prepare", "infer"])).group_by(Job.stage)).all())
+                                                  Job.stage.in_([Stage.PREPARE.value, Stage.INFER.value])).group_by(Job.stage)).all())
         # A job waits for preparation since it was queued (or replayed), or since its
         # retry fell due; for inference, since its preparation began (no finer record).
         first = session.execute(select(func.min(func.coalesce(Job.queued_at, Job.created_at)))

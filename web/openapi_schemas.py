@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from config import LANGUAGES, PRIORITIES
 from models.formats import FORMATS
-from models.job import JobStatus
+from models.job import JobStatus, Stage
 
 
 def ref(name: str) -> dict:
@@ -103,7 +103,7 @@ def schemas(models: list[str]) -> dict:
                 "created_at": {"type": "string", "format": "date-time"},
                 "started_at": TIME, "finished_at": TIME,
                 "attempts": {"type": "integer", "minimum": 0},
-                "stage": nullable({"type": "string", "enum": ["prepare", "queued", "infer"]}),
+                "stage": nullable({"type": "string", "enum": [s.value for s in Stage]}),
                 "progress": {"type": "number", "minimum": 0, "maximum": 1},
                 "word_timestamps": {"type": "boolean"},
                 "audio_url": nullable(STRING), "callback_url": nullable(STRING),

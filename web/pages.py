@@ -14,6 +14,7 @@ from flask import Blueprint, current_app, g, redirect, render_template, request,
 from config import LANGUAGES, PRIORITIES
 from models.errors import WhisperqError
 from models.formats import FORMATS
+from models.job import Stage
 from models.jobs import get_job
 
 from . import auth
@@ -32,7 +33,8 @@ STATUS_LABELS = {
     "EXPIRED": "Expired",
 }
 # What a running job is doing (its `stage`), and the line under the status otherwise.
-STAGE_LABELS = {"prepare": "Decoding the audio", "queued": "Waiting for the speech model", "infer": "Recognising speech"}
+STAGE_LABELS = {Stage.PREPARE.value: "Decoding the audio", Stage.QUEUED.value: "Waiting for the speech model",
+                Stage.INFER.value: "Recognising speech"}
 FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "EXPIRED")
 FORMAT_LABELS = {"txt": "Text", "json": "JSON", "srt": "Subtitles (SRT)", "vtt": "Subtitles (WebVTT)"}
 PRIORITY_HINTS = {"high": "ahead of the rest", "normal": "the usual", "low": "when the queue is quiet"}
