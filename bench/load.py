@@ -64,11 +64,12 @@ def direct() -> float:
 
     from config import Settings
     from models import audio
-    from models.speech import model_path, usable_cores
+    from models.speech import model_path, resolve_device, usable_cores
 
-    settings = Settings.from_env({})
+    settings = Settings.from_env()
+    device, compute_type = resolve_device(settings.device, settings.compute_type)  # as the service resolves them
     # One file at a time gets every core, as someone running the model by hand would give it.
-    model = WhisperModel(model_path(settings), device="cpu", compute_type="int8", cpu_threads=usable_cores())
+    model = WhisperModel(model_path(settings), device=device, compute_type=compute_type, cpu_threads=usable_cores())
     samples = audio.decode(CLIP)
     list(model.transcribe(samples, beam_size=settings.beam_size, language="en")[0])  # warm
     started = time.perf_counter()
@@ -84,10 +85,10 @@ def ceiling() -> tuple[float, int]:
     from models.speech import FasterWhisperEngine, batch_size, engine_threads, model_path, parallel_batches
     from models.windows import split_windows
 
-    settings = Settings.from_env({})
+    settings = Settings.from_env()
     parallel = parallel_batches(settings)
-    engine = FasterWhisperEngine(model_path(settings), cpu_threads=engine_threads(settings), beam_size=settings.beam_size,
-                                 workers=parallel)
+    engine = FasterWhisperEngine(model_path(settings), device=settings.device, compute_type=settings.compute_type,
+                                 cpu_threads=engine_threads(settings), beam_size=settings.beam_size, workers=parallel)
     samples = audio.decode(CLIP)
     chunks = [(w.samples(samples), w.time_map()) for w in split_windows(samples)]
     engine.transcribe_batch([c[0] for c in chunks], [c[1] for c in chunks], "en")  # warm
