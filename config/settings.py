@@ -16,6 +16,7 @@ from typing import Mapping
 
 from .allow import AllowRule, parse_rule
 from .languages import LANGUAGES
+from .keys import parse_keys
 from .priorities import PRIORITIES
 
 ENGINES = ("faster-whisper", "openai-whisper")
@@ -533,8 +534,6 @@ class _Env:
         value = self.raw(name)
         if value is None:
             return None
-        from models.crypto import parse_keys
-
         try:
             parse_keys(value)
         except ValueError as exc:

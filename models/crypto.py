@@ -17,10 +17,8 @@ a key and nonce.
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 import logging
-import re
 import secrets
 import threading
 from dataclasses import dataclass, field
@@ -30,15 +28,13 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from config.keys import KEY_BYTES, KEY_ID, parse_keys  # noqa: F401 - parse_keys is part of this API
+
 log = logging.getLogger(__name__)
 
-KEY_ID = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
-KEY_BYTES = 32
 VALUE_PREFIX = "wqe1:"  # a value not bound to its place (written by earlier versions)
 BOUND_PREFIX = "wqe2:"  # a value bound to its table, column and row
 KEY_FILE = "encryption-key"
-GENERATE_HINT = ("generate a key with `whisperq encryption new-key` (or `python -c \"import base64,os; "
-                 "print('k1:' + base64.b64encode(os.urandom(32)).decode())\"`)")
 
 
 class DecryptionError(ValueError):
@@ -57,40 +53,6 @@ def new_key_line(key_id: str | None = None) -> str:
     if not KEY_ID.match(key_id):
         raise ValueError(f"key id {key_id!r} must be 1 to 32 letters, digits, '-' or '_'")
     return f"{key_id}:{base64.b64encode(secrets.token_bytes(KEY_BYTES)).decode()}"
-
-
-def parse_keys(text: str) -> list[tuple[str, bytes]]:
-    """``KEYID:BASE64KEY[,KEYID:BASE64KEY...]``: the first encrypts, all decrypt."""
-    out: list[tuple[str, bytes]] = []
-    for n, entry in enumerate((e.strip() for e in (text or "").split(",")), 1):
-        if not entry:
-            continue
-        key_id, sep, b64 = entry.partition(":")
-        key_id, b64 = key_id.strip(), b64.strip()
-        if not sep or not key_id or not b64:
-            raise ValueError(f"entry {n} is not KEYID:BASE64KEY; separate keys with commas and {GENERATE_HINT}")
-        if not KEY_ID.match(key_id):
-            raise ValueError(f"entry {n}: key id {key_id!r} must be 1 to 32 letters, digits, '-' or '_'")
-        key = _b64decode(b64)
-        if key is None or len(key) != KEY_BYTES:
-            got = "not base64" if key is None else f"{len(key)} bytes"
-            raise ValueError(f"key {key_id!r} is {got}; a key is {KEY_BYTES} random bytes in base64 (44 characters): "
-                             + GENERATE_HINT)
-        if any(key_id == seen for seen, _ in out):
-            raise ValueError(f"key id {key_id!r} appears twice; give each key its own id")
-        out.append((key_id, key))
-    if not out:
-        raise ValueError(f"no key given; set KEYID:BASE64KEY, {GENERATE_HINT}")
-    return out
-
-
-def _b64decode(text: str) -> bytes | None:
-    """Standard or URL-safe base64, padding optional; None when it is not base64."""
-    padded = text + "=" * (-len(text) % 4)
-    try:
-        return base64.b64decode(padded.replace("-", "+").replace("_", "/"), validate=True)
-    except (binascii.Error, ValueError):
-        return None
 
 
 def _derive(key: bytes, info: bytes, salt: bytes | None = None) -> bytes:
