@@ -11,7 +11,8 @@ from .celeryconfig import (
 )
 from .languages import LANGUAGES
 from .priorities import PRIORITIES, Priority
-from .settings import ConfigError, Settings, private_dir
+from .files import private_dir
+from .settings import ConfigError, Settings
 
 __all__ = [
     "Settings", "ConfigError", "PRIORITIES", "Priority", "LANGUAGES", "private_dir", "celery_config", "broker_priority", "make_celery",

@@ -12,7 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from .settings import private_dir
+from .files import private_dir
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,8 @@ import sys
 from urllib.parse import urlsplit
 
 from .celeryconfig import is_redis
-from .settings import ConfigError, Settings, private_dir
+from .files import private_dir
+from .settings import ConfigError, Settings
 
 
 def is_loopback(address: str) -> bool:

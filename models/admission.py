@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import case, func, select
 
-from config.settings import parse_rate
+from config.env import parse_rate
 
 from .errors import WhisperqError
 from .job import Job, JobStatus, Stage

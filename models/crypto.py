@@ -102,7 +102,7 @@ def keyring_for(settings) -> Keyring:
     """The settings' keys, or else the key generated once into the data dir."""
     if settings.encryption_keys:
         return Keyring(tuple(parse_keys(settings.encryption_keys)))
-    from config.settings import generated_secret
+    from config.files import generated_secret
 
     path = Path(settings.data_dir) / KEY_FILE
     generated_secret(path, lambda: new_key_line("local-" + secrets.token_hex(4)))

@@ -48,12 +48,12 @@ def rotate_secret(key: str, overlap: str) -> None:
     """Give a key (by id or the start of the key) a new webhook signing secret; prints it once."""
     from datetime import timedelta
 
-    from config.settings import ConfigError, _Env
+    from config.env import ConfigError, Env
     from models.apikeys import rotate_webhook_secret
     from models.errors import WhisperqError
 
     try:
-        seconds = _Env({"--overlap": overlap}).duration("--overlap", 0.0) or 0.0
+        seconds = Env({"--overlap": overlap}).duration("--overlap", 0.0) or 0.0
         record, secret = rotate_webhook_secret(_rt(), key, overlap=timedelta(seconds=seconds))
     except (WhisperqError, ConfigError) as exc:
         raise click.ClickException(str(exc)) from exc

@@ -1,0 +1,193 @@
+"""Typed reads of environment variables for Settings: each error names the variable and
+says what to set it to."""
+from __future__ import annotations
+
+import base64
+from typing import Mapping
+
+from .allow import AllowRule, parse_rule
+from .keys import parse_keys
+from .languages import LANGUAGES
+
+# Read by earlier versions for webhooks and fetches alike; still honoured for both.
+LEGACY_ALLOW = "WHISPERQ_WEBHOOK_ALLOW_NETWORKS"
+
+
+class ConfigError(ValueError):
+    """A setting is missing or malformed; the message names the variable and how to fix it."""
+
+
+def parse_rate(text: str) -> tuple[int, int]:
+    """'60/minute' -> (60, 60); also second, hour, day, or a number of seconds ('10/30')."""
+    count, _, per = text.partition("/")
+    units = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
+    window = units.get(per.strip().lower().rstrip("s")) or (int(per) if per.strip().isdigit() else 0)
+    if not count.strip().isdigit() or int(count) < 1 or window < 1:
+        raise ValueError(f"{text!r} is not a rate such as 60/minute")
+    return int(count), window
+
+
+class Env:
+    """Typed reads of environment variables; every error names the variable."""
+
+    def __init__(self, environ: Mapping[str, str]):
+        self.environ = environ
+
+    def raw(self, name: str) -> str | None:
+        value = self.environ.get(name)
+        if value is None or value.strip() == "":
+            return None
+        return value.strip()
+
+    def str(self, name: str, default):
+        value = self.raw(name)
+        return default if value is None else value
+
+    def int(self, name: str, default: int, low: int, high: int) -> int:
+        value = self.raw(name)
+        if value is None:
+            return default
+        try:
+            number = int(value)
+        except ValueError:
+            raise ConfigError(f"{name}={value!r} is not a whole number; set it to an integer from {low} to {high}")
+        if not low <= number <= high:
+            raise ConfigError(f"{name}={number} is out of range; set it to an integer from {low} to {high}")
+        return number
+
+    def float(self, name: str, default: float, low: float) -> float:
+        value = self.raw(name)
+        if value is None:
+            return default
+        try:
+            number = float(value)
+        except ValueError:
+            raise ConfigError(f"{name}={value!r} is not a number; set it to a number of at least {low}")
+        if not number >= low:
+            raise ConfigError(f"{name}={number} is too small; set it to a number of at least {low}")
+        return number
+
+    def choice(self, name: str, default: str, choices: tuple[str, ...]) -> str:
+        value = self.raw(name)
+        if value is None:
+            return default
+        if value.lower() not in choices:
+            raise ConfigError(f"{name}={value!r} is not one of: {', '.join(choices)}")
+        return value.lower()
+
+    def url(self, name: str, default, schemes: tuple[str, ...]):
+        value = self.raw(name)
+        if value is None:
+            return default
+        scheme = value.split("://", 1)[0].lower() if "://" in value else ""
+        if scheme not in schemes:
+            raise ConfigError(
+                f"{name} has scheme {scheme or '(none)'!r}; use a URL starting with one of: "
+                + ", ".join(f"{s}://" for s in schemes)
+            )
+        return value
+
+    def basic_auth(self, name: str) -> str | None:
+        value = self.raw(name)
+        if value is None:
+            return None
+        pairs = [p.strip() for p in value.split(",")]
+        for pair in pairs:
+            user, sep, password = pair.partition(":")
+            if not (user and sep and password):
+                raise ConfigError(
+                    f"{name} must be user:password, or several separated by commas (user:password,user2:password2); "
+                    "a password cannot contain a comma"
+                )
+        return ",".join(pairs)
+
+    def rate(self, name: str, default: str) -> str | None:
+        value = self.raw(name) or default
+        if value.lower() in ("off", "none", "0"):
+            return None
+        try:
+            parse_rate(value)
+        except ValueError:
+            raise ConfigError(f"{name}={value!r} is not a rate; set it to a number per second, minute, hour or day "
+                              "such as 120/minute, or to off") from None
+        return value
+
+    def webhook_secret(self, name: str) -> str | None:
+        value = self.raw(name)
+        if value is not None and value.startswith("whsec_"):
+            try:
+                key = base64.b64decode(value[len("whsec_"):], validate=True)
+            except ValueError:
+                key = b""
+            if len(key) < 16:
+                raise ConfigError(
+                    f"{name} starts with whsec_ but the rest is not base64 of at least 16 bytes; set it to "
+                    "whsec_ followed by base64 of a random key (such as `python -c \"import base64,os; "
+                    "print('whsec_' + base64.b64encode(os.urandom(32)).decode())\"`), or unset it"
+                )
+        return value
+
+    def allow(self, name: str) -> tuple[AllowRule, ...]:
+        """An allow-list (config.allow). WHISPERQ_WEBHOOK_ALLOW_NETWORKS, which older versions
+        read for both webhooks and fetches, still counts for both."""
+        out = []
+        for var in (name, LEGACY_ALLOW):
+            for entry in (e.strip() for e in (self.raw(var) or "").split(",")):
+                if not entry:
+                    continue
+                try:
+                    rule = parse_rule(entry)
+                    if var == LEGACY_ALLOW and rule.host is not None:
+                        raise ValueError("it takes networks only")
+                except ValueError as exc:
+                    raise ConfigError(
+                        f"{var} has {entry!r}: {exc}; use comma-separated networks, addresses or host names, each "
+                        "with an optional :PORT, such as 10.0.0.0/8:8443,hooks.internal:443") from None
+                out.append(rule)
+        return tuple(out)
+
+    def bool(self, name: str, default: bool) -> bool:
+        value = self.raw(name)
+        if value is None:
+            return default
+        if value.lower() in ("1", "true", "yes", "on"):
+            return True
+        if value.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{name}={value!r} is not a yes/no value; set it to true or false")
+
+    def duration(self, name: str, default: float | None) -> float | None:
+        """Seconds, or a number with s, m, h or d ('90m', '7d'); 'off' keeps things for good."""
+        value = self.raw(name)
+        if value is None:
+            return default
+        if value.lower() in ("off", "never", "none"):
+            return None
+        units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+        number, unit = (value[:-1], value[-1].lower()) if value[-1].lower() in units else (value, "s")
+        try:
+            seconds = float(number) * units[unit]
+        except ValueError:
+            seconds = -1.0
+        if not seconds >= 0:
+            raise ConfigError(f"{name}={value!r} is not a duration; set it to seconds or a number with s, m, h or d "
+                              "(such as 3600, 90m, 7d), or to off")
+        return seconds
+
+    def encryption_keys(self, name: str) -> str | None:
+        value = self.raw(name)
+        if value is None:
+            return None
+        try:
+            parse_keys(value)
+        except ValueError as exc:
+            raise ConfigError(f"{name}: {exc}") from None
+        return value
+
+    def language(self, name: str, default):
+        value = self.raw(name)
+        if value is None:
+            return default
+        if value.lower() not in LANGUAGES:
+            raise ConfigError(f"{name}={value!r} is not a Whisper language code (such as en, de, fr)")
+        return value.lower()
