@@ -24,7 +24,8 @@ from config import INFERENCE_QUEUE, broker_priority, publish_transcribe
 from models.deadletter import bury
 from models.errors import AttemptsExhausted, JobCancelled, JobExpired, PermanentJobError, WhisperqError
 from models.inference import get_batcher, infer_job
-from models.jobs import check_options, get_job, prepare_job, schedule_retry
+from models.jobs import check_options, get_job, schedule_retry
+from models.preparation import prepare_job
 from models.runtime import get_runtime
 
 log = logging.getLogger(__name__)

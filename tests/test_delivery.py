@@ -125,7 +125,7 @@ def test_the_same_message_twice_gives_one_transcript(client, worker, celery_app,
     assert job["status"] == "COMPLETED"
     time.sleep(3)
     # Counted where a second run would show, not in a log line only the first writer prints
-    # (with the duplicate guards in jobs._claim and jobs.begin_inference disabled, this is 2).
+    # (with the duplicate guards in preparation._claim and jobs.begin_inference disabled, this is 2).
     assert engine_runs(database, job_id) == 1
     assert stored_lines(worker, job_id) == 1
     with database.session() as s:
@@ -189,7 +189,7 @@ def test_two_deliveries_of_a_job_in_one_worker_run_the_engine_once(database, own
 
     from models import inference
     from models.job import new_job_id
-    from models.jobs import prepare_job
+    from models.preparation import prepare_job
 
     rt, batcher = own_inference
     job_id = new_job_id()

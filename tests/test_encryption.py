@@ -313,14 +313,14 @@ def private_rt(tmp_path, settings):
 def test_samples_and_owned_files(private_rt, tmp_path):
     import numpy as np
 
-    from models import jobs
+    from models import preparation
 
     rt = private_rt()
     mine = tmp_path / "caller's own.flac"
     mine.write_bytes(FOX)
     before = mine.stat()
     job_id = "0123abcd-0000-4000-8000-000000000001"
-    prepared = jobs.prepare_job(rt, job_id, str(mine))  # an absolute path: read in place
+    prepared = preparation.prepare_job(rt, job_id, str(mine))  # an absolute path: read in place
     assert mine.read_bytes() == FOX and mine.stat().st_mtime_ns == before.st_mtime_ns
     path = rt.storage.path(prepared["prepared"])
     assert_not_plain(path)
@@ -331,7 +331,7 @@ def test_samples_and_owned_files(private_rt, tmp_path):
 
 
 def test_a_worker_without_the_key_retries_and_a_damaged_file_fails(private_rt):
-    from models import jobs
+    from models import jobs, preparation
     from models.errors import PermanentJobError, TransientJobError
 
     rt = private_rt(A)
@@ -343,26 +343,26 @@ def test_a_worker_without_the_key_retries_and_a_damaged_file_fails(private_rt):
         spool.release()
     rt_b = private_rt(B)
     with pytest.raises(TransientJobError, match="key id 'a'.*WHISPERQ_ENCRYPTION_KEYS"):
-        jobs.prepare_job(rt_b, made[0].id, made[0].audio_ref)
+        preparation.prepare_job(rt_b, made[0].id, made[0].audio_ref)
     rt = private_rt(A)
     path = rt.storage.path(made[1].audio_ref)
     raw = bytearray(path.read_bytes())
     raw[-100] ^= 1
     path.write_bytes(bytes(raw))
     with pytest.raises(PermanentJobError, match="failed decryption"):
-        jobs.prepare_job(rt, made[1].id, made[1].audio_ref)
+        preparation.prepare_job(rt, made[1].id, made[1].audio_ref)
     assert jobs.get_job(rt, made[1].id).status == "FAILED"
 
 
 def test_fetched_audio_is_written_encrypted(private_rt):
     from helpers import Receiver
-    from models import jobs
+    from models import jobs, preparation
 
     rt = private_rt()
     with Receiver({"/fox.flac": (200, {"Content-Type": "audio/flac"}, FOX)}) as server:
         job = jobs.create_job(rt, None, filename="fox.flac", duration=None, language="en",
                               priority="normal", audio_url=server.url("/fox.flac"))
-        jobs.prepare_job(rt, job.id, "")
+        preparation.prepare_job(rt, job.id, "")
     stored = jobs.get_job(rt, job.id)
     assert stored.audio_duration == pytest.approx(4.3, abs=0.05)
     assert_not_plain(rt.storage.path(stored.audio_ref), FOX)
@@ -479,7 +479,7 @@ def test_a_chunked_upload_over_the_limit_is_refused_while_it_streams(private_rt)
 def test_rotation(private_rt, monkeypatch):
     from click.testing import CliRunner
 
-    from models import jobs
+    from models import jobs, preparation
     from models.job import Job
     from web.cli import cli
 
@@ -488,7 +488,7 @@ def test_rotation(private_rt, monkeypatch):
     job = jobs.create_job(rt, spool.path, filename="fox.flac", duration=4.3, language="en",
                           priority="normal")
     spool.release()
-    jobs.prepare_job(rt, job.id, job.audio_ref)
+    preparation.prepare_job(rt, job.id, job.audio_ref)
     jobs.complete_job(rt, job.id, {"text": "the quick brown fox", "language": "en", "duration": 4.3,
                                    "segments": [{"start": 0.0, "end": 4.3, "text": "the quick brown fox"}]})
     legacy = rt.storage.root / "audio" / "le" / "legacy.flac"  # stored before encryption existed

@@ -207,7 +207,8 @@ def test_a_real_job_is_observed_in_the_worker_registry(settings, database, tmp_p
     from models.errors import TransientJobError
     from models.inference import get_batcher, infer_job
     from models.job import Job, new_job_id
-    from models.jobs import fail_job, prepare_job, schedule_retry
+    from models.jobs import fail_job, schedule_retry
+    from models.preparation import prepare_job
     from models.runtime import get_runtime
     from tasks.metrics import _state, listen, registry_for
 

@@ -226,7 +226,7 @@ def test_a_worker_with_this_engine_completes_a_job(checkpoint, own_inference):
     """infer_job as the inference pool runs it, with the process's engine chosen by the settings."""
     from models import inference, speech
     from models.job import new_job_id
-    from models.jobs import prepare_job
+    from models.preparation import prepare_job
     from models.openai_engine import OpenAIWhisperEngine
 
     rt, batcher = own_inference

@@ -6,7 +6,7 @@ import pytest
 from models.deadletter import DeadLetter
 from models.errors import JobExpired
 from models.job import Job, JobStatus, new_job_id, utcnow
-from models.jobs import prepare_job
+from models.preparation import prepare_job
 from models.sweeper import sweep
 
 

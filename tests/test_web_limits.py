@@ -113,7 +113,7 @@ def test_audio_longer_than_its_header_says_is_cut_short_in_preparation(settings,
     import dataclasses
 
     from models.errors import PermanentJobError
-    from models.jobs import prepare_job
+    from models.preparation import prepare_job
     from models.runtime import Runtime
 
     rt = Runtime(dataclasses.replace(settings, max_audio_seconds=30.0))
