@@ -12,7 +12,8 @@ from .celeryconfig import (
 from .languages import LANGUAGES
 from .priorities import PRIORITIES, Priority
 from .files import private_dir
-from .settings import ConfigError, Settings
+from .env import ConfigError
+from .settings import Settings
 
 __all__ = [
     "Settings", "ConfigError", "PRIORITIES", "Priority", "LANGUAGES", "private_dir", "celery_config", "broker_priority", "make_celery",

@@ -11,7 +11,8 @@ from urllib.parse import urlsplit
 
 from .celeryconfig import is_redis
 from .files import private_dir
-from .settings import ConfigError, Settings
+from .env import ConfigError
+from .settings import Settings
 
 
 def is_loopback(address: str) -> bool:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Mapping
 
 from .allow import AllowRule
-from .env import ConfigError, Env  # noqa: F401 - ConfigError is imported from here too
+from .env import ConfigError, Env
 from .files import generated_secret
 from .priorities import PRIORITIES
 
