@@ -81,8 +81,8 @@ def main() -> None:
     from faster_whisper import BatchedInferencePipeline, WhisperModel
 
     from config import Settings
-    from models import audio
-    from models.speech import model_path, resolve_device
+    from models.speech import audio
+    from models.speech.engines import model_path, resolve_device
 
     settings = Settings.from_env()
     device, compute_type = resolve_device(settings.device, settings.compute_type)

@@ -19,10 +19,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from config import Settings  # noqa: E402
-from models import audio  # noqa: E402
-from models.batching import Batcher  # noqa: E402
-from models.speech import FasterWhisperEngine, model_path, usable_cores  # noqa: E402
-from models.windows import split_windows  # noqa: E402
+from models.speech.batching import Batcher  # noqa: E402
+from models.speech.engines import FasterWhisperEngine, model_path, usable_cores  # noqa: E402
+from models.speech import audio  # noqa: E402
+from models.speech.windows import split_windows  # noqa: E402
 
 RUNS = int(os.environ.get("BENCH_RUNS", "3"))
 JOBS = int(os.environ.get("BENCH_JOBS", "40"))

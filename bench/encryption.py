@@ -1,6 +1,6 @@
 """Benchmark: what encryption at rest costs, side by side with plain files.
 
-Writes and reads BENCH_MB (default 128) MB through models.sealed and through plain files
+Writes and reads BENCH_MB (default 128) MB through models.security.sealed and through plain files
 in the data dir's file system (BENCH_DIR, default a temporary dir), alternating run by
 run so drift hits both alike; then decodes the 9.4 s fixture clip from an encrypted and
 a plain copy. Reports medians of BENCH_RUNS (default 5) runs and the ratios. Run with
@@ -20,9 +20,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from models import audio  # noqa: E402
-from models.crypto import Keyring, new_key_line, parse_keys  # noqa: E402
-from models.sealed import EncryptedWriter, open_decrypted  # noqa: E402
+from models.security.crypto import Keyring, new_key_line, parse_keys  # noqa: E402
+from models.security.sealed import EncryptedWriter, open_decrypted  # noqa: E402
+from models.speech import audio  # noqa: E402
 
 RUNS = int(os.environ.get("BENCH_RUNS", "5"))
 MB = int(os.environ.get("BENCH_MB", "128"))

@@ -29,9 +29,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from config import Settings  # noqa: E402
 from helpers import CLIPS, long_recording, word_error_rate  # noqa: E402
-from models import audio  # noqa: E402
-from models.speech import FasterWhisperEngine, bundled_model_path  # noqa: E402
-from models.windows import split_windows  # noqa: E402
+from models.speech.engines import FasterWhisperEngine, bundled_model_path  # noqa: E402
+from models.speech import audio  # noqa: E402
+from models.speech.windows import split_windows  # noqa: E402
 
 RUNS = int(os.environ.get("BENCH_RUNS", "3"))
 SIZES = [int(s) for s in os.environ.get("BENCH_SIZES", "1,8").split(",")]
@@ -59,8 +59,8 @@ def run(engine, windows, batch_size: int) -> tuple[float, str]:
 
 
 def main() -> None:
-    from models.convert import convert
-    from models.openai_engine import OpenAIWhisperEngine
+    from models.speech.convert import convert
+    from models.speech.openai_engine import OpenAIWhisperEngine
 
     settings = Settings.from_env()
     checkpoint = Path(tempfile.mkdtemp(prefix="whisperq-bench-")) / "tiny.en.pt"

@@ -25,8 +25,8 @@ from service import running_service  # noqa: E402
 def model_rtf() -> tuple[float, float, float]:
     sys.path.insert(0, str(ROOT))
     from config import Settings
-    from models import audio
-    from models.speech import FasterWhisperEngine, model_path
+    from models.speech import audio
+    from models.speech.engines import FasterWhisperEngine, model_path
 
     settings = Settings.from_env({})
     started = time.perf_counter()

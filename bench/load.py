@@ -52,7 +52,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 def clip_seconds() -> float:
-    from models import audio
+    from models.speech import audio
 
     return len(audio.decode(CLIP)) / audio.SAMPLE_RATE
 
@@ -63,8 +63,8 @@ def direct() -> float:
     from faster_whisper import WhisperModel
 
     from config import Settings
-    from models import audio
-    from models.speech import model_path, resolve_device, usable_cores
+    from models.speech import audio
+    from models.speech.engines import model_path, resolve_device, usable_cores
 
     settings = Settings.from_env()
     device, compute_type = resolve_device(settings.device, settings.compute_type)  # as the service resolves them
@@ -80,10 +80,10 @@ def direct() -> float:
 
 def ceiling() -> tuple[float, int]:
     from config import Settings
-    from models import audio
-    from models.batching import Batcher
-    from models.speech import FasterWhisperEngine, batch_size, engine_threads, model_path, parallel_batches
-    from models.windows import split_windows
+    from models.speech import audio
+    from models.speech.batching import Batcher
+    from models.speech.engines import FasterWhisperEngine, batch_size, engine_threads, model_path, parallel_batches
+    from models.speech.windows import split_windows
 
     settings = Settings.from_env()
     parallel = parallel_batches(settings)

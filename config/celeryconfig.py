@@ -163,7 +163,7 @@ def publish_transcribe(app: Celery, job, countdown: float | None = None, reply_t
 
 
 def publish_notify(app: Celery, delivery_ids: list[str]) -> None:
-    """Send webhook deliveries (rows of models.notify) to the notification pool."""
+    """Send webhook deliveries (rows of models.delivery.notify) to the notification pool."""
     for delivery_id in delivery_ids:
         app.send_task("whisperq.notify", args=[delivery_id], queue=NOTIFY_QUEUE, ignore_result=True,
                       priority=broker_priority("normal", app.conf.broker_url), retry=True,

@@ -1,5 +1,5 @@
 """Parsing WHISPERQ_ENCRYPTION_KEYS: ``KEYID:BASE64KEY[,KEYID:BASE64KEY...]``. What the keys
-do (encryption at rest) is models.crypto's; reading them is configuration's, so config
+do (encryption at rest) is models.security.crypto's; reading them is configuration's, so config
 imports nothing of the product."""
 from __future__ import annotations
 

@@ -80,7 +80,7 @@ class Settings:
     alert_failure_rate: float
     alert_dead_letters: int
     alert_disk_free_bytes: int
-    # Security and tenancy (see models.apikeys, models.crypto, models.retention).
+    # Security and tenancy (see models.access.apikeys, models.security.crypto, models.maintenance.retention).
     allow_anonymous: bool
     secret_key: str | None
     metrics_token: str | None
@@ -127,7 +127,7 @@ class Settings:
             max_upload_mb=env.int("WHISPERQ_MAX_UPLOAD_MB", 200, low=1, high=10_000),
             max_audio_seconds=env.float("WHISPERQ_MAX_AUDIO_SECONDS", 4 * 3600.0, low=1.0),
             default_language=env.language("WHISPERQ_DEFAULT_LANGUAGE", None),
-            batch_size=env.int("WHISPERQ_BATCH_SIZE", 0, low=0, high=256),  # 0: by device (models.speech)
+            batch_size=env.int("WHISPERQ_BATCH_SIZE", 0, low=0, high=256),  # 0: by device (models.speech.engines)
             batch_wait_ms=env.int("WHISPERQ_BATCH_WAIT_MS", 50, low=0, high=60_000),
             inference_slots=env.int("WHISPERQ_INFERENCE_SLOTS", 8, low=1, high=1024),
             max_attempts=env.int("WHISPERQ_MAX_ATTEMPTS", 3, low=1, high=100),

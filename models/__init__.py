@@ -1,5 +1,30 @@
-"""The models: the Job record and the speech models, plus the plain functions around them."""
-from .errors import (
+"""The product's domain: what a job is and everything done to it, without Celery or Flask.
+
+Packages, lowest first; each may import config, the packages below it, and the foundation:
+
+- ``models.security`` - the keyring, sealed columns and sealed files (encryption at rest).
+  Imports config only.
+- foundation, at this level: ``errors`` (the error hierarchy), ``db`` (engine, sessions,
+  UTC columns), ``storage`` (audio by reference), ``runtime`` (the per-process wiring),
+  ``migrations`` (Alembic revisions). May import security.
+- ``models.speech`` - audio, windows, engines, the batcher, transcripts and their formats.
+  Knows nothing of jobs.
+- ``models.jobs`` - the Job record and its state machine, store operations, idempotency,
+  dead letters, the sweeper, heartbeats, estimates and worker-side metrics.
+- ``models.access`` - API keys and tiers, and admission at the front door. May import jobs.
+- ``models.delivery`` - outbound HTTP under the address guard: webhooks, the outbox, fetching
+  audio by URL. May import jobs and access.
+- ``models.pipeline`` - the two worker stages: preparing a job and running inference. May
+  import speech, jobs and delivery.
+- ``models.maintenance`` - work over every store at once: retention and key rotation.
+
+``models`` never imports ``tasks`` or ``web``; tests/test_config.py enforces the order. This
+module is the package's public face: importing ``models`` declares every table on
+``models.db.Base``, which the migrations compare against.
+"""
+from models.access import apikeys as _apikeys  # noqa: F401 - declares its tables
+from models.delivery import notify as _notify  # noqa: F401
+from models.errors import (
     AudioTooLong,
     BrokerUnavailable,
     InvalidRequest,
@@ -9,12 +34,15 @@ from .errors import (
     UnsupportedAudio,
     WhisperqError,
 )
-from .job import Job, JobStatus
-from .runtime import Runtime, get_runtime
-from .speech import Segment, Transcript
+from models.jobs import deadletter as _deadletter  # noqa: F401
+from models.jobs import idempotency as _idempotency  # noqa: F401
+from models.jobs import workers as _workers  # noqa: F401
+from models.jobs.record import Job, JobStatus, Stage
+from models.runtime import Runtime, get_runtime
+from models.speech.segments import Segment, Transcript
 
 __all__ = [
-    "Job", "JobStatus", "Runtime", "get_runtime", "Segment", "Transcript", "WhisperqError",
+    "Job", "JobStatus", "Stage", "Runtime", "get_runtime", "Segment", "Transcript", "WhisperqError",
     "InvalidRequest", "UnsupportedAudio", "AudioTooLong", "JobNotFound", "JobNotReady",
     "BrokerUnavailable", "PermanentJobError",
 ]

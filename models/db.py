@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import time
+from datetime import datetime, timezone
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from sqlalchemy import create_engine, event, text
+from sqlalchemy import DateTime, TypeDecorator, create_engine, event, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
@@ -17,9 +18,30 @@ class Base(DeclarativeBase):
     pass
 
 
-def register_tables() -> None:
-    """Import every module that declares a table, so Base.metadata holds them all."""
-    from . import apikeys, deadletter, idempotency, job, notify, workers  # noqa: F401
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class UTCDateTime(TypeDecorator):
+    """Timezone-aware UTC on every database (SQLite keeps no zone of its own)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column; use datetime.now(timezone.utc)")
+        value = value.astimezone(timezone.utc)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value, dialect):
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)
+        return value.astimezone(timezone.utc)
 
 
 def _sqlite_pragmas(dbapi_connection, _record) -> None:
@@ -82,7 +104,7 @@ class Database:
         PostgreSQL a connection lost mid-way (a restart) is tried again."""
         from sqlalchemy.exc import OperationalError
 
-        from .migrations import upgrade
+        from models.migrations import upgrade
 
         for attempt in range(3):
             try:

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 from config import Settings
 
-from .db import Database
-from .storage import LocalStorage
+from models.db import Database
+from models.storage import LocalStorage
 
 
 @dataclass
@@ -17,7 +17,7 @@ class Runtime:
     storage: LocalStorage = field(init=False)
 
     def __post_init__(self) -> None:
-        from .crypto import keyring_for, set_keyring
+        from models.security.crypto import keyring_for, set_keyring
 
         set_keyring(keyring_for(self.settings))  # encryption at rest: files and transcripts
         self.db = Database(self.settings.database_url)

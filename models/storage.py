@@ -1,6 +1,6 @@
 """Audio storage by reference: the message and the job row carry a reference, never bytes.
 
-What the store writes is encrypted at rest (models.crypto): uploads as they arrive, fetched
+What the store writes is encrypted at rest (models.security.crypto): uploads as they arrive, fetched
 audio and the prepared samples. A file the caller owns is read in place, as it is.
 """
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import BinaryIO, Callable
 
 from config import private_dir
 
-from .crypto import Keyring, current_keyring
-from .sealed import EncryptedWriter, open_decrypted, open_stored
+from models.security.crypto import Keyring, current_keyring
+from models.security.sealed import EncryptedWriter, open_decrypted, open_stored
 
 def clean_filename(name: str | None) -> str | None:
     """The client's file name, safe to store and show: no directories, no control characters."""

@@ -6,7 +6,7 @@ a worker starts. Without CELERY_BROKER_URL the import fails with a message sayin
 from __future__ import annotations
 
 from config import Settings, make_celery, publish_notify
-from models import notify
+from models.delivery import notify
 
 celery_app = make_celery(Settings.from_env())
 celery_app.set_default()

@@ -80,11 +80,11 @@ def still_lost(app, ids: set[str], pause: float = 2.0) -> set[str]:
 
 
 def run_sweep(app, grace: timedelta | None = None):
-    """One sweeper pass against the live broker and workers (see models.sweeper)."""
+    """One sweeper pass against the live broker and workers (see models.jobs.sweeper)."""
+    from models.jobs.sweeper import GRACE, sweep
     from models.runtime import get_runtime
-    from models.sweeper import GRACE, sweep
 
-    from models.notify import overdue
+    from models.delivery.notify import overdue
 
     rt = get_runtime()
     waiting = waiting_in_broker(app)  # read before holdings: messages move from queues to workers

@@ -65,7 +65,7 @@ def setup(worker) -> None:
         from prometheus_client import values
 
         values.ValueClass = values.get_value_class()  # in case prometheus_client was imported already
-    from models import metrics
+    from models.jobs import metrics
 
     metrics.enable()
 
@@ -75,7 +75,7 @@ def registry_for(prefork: bool, info: dict[str, str], directory: str | None = No
     metrics, GPU memory and a `whisperq_worker_info` series that names it."""
     from prometheus_client import CollectorRegistry, ProcessCollector
 
-    from models import metrics
+    from models.jobs import metrics
 
     registry = CollectorRegistry()
     if prefork:

@@ -1,9 +1,9 @@
-"""`whisperq.notify` (notification pool): deliver one completion webhook (see models.notify)."""
+"""`whisperq.notify` (notification pool): deliver one completion webhook (see models.delivery.notify)."""
 from __future__ import annotations
 
 from celery import shared_task
 
-from models.notify import deliver_pending
+from models.delivery.notify import deliver_pending
 from models.runtime import get_runtime
 
 

@@ -1,10 +1,10 @@
 """`whisperq.retention` (beat, every WHISPERQ_RETENTION_INTERVAL): delete what ended jobs
-no longer need once their retention has passed (see models.retention)."""
+no longer need once their retention has passed (see models.maintenance.retention)."""
 from __future__ import annotations
 
 from celery import shared_task
 
-from models.retention import run_retention
+from models.maintenance.retention import run_retention
 from models.runtime import get_runtime
 
 

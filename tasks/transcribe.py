@@ -21,11 +21,11 @@ from celery import Task, shared_task
 from celery.exceptions import Ignore, Reject
 
 from config import INFERENCE_QUEUE, broker_priority, publish_transcribe
-from models.deadletter import bury
 from models.errors import AttemptsExhausted, JobCancelled, JobExpired, PermanentJobError, WhisperqError
-from models.inference import get_batcher, infer_job
-from models.jobs import check_options, get_job, schedule_retry
-from models.preparation import prepare_job
+from models.jobs.deadletter import bury
+from models.jobs.operations import check_options, get_job, schedule_retry
+from models.pipeline.inference import get_batcher, infer_job
+from models.pipeline.preparation import prepare_job
 from models.runtime import get_runtime
 
 log = logging.getLogger(__name__)
@@ -114,7 +114,7 @@ def infer(self, prepared: dict) -> dict:
 
 @shared_task(name="whisperq.sweep", bind=True, ignore_result=True)
 def sweep(self) -> dict:
-    """Beat's periodic pass over stuck, orphaned and expired jobs (see models.sweeper)."""
+    """Beat's periodic pass over stuck, orphaned and expired jobs (see models.jobs.sweeper)."""
     from .broker import run_sweep
 
     report = run_sweep(self.app)

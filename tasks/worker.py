@@ -9,7 +9,7 @@ from celery.worker.control import _iter_schedule_requests, control_command, insp
 
 from config.logs import connect_celery
 from config.tracing import init_worker
-from models.inference import batcher_stats
+from models.pipeline.inference import batcher_stats
 from models.runtime import reset_runtime
 from tasks import celery_app as app  # noqa: F401 - Celery finds `app`
 from tasks import metrics as worker_metrics
@@ -75,8 +75,8 @@ def _pool_name() -> str:
 @worker_ready.connect
 def _ready(sender=None, **_kwargs) -> None:
     from config.celeryconfig import QUEUES, declare_dead_letter_queue
+    from models.jobs.workers import start_heartbeat
     from models.runtime import get_runtime
-    from models.workers import start_heartbeat
 
     declare_dead_letter_queue(app)
     consumed = sorted(app.amqp.queues.consume_from or {})
@@ -84,7 +84,7 @@ def _ready(sender=None, **_kwargs) -> None:
     slots = int(getattr(getattr(sender, "controller", None), "concurrency", 1) or 1)
     start_heartbeat(get_runtime, os.environ.get("WHISPERQ_WORKER_ID", sender.hostname), sender.hostname, pool, slots)
     if pool == "inference":
-        from models.speech import batch_size, parallel_batches, slots_needed
+        from models.speech.engines import batch_size, parallel_batches, slots_needed
 
         settings = get_runtime().settings
         if slots < slots_needed(settings):  # the batches running, and the next one filling
@@ -108,8 +108,8 @@ def _job_in_logs(task=None, task_id=None, args=None, **_kwargs) -> None:
     # so Celery's own retry count stays 0: the job row has the attempt.
     if task is None or task.name not in ("whisperq.transcribe", "whisperq.infer", "whisperq.notify"):
         return
-    from models.job import Job
-    from models.notify import WebhookDelivery
+    from models.delivery.notify import WebhookDelivery
+    from models.jobs.record import Job
     from models.runtime import get_runtime
 
     try:
@@ -131,7 +131,7 @@ def _held(request=None, **_kwargs) -> None:
     # Runs in the consumer as a message is reserved, before the task starts.
     if request is None or request.name not in ("whisperq.transcribe", "whisperq.infer"):
         return
-    from models.jobs import mark_held
+    from models.jobs.operations import mark_held
     from models.runtime import get_runtime
 
     try:

@@ -121,8 +121,9 @@ def live_server(app):
 def own_inference(settings, monkeypatch):
     """A runtime and a batcher of the test's own, in this process, with the engine its
     `settings` choose, loaded afresh (this process may hold another engine)."""
-    from models import inference, speech
+    from models.pipeline import inference
     from models.runtime import Runtime
+    from models.speech import engines as speech
 
     monkeypatch.setattr(speech, "_engine", None)
     monkeypatch.setattr(inference, "_batcher", None)
@@ -212,7 +213,7 @@ def broker_stack(celery_app, settings, database, request):
         pytest.skip(f"no way to restart a {url.split('://')[0]} broker here")
     from config import make_celery
     from config.embedded import EmbeddedRedis
-    from models import notify
+    from models.delivery import notify
     from web import create_app
 
     tmp = Path(tempfile.mkdtemp(prefix="private-broker-", dir=_state["tmp"]))

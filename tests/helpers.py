@@ -67,7 +67,7 @@ def word_error_rate(reference: str, hypothesis: str) -> float:
 def _pipeline():
     from faster_whisper import BatchedInferencePipeline, WhisperModel
 
-    from models.speech import bundled_model_path
+    from models.speech.engines import bundled_model_path
 
     return BatchedInferencePipeline(WhisperModel(bundled_model_path(), device="cpu", compute_type="int8", cpu_threads=2))
 
@@ -99,7 +99,7 @@ def long_recording(repeats: int = 3):
     """About 15 s × `repeats` of speech with pauses, longer than one 30 s window; and its text."""
     import numpy as np
 
-    from models import audio
+    from models.speech import audio
 
     report, fox = audio.decode(CLIPS["report.opus"]["path"]), audio.decode(CLIPS["fox.flac"]["path"])
     pause, short = np.zeros(16000, dtype=np.float32), np.zeros(8000, dtype=np.float32)
@@ -112,7 +112,7 @@ def long_form(name: str):
     """(samples, text) of a long-form recording: `long_recording(4)` or a LONG_FORM name."""
     if name == "long_recording(4)":
         return long_recording(repeats=4)
-    from models import audio
+    from models.speech import audio
 
     return audio.decode(LONG_FORM[name]["path"]), LONG_FORM[name]["text"]
 

@@ -85,7 +85,7 @@ def test_an_anonymous_change_from_this_site_or_no_site_is_taken(workstation, hea
 
 def test_a_key_may_submit_from_anywhere(settings, database, published):
     """A key is no ambient credential a browser adds by itself: no origin check for it."""
-    from models.apikeys import create_key
+    from models.access.apikeys import create_key
     from web import create_app
 
     app = create_app({"SETTINGS": dataclasses.replace(settings, allow_anonymous=False, host="127.0.0.1",

@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import func, select
 
 from helpers import CLIPS, stored_files
-from models.job import Job
+from models.jobs.record import Job
 
 
 def job_count(database) -> int:
@@ -126,7 +126,7 @@ def test_accepted_upload_answers_202_and_publishes_only_references(client, setti
 
     stored = settings.data_dir / args[0]
     assert FOX[:4096] not in stored.read_bytes()  # encrypted at rest (tests/test_encryption.py)
-    from models.sealed import open_decrypted
+    from models.security.sealed import open_decrypted
 
     with open_decrypted(stored) as fh:
         assert fh.read() == FOX
@@ -143,7 +143,7 @@ def test_unknown_job_is_404_json(client):
 
 
 def test_transcript_is_409_until_completed(client, database):
-    from models.job import new_job_id
+    from models.jobs.record import new_job_id
 
     job_id = new_job_id()
     with database.session() as s:
@@ -157,7 +157,7 @@ def test_transcript_is_409_until_completed(client, database):
 def test_status_has_an_etag_and_a_poll_hint(client, database):
     """A waiting job: 304 for the ETag the client holds, until the job changes; Retry-After
     says when polling again is worth it; a finished job has no hint."""
-    from models.job import new_job_id
+    from models.jobs.record import new_job_id
 
     job_id = new_job_id()
     with database.session() as s:
@@ -186,8 +186,8 @@ def test_a_long_poll_ends_when_the_job_changes_not_when_the_queue_moves(client, 
     but does not end it; a change of the job itself does."""
     import threading
 
-    from models.eta import QUEUE_SNAPSHOT_SECONDS
-    from models.job import new_job_id
+    from models.jobs.eta import QUEUE_SNAPSHOT_SECONDS
+    from models.jobs.record import new_job_id
 
     ahead, mine = new_job_id(), new_job_id()
     with database.session() as s:
@@ -249,7 +249,7 @@ def test_a_large_upload_is_accepted(client, tmp_path, published):
     import numpy as np
 
     from helpers import write_wav
-    from models import audio
+    from models.speech import audio
 
     fox = audio.decode(CLIPS["fox.flac"]["path"])
     path = write_wav(tmp_path / "big.wav", np.concatenate([np.zeros(16000 * 300, dtype=np.float32), fox]))
@@ -316,8 +316,8 @@ def test_idempotency_key_returns_the_same_job(client, published, database):
 def test_idempotency_keys_are_kept_a_day(app, database):
     from datetime import timedelta
 
-    from models import idempotency
-    from models.job import utcnow
+    from models.jobs import idempotency
+    from models.jobs.record import utcnow
 
     rt = app.extensions["whisperq"]
     idempotency.remember(rt, "old-key", "f1", "job-1")

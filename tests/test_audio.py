@@ -1,8 +1,8 @@
 import pytest
 
 from helpers import CLIPS
-from models import audio
 from models.errors import AudioTooLong, UnsupportedAudio
+from models.speech import audio
 from models.storage import clean_filename
 
 

@@ -28,7 +28,7 @@ def secure(settings, database, celery_app):
 
 @pytest.fixture()
 def keys(secure):
-    from models.apikeys import create_key
+    from models.access.apikeys import create_key
 
     rt = secure.extensions["whisperq"]
     made = {}
@@ -49,7 +49,7 @@ def submit(client, token: str | None, **fields):
 
 
 def test_no_key_bad_key_and_revoked_key_get_401(secure, keys):
-    from models.apikeys import revoke_key
+    from models.access.apikeys import revoke_key
 
     client = secure.test_client()
     resp = client.get("/v1/jobs")
@@ -96,7 +96,7 @@ def test_a_key_cannot_read_cancel_delete_or_list_another_keys_jobs(secure, keys)
 
 
 def test_tier_caps_priority_with_a_message(secure, keys, database):
-    from models.job import Job
+    from models.jobs.record import Job
 
     client = secure.test_client()
     refused = submit(client, keys["nightly"], priority="high")
@@ -117,7 +117,7 @@ def test_tier_caps_priority_with_a_message(secure, keys, database):
 
 
 def test_tier_rate_limit(settings, database, celery_app):
-    from models.apikeys import create_key
+    from models.access.apikeys import create_key
     from web import create_app
 
     changes = {"allow_anonymous": False, "rate_limit_batch": "2/minute"}
@@ -169,7 +169,7 @@ def _csrf(html: str) -> str:
 
 
 def test_web_page_signs_in_with_a_key_and_needs_the_csrf_token(secure, keys):
-    from models.apikeys import revoke_key
+    from models.access.apikeys import revoke_key
 
     client = secure.test_client()
     first = client.get("/")
@@ -246,7 +246,7 @@ def test_each_key_has_its_own_webhook_secret_shown_once_and_rotatable(secure, da
     from click.testing import CliRunner
     from sqlalchemy import text
 
-    from models.apikeys import find_key, webhook_secrets_for
+    from models.access.apikeys import find_key, webhook_secrets_for
     from web.cli import cli
 
     rt = secure.extensions["whisperq"]
@@ -300,7 +300,7 @@ def test_a_tier_has_its_own_longest_audio(settings, database, published):
     import io
 
     from helpers import CLIPS
-    from models.apikeys import create_key
+    from models.access.apikeys import create_key
     from web import create_app
 
     app = create_app({"SETTINGS": dataclasses.replace(settings, allow_anonymous=False, max_audio_seconds_batch=5.0),

@@ -19,7 +19,7 @@ def post(client, priority: str = "normal", headers: dict | None = None):
 
 @pytest.fixture()
 def no_cache(monkeypatch):
-    from models import admission
+    from models.access import admission
 
     monkeypatch.setattr(admission, "_CACHE_SECONDS", 0.0)
 
@@ -33,7 +33,7 @@ def app_with(settings, **changes):
 @pytest.mark.integration
 def test_past_the_budget_429_with_retry_after_high_keeps_a_reserve_and_it_reopens_after_the_drain(
         settings, database, worker, celery_app, no_cache):
-    from models.admission import backlog
+    from models.access.admission import backlog
     from models.runtime import get_runtime
 
     with worker.paused(celery_app):
@@ -108,7 +108,7 @@ def test_per_client_rate_limit_with_ratelimit_headers(settings, database, publis
 def test_the_rate_limiter_counts_in_windows(monkeypatch):
     import fakeredis
 
-    from models import admission
+    from models.access import admission
 
     clock = [1_000_000.0]
     monkeypatch.setattr(admission.time, "time", lambda: clock[0])
@@ -143,7 +143,7 @@ def test_readyz_wants_a_live_inference_worker_after_the_grace(client, monkeypatc
     from web import health
 
     monkeypatch.setattr(health, "_started", time.monotonic() - health.STARTUP_GRACE - 1)
-    monkeypatch.setattr("models.workers.alive", lambda rt, pool=None, now=None: [])
+    monkeypatch.setattr("models.jobs.workers.alive", lambda rt, pool=None, now=None: [])
     resp = client.get("/readyz")
     assert resp.status_code == 503 and resp.get_json()["checks"]["inference_workers"].startswith("none alive")
 
@@ -153,7 +153,7 @@ def test_one_key_cannot_fill_the_queue_and_url_jobs_count_at_the_longest_audio(s
     """WHISPERQ_QUEUE_KEY_SHARE: a key past its share of the budget gets 429 while another key
     and anonymous use still get in; a URL job, its length unknown until fetched, counts at
     WHISPERQ_MAX_AUDIO_SECONDS. Its own database, so the backlog is only this test's."""
-    from models.apikeys import create_key
+    from models.access.apikeys import create_key
     from web import uploads
 
     sent = []

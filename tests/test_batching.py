@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from models.batching import Batcher
+from models.speech.batching import Batcher
 
 
 class Recorder:

@@ -15,7 +15,7 @@ BURST = 500
 
 
 def test_a_burst_of_500_with_two_worker_kills_completes_each_job_exactly_once(app, worker, database):
-    from models.job import Job
+    from models.jobs.record import Job
 
     audio = CLIPS["fox.flac"]["path"].read_bytes()
 

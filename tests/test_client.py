@@ -59,7 +59,7 @@ def deliveries(client, job_id: str) -> list[dict]:
 # --- webhooks ---------------------------------------------------------------------------
 
 def test_a_webhook_retried_after_two_500s_is_delivered_once_signed(client, worker, settings):
-    from models import webhooks
+    from models.delivery import webhooks
 
     with Receiver({"/hook": scripted([500, 500])}) as receiver:
         job = submit(client, callback_url=receiver.url("/hook"))
@@ -90,8 +90,8 @@ def test_each_keys_webhooks_are_signed_with_its_own_secret(worker, settings, dat
     import dataclasses
     import json
 
-    from models import webhooks
-    from models.apikeys import create_key
+    from models.access.apikeys import create_key
+    from models.delivery import webhooks
     from web import create_app
 
     app = create_app({"SETTINGS": dataclasses.replace(settings, allow_anonymous=False), "TESTING": True})
@@ -172,7 +172,7 @@ def test_a_callback_to_a_private_address_is_refused_at_submit(client, settings):
 
 def test_a_job_run_twice_sends_one_webhook(client, worker, celery_app):
     from config import publish_transcribe
-    from models.jobs import get_job
+    from models.jobs.operations import get_job
     from models.runtime import get_runtime
 
     with Receiver({"/hook": (200, {}, b"")}) as receiver:

@@ -99,25 +99,3 @@ def test_the_data_dir_and_its_secrets_are_the_owners_alone(tmp_path):
         assert stat.S_IMODE((data / "redis").stat().st_mode) == 0o700
     finally:
         broker.stop()
-
-
-@pytest.mark.parametrize("package, forbidden", [("config", ("models", "tasks", "web")), ("models", ("tasks", "web"))])
-def test_the_layers_import_only_downwards(package, forbidden):
-    """config imports nothing of the product; models never imports tasks or web: no import
-    statement in them names those packages, not even one inside a function."""
-    import ast
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parent.parent / package
-    found = []
-    for path in sorted(root.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module]
-            else:
-                continue
-            found += [f"{path.relative_to(root.parent)}:{node.lineno} {name}" for name in names
-                      if name.split(".")[0] in forbidden]
-    assert found == []

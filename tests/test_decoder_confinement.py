@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from helpers import CLIPS, Receiver, wait_for_job
-from models import audio
 from models.errors import SilentAudio, UnsupportedAudio
+from models.speech import audio
 
 pytestmark = pytest.mark.integration
 
@@ -85,7 +85,7 @@ NAMES = ("talk.m3u8", "talk.m3u", "talk.hls", "talk.mp3", "talk.ffconcat", "talk
 
 
 def test_the_door_reads_no_other_file_and_makes_no_request(secret, counter):
-    """models.audio on its own, for every attack and name: refused, or the carrier's tone."""
+    """models.speech.audio on its own, for every attack and name: refused, or the carrier's tone."""
     for kind, data in attacks(secret, counter).items():
         for name in NAMES:
             try:

@@ -24,7 +24,7 @@ def submit(client, name: str = "fox.flac", **fields) -> str:
 
 def engine_runs(database, job_id: str) -> int:
     """How many times the engine went through the job's windows, as the workers counted."""
-    from models.job import Job
+    from models.jobs.record import Job
 
     with database.session() as session:
         return session.scalar(select(Job.engine_runs).where(Job.id == job_id)) or 0
@@ -85,7 +85,7 @@ def wait_for_workers(celery_app, worker, timeout: float = 90) -> None:
 
 
 def test_a_broker_restart_with_jobs_queued_and_running_loses_none(broker_stack, database):
-    from models.job import Job
+    from models.jobs.record import Job
 
     client, worker, celery_app = broker_stack.client, broker_stack.worker, broker_stack.celery_app
     job_ids = [submit(client, "report.opus" if n % 3 == 0 else "fox.flac") for n in range(15)]
@@ -114,8 +114,8 @@ def test_a_broker_restart_with_jobs_queued_and_running_loses_none(broker_stack, 
 
 def test_the_same_message_twice_gives_one_transcript(client, worker, celery_app, database):
     from config import publish_transcribe
-    from models.job import Job
-    from models.jobs import get_job
+    from models.jobs.operations import get_job
+    from models.jobs.record import Job
     from models.runtime import get_runtime
 
     with worker.paused(celery_app):
@@ -187,9 +187,9 @@ def test_two_deliveries_of_a_job_in_one_worker_run_the_engine_once(database, own
     twice), both taken before either finishes: one engine run, one transcript, both answered."""
     import threading
 
-    from models import inference
-    from models.job import new_job_id
-    from models.preparation import prepare_job
+    from models.jobs.record import new_job_id
+    from models.pipeline import inference
+    from models.pipeline.preparation import prepare_job
 
     rt, batcher = own_inference
     job_id = new_job_id()

@@ -17,9 +17,9 @@ import pytest
 from sqlalchemy import text
 
 from helpers import CLIPS, LiveServer, wait_for_job, word_error_rate
-from models import crypto
-from models.crypto import DecryptionError, Keyring, decrypt_value, parse_keys
-from models.sealed import CHUNK_BYTES, MAGIC, EncryptedWriter, open_decrypted
+from models.security.crypto import DecryptionError, Keyring, decrypt_value, parse_keys
+from models.security import crypto
+from models.security.sealed import CHUNK_BYTES, MAGIC, EncryptedWriter, open_decrypted
 
 FOX = CLIPS["fox.flac"]["path"].read_bytes()
 PLAIN_MAGIC = (b"RIFF", b"ID3", b"fLaC", b"OggS", b"\x93NUMPY", b"\xff\xfb", b"\xff\xf1")
@@ -100,7 +100,7 @@ def test_pyav_reads_an_mp4_whose_index_is_at_the_end(tmp_path):
     import av
     import numpy as np
 
-    from models import audio
+    from models.speech import audio
 
     samples = audio.decode(CLIPS["fox.flac"]["path"])
     plain = tmp_path / "fox.m4a"
@@ -256,7 +256,7 @@ def test_swapped_transcripts_fail_to_decrypt(database):
     read fails authentication instead of showing one job's transcript as another's."""
     from sqlalchemy import text as sql
 
-    from models.job import Job, new_job_id
+    from models.jobs.record import Job, new_job_id
 
     ids = [new_job_id(), new_job_id()]
     with database.session() as s:
@@ -288,7 +288,7 @@ def test_swapped_transcripts_fail_to_decrypt(database):
 
 
 def test_a_sealed_value_needs_its_row_id():
-    from models.job import Job
+    from models.jobs.record import Job
 
     with pytest.raises(ValueError, match="set the row's id before result_text"):
         Job(audio_ref="").result_text = "words"
@@ -313,7 +313,7 @@ def private_rt(tmp_path, settings):
 def test_samples_and_owned_files(private_rt, tmp_path):
     import numpy as np
 
-    from models import preparation
+    from models.pipeline import preparation
 
     rt = private_rt()
     mine = tmp_path / "caller's own.flac"
@@ -325,14 +325,15 @@ def test_samples_and_owned_files(private_rt, tmp_path):
     path = rt.storage.path(prepared["prepared"])
     assert_not_plain(path)
     samples = rt.storage.load_samples(prepared["prepared"])
-    from models import audio
+    from models.speech import audio
 
     assert np.allclose(samples, audio.decode(mine), atol=1 / 32768 + 1e-6)
 
 
 def test_a_worker_without_the_key_retries_and_a_damaged_file_fails(private_rt):
-    from models import jobs, preparation
     from models.errors import PermanentJobError, TransientJobError
+    from models.jobs import operations as jobs
+    from models.pipeline import preparation
 
     rt = private_rt(A)
     made = []
@@ -356,7 +357,8 @@ def test_a_worker_without_the_key_retries_and_a_damaged_file_fails(private_rt):
 
 def test_fetched_audio_is_written_encrypted(private_rt):
     from helpers import Receiver
-    from models import jobs, preparation
+    from models.jobs import operations as jobs
+    from models.pipeline import preparation
 
     rt = private_rt()
     with Receiver({"/fox.flac": (200, {"Content-Type": "audio/flac"}, FOX)}) as server:
@@ -479,8 +481,10 @@ def test_a_chunked_upload_over_the_limit_is_refused_while_it_streams(private_rt)
 def test_rotation(private_rt, monkeypatch):
     from click.testing import CliRunner
 
-    from models import jobs, preparation
-    from models.job import Job
+    from models.jobs import operations as jobs
+
+    from models.jobs.record import Job
+    from models.pipeline import preparation
     from web.cli import cli
 
     rt = private_rt(A)
@@ -544,7 +548,7 @@ def test_rotation(private_rt, monkeypatch):
 
 
 def test_rotation_does_not_bring_back_a_file_deleted_meanwhile(tmp_path):
-    from models.rotation import _Gone, _replace_if_unchanged
+    from models.maintenance.rotation import _Gone, _replace_if_unchanged
 
     dest, tmp = tmp_path / "audio.flac", tmp_path / ".audio.flac.part"
     dest.write_bytes(b"old")
@@ -627,7 +631,7 @@ def test_every_path_that_publishes_an_api_job_keeps_it_out_of_the_result_backend
     import io as _io
 
     from config import publish_transcribe
-    from models.jobs import get_job
+    from models.jobs.operations import get_job
     from models.runtime import Runtime
 
     resp = client.post("/v1/jobs", data={"file": (_io.BytesIO(CLIPS["fox.flac"]["path"].read_bytes()), "fox.flac")},

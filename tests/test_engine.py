@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 
 from helpers import CLIPS, LONG_FORM, PIPELINE_MARGIN, long_form, long_recording, pipeline_wer, word_error_rate
-from models import audio
-from models.speech import FasterWhisperEngine, bundled_model_path, is_multilingual, resolve_device
-from models.windows import MAX_WINDOW_SECONDS, Window, split_windows
+from models.speech.engines import FasterWhisperEngine, bundled_model_path, is_multilingual, resolve_device
+from models.speech import audio
+from models.speech.windows import MAX_WINDOW_SECONDS, Window, split_windows
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ from sqlalchemy import event, select
 
 
 def test_places_from_the_snapshot_match_the_database_and_cost_no_query(settings, tmp_path):
-    from models import eta
-    from models.job import Job, new_job_id, utcnow
+    from models.jobs import eta
+    from models.jobs.record import Job, new_job_id, utcnow
     from models.runtime import Runtime
 
     rt = Runtime(dataclasses.replace(settings, database_url=f"sqlite:///{tmp_path / 'eta.db'}"))
@@ -66,7 +66,7 @@ def test_many_long_polls_share_one_reader(settings, tmp_path):
     import threading
     import time
 
-    from models.job import Job, new_job_id, utcnow
+    from models.jobs.record import Job, new_job_id, utcnow
     from models.runtime import Runtime
     from web.api import job_state
     from web.waits import JobWatch

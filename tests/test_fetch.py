@@ -9,8 +9,8 @@ import time
 import pytest
 
 from helpers import FIXTURES
+from models.delivery.fetch import fetch_audio
 from models.errors import PermanentJobError, TransientJobError
-from models.fetch import fetch_audio
 from helpers import Receiver
 from test_webhooks import fake_dns, make_settings
 

@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from models.formats import render
+from models.speech.formats import render
 
 RESULT = {
     "job_id": "j1",

@@ -84,7 +84,7 @@ def test_a_long_silent_upload_fails_in_prepare_with_a_reason(client, worker, tmp
     import numpy as np
 
     from helpers import write_wav
-    from models.audio import DOOR_SECONDS
+    from models.speech.audio import DOOR_SECONDS
 
     quiet = write_wav(tmp_path / "quiet.wav", np.zeros(int(16000 * (DOOR_SECONDS + 3)), dtype=np.float32))
     resp = client.post("/v1/jobs", data={"file": (io.BytesIO(quiet.read_bytes()), "quiet.wav")},

@@ -2,7 +2,7 @@ from datetime import timezone
 
 import pytest
 
-from models.job import InvalidTransition, Job, JobStatus, new_job_id
+from models.jobs.record import InvalidTransition, Job, JobStatus, new_job_id
 
 
 def make_job(database, **kw) -> Job:

@@ -11,7 +11,7 @@ from celery import Celery
 from config.logs import OMITTED, JsonFormatter, job_context, omit_task_results, wants_json
 
 
-def record(msg, *args, name="models.jobs", level=logging.INFO, exc_info=None):
+def record(msg, *args, name="models.jobs.operations", level=logging.INFO, exc_info=None):
     return logging.LogRecord(name, level, __file__, 1, msg, args, exc_info)
 
 
@@ -24,7 +24,7 @@ def test_a_line_is_one_json_object():
     assert "\n" not in line
     out = json.loads(line)
     assert out["message"] == "job j-1 prepared: 4.5 s of audio"
-    assert (out["level"], out["logger"], out["job_id"]) == ("WARNING", "models.jobs", "j-1")
+    assert (out["level"], out["logger"], out["job_id"]) == ("WARNING", "models.jobs.operations", "j-1")
     assert out["ts"].endswith("Z") and "ValueError: boom" in out["exc"]
 
 
@@ -42,7 +42,7 @@ def test_task_lines_carry_the_task_and_the_job():
     def infer(self):
         self.request.delivery_info = {"routing_key": "inference"}
         self.request.whisperq_attempt = 2
-        seen.update(json.loads(JsonFormatter().format(record("batch done", name="models.inference"))))
+        seen.update(json.loads(JsonFormatter().format(record("batch done", name="models.pipeline.inference"))))
         return {"text": "secret words"}
 
     task_id = str(uuid.uuid4())

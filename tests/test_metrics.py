@@ -91,9 +91,9 @@ def test_alert_thresholds_and_metrics_port_come_from_the_environment():
 def test_metrics_report_the_database_as_it_is(client, app, settings, celery_app):
     from sqlalchemy import delete, select
 
-    from models.deadletter import DeadLetter
-    from models.job import Job, JobStatus, utcnow
-    from models.workers import alive, beat, forget
+    from models.jobs.deadletter import DeadLetter
+    from models.jobs.record import Job, JobStatus, utcnow
+    from models.jobs.workers import alive, beat, forget
 
     rt = app.extensions["whisperq"]
     now = utcnow()
@@ -203,12 +203,12 @@ def test_an_unreachable_broker_is_reported_not_raised(app, settings, monkeypatch
 def test_a_real_job_is_observed_in_the_worker_registry(settings, database, tmp_path):
     from sqlalchemy import select
 
-    from models import metrics
     from models.errors import TransientJobError
-    from models.inference import get_batcher, infer_job
-    from models.job import Job, new_job_id
-    from models.jobs import fail_job, schedule_retry
-    from models.preparation import prepare_job
+    from models.jobs import metrics
+    from models.jobs.operations import fail_job, schedule_retry
+    from models.jobs.record import Job, new_job_id
+    from models.pipeline.inference import get_batcher, infer_job
+    from models.pipeline.preparation import prepare_job
     from models.runtime import get_runtime
     from tasks.metrics import _state, listen, registry_for
 
@@ -271,8 +271,8 @@ def test_a_real_job_is_observed_in_the_worker_registry(settings, database, tmp_p
 def test_a_rolled_back_change_counts_nothing(settings, database):
     from prometheus_client import generate_latest
 
-    from models import metrics
-    from models.job import Job, new_job_id
+    from models.jobs import metrics
+    from models.jobs.record import Job, new_job_id
     from models.runtime import get_runtime
 
     rt = get_runtime()
@@ -346,8 +346,8 @@ def test_queue_depth_per_priority_is_the_brokers_own(client, app, worker, celery
 
     from config import INFERENCE_QUEUE, PREPARE_QUEUE
     from config.celeryconfig import is_redis
-    from models.job import Job
-    from models.workers import alive
+    from models.jobs.record import Job
+    from models.jobs.workers import alive
 
     redis = is_redis(celery_app.conf.broker_url)
     collector, rt = app.extensions["whisperq_metrics"], app.extensions["whisperq"]
@@ -421,7 +421,7 @@ def _known_names(app) -> set[str]:
     """Every sample name /metrics and a worker can serve."""
     from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 
-    from models import metrics
+    from models.jobs import metrics
 
     metrics._get()
     registry = CollectorRegistry()

@@ -14,8 +14,8 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, select, text
 
 from helpers import need_service
+from models.db import Base, Database
 from models import migrations
-from models.db import Base, Database, register_tables
 
 FIXTURES = Path(__file__).parent / "fixtures" / "schema"
 PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -43,7 +43,6 @@ def database_url(request, tmp_path):
 
 
 def _differences(db: Database) -> list:
-    register_tables()
     with db.engine.connect() as conn:
         return compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), Base.metadata)
 
@@ -78,7 +77,7 @@ def test_a_new_database_is_made_from_the_revisions_and_matches_the_models(databa
 
 
 def test_a_database_made_before_revisions_is_upgraded_with_its_rows(database_url):
-    from models.job import Job
+    from models.jobs.record import Job
 
     db = Database(database_url)
     job_id = _make_as_before_revisions(db)

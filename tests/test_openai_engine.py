@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from helpers import CLIPS, need_service, word_error_rate
-from models import audio
-from models.speech import FasterWhisperEngine, bundled_model_path, is_multilingual
+from models.speech.engines import FasterWhisperEngine, bundled_model_path, is_multilingual
+from models.speech import audio
 
 TINY_EN = {"n_mels": 80, "n_audio_ctx": 1500, "n_audio_state": 384, "n_audio_head": 6, "n_audio_layer": 4,
            "n_vocab": 51864, "n_text_ctx": 448, "n_text_state": 384, "n_text_head": 6, "n_text_layer": 4}
@@ -36,14 +36,14 @@ def settings(torch, tmp_path_factory):
 @pytest.fixture(scope="module")
 def checkpoint(settings):
     """The default model of the engine: the bundled tiny.en, converted into the data dir."""
-    from models.openai_engine import checkpoint_path
+    from models.speech.openai_engine import checkpoint_path
 
     return checkpoint_path(settings)
 
 
 @pytest.fixture(scope="module")
 def engine(checkpoint):
-    from models.openai_engine import OpenAIWhisperEngine
+    from models.speech.openai_engine import OpenAIWhisperEngine
 
     return OpenAIWhisperEngine(checkpoint, device="cpu")
 
@@ -60,8 +60,8 @@ def clip(name: str) -> np.ndarray:
 def test_the_bundled_model_converts_once_into_the_data_dir_and_loads_strictly(torch, settings, checkpoint):
     from whisper.model import ModelDimensions, Whisper
 
-    from models.convert import checkpoint_dims, weight_dtype
-    from models.openai_engine import checkpoint_path
+    from models.speech.convert import checkpoint_dims, weight_dtype
+    from models.speech.openai_engine import checkpoint_path
 
     assert checkpoint == str(settings.data_dir / "models" / "tiny.en.pt")
     assert weight_dtype(bundled_model_path()) == "float16"
@@ -78,7 +78,7 @@ def test_the_bundled_model_converts_once_into_the_data_dir_and_loads_strictly(to
 
 
 def test_converted_tensors_are_the_ctranslate2_ones(torch, checkpoint):
-    from models.convert import read_model_bin
+    from models.speech.convert import read_model_bin
 
     raw, aliases, header = read_model_bin(f"{bundled_model_path()}/model.bin")
     assert (header["spec"], aliases) == ("WhisperSpec", {"decoder/projection/weight": "decoder/embeddings/weight"})
@@ -110,7 +110,7 @@ def test_an_int8_model_written_by_ctranslate2_is_dequantized(torch, tmp_path):
     from ctranslate2.specs import whisper_spec
     from whisper.model import ModelDimensions, Whisper
 
-    from models.convert import convert, weight_dtype
+    from models.speech.convert import convert, weight_dtype
 
     dims = {"n_mels": 80, "n_audio_ctx": 12, "n_audio_state": 64, "n_audio_head": 2, "n_audio_layer": 2,
             "n_vocab": 300, "n_text_ctx": 16, "n_text_state": 64, "n_text_head": 2, "n_text_layer": 2}
@@ -224,10 +224,11 @@ def test_settings_take_a_checkpoint_file_only_for_this_engine(settings, checkpoi
 
 def test_a_worker_with_this_engine_completes_a_job(checkpoint, own_inference):
     """infer_job as the inference pool runs it, with the process's engine chosen by the settings."""
-    from models import inference, speech
-    from models.job import new_job_id
-    from models.preparation import prepare_job
-    from models.openai_engine import OpenAIWhisperEngine
+    from models.jobs.record import new_job_id
+    from models.pipeline import inference
+    from models.pipeline.preparation import prepare_job
+    from models.speech import engines as speech
+    from models.speech.openai_engine import OpenAIWhisperEngine
 
     rt, batcher = own_inference
     job_id = new_job_id()

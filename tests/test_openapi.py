@@ -7,7 +7,7 @@ import re
 import pytest
 import schemathesis
 
-from models.job import Job
+from models.jobs.record import Job
 
 DESCRIBED = ("/healthz", "/readyz", "/metrics", "/openapi.json")
 ADMIN = {"Authorization": "Bearer test-admin-token"}
@@ -77,7 +77,7 @@ def conforms(document, api_schema, path: str, method: str, resp) -> None:
 
 
 def _job(rt, **kwargs):
-    from models.jobs import create_job
+    from models.jobs.operations import create_job
 
     fields = dict(filename="call.mp3", duration=4.2, language=None, priority="normal",
                   audio_url="http://127.0.0.1:9/call.mp3")
@@ -86,8 +86,8 @@ def _job(rt, **kwargs):
 
 
 def test_real_responses_conform(app, client, document, api_schema):
-    from models.deadletter import bury
-    from models.jobs import complete_job
+    from models.jobs.deadletter import bury
+    from models.jobs.operations import complete_job
 
     rt = app.extensions["whisperq"]
     segments = [{"start": 0.0, "end": 1.5, "text": " The quick brown fox.",

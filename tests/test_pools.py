@@ -29,8 +29,8 @@ def test_a_high_job_overtakes_a_backlog_of_low_ones(client, worker, celery_app):
 
 
 def test_jobs_queued_together_are_batched_and_read_as_they_do_alone(client, worker, celery_app):
-    from models import audio
-    from models.speech import FasterWhisperEngine, bundled_model_path
+    from models.speech import audio
+    from models.speech.engines import FasterWhisperEngine, bundled_model_path
 
     names = ["fox.flac", "report.opus"] * 4
     before = len(worker.batch_sizes(celery_app))

@@ -17,11 +17,11 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import create_engine, select, text
 
-from models.deadletter import DeadLetter, replay, take_for_replay
+from models.delivery.notify import WebhookDelivery
 from models.errors import AudioPurged
-from models.job import Job, JobStatus, new_job_id, utcnow
-from models.notify import WebhookDelivery
-from models.retention import run_retention
+from models.jobs.deadletter import DeadLetter, replay, take_for_replay
+from models.jobs.record import Job, JobStatus, new_job_id, utcnow
+from models.maintenance.retention import run_retention
 
 HOUR, DAY = timedelta(hours=1), timedelta(days=1)
 ADMIN = {"Authorization": f"Bearer {os.environ.get('WHISPERQ_ADMIN_TOKEN', '')}"}
@@ -49,7 +49,7 @@ def private_db(settings, database, tmp_path):
 
 @pytest.fixture()
 def rt(settings, private_db, tmp_path, monkeypatch):
-    from models import notify
+    from models.delivery import notify
     from models.runtime import Runtime
 
     # Outbox rows made here are not published: no worker reads this database.
@@ -366,7 +366,7 @@ def test_a_worker_counts_what_it_deleted(rt):
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from models import metrics
+    from models.jobs import metrics
 
     def deleted(kind: str) -> float:
         text_out = generate_latest(metrics.registry()).decode()
@@ -387,7 +387,7 @@ def test_a_worker_counts_what_it_deleted(rt):
 
 def test_a_transcript_sealed_with_a_key_no_longer_configured_is_purged_all_same(rt, tmp_path):
     """Retention never reads a transcript: after a key is retired, old ones still go."""
-    from models import crypto
+    from models.security import crypto
 
     job_id = make(rt, "COMPLETED", 8 * DAY)
     retired = crypto.current_keyring()

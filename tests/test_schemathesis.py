@@ -57,8 +57,8 @@ def api_schema(app, celery_app, request):
 
 
 def real_jobs(rt) -> dict[str, list[str]]:
-    from models.deadletter import bury
-    from models.jobs import complete_job, create_job
+    from models.jobs.deadletter import bury
+    from models.jobs.operations import complete_job, create_job
 
     def job(**kwargs) -> str:
         fields = dict(filename="call.mp3", duration=4.2, language=None, priority="normal",
@@ -102,8 +102,8 @@ def test_what_fuzzing_found_stays_fixed(client, app, monkeypatch):
     import base64
     import json
 
-    from models.deadletter import bury
-    from models.jobs import create_job
+    from models.jobs.deadletter import bury
+    from models.jobs.operations import create_job
 
     # "²".isdigit() is true, but int("²") raises: a 500 before.
     assert client.get("/v1/jobs?limit=%C2%B2").status_code == 400

@@ -61,7 +61,7 @@ def test_a_405_names_the_allowed_methods(client):
 
 
 def test_the_job_page_is_not_cached(client, app):
-    from models.jobs import create_job
+    from models.jobs.operations import create_job
 
     job = create_job(app.extensions["whisperq"], None, filename="a.mp3", duration=1.0, language=None,
                      priority="normal", audio_url="http://127.0.0.1:9/a.mp3")
@@ -111,7 +111,7 @@ document.addEventListener("securitypolicyviolation", function (e) {
 def test_the_pages_run_in_a_browser_without_a_policy_violation(live_server, app, tmp_path):
     from test_browser import start_chromium
 
-    from models.jobs import complete_job, create_job
+    from models.jobs.operations import complete_job, create_job
 
     rt = app.extensions["whisperq"]
     job = create_job(rt, None, filename="a.mp3", duration=1.0, language=None, priority="normal",

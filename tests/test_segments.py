@@ -1,8 +1,8 @@
 """Timed words into subtitle segments: every word kept once, in order, cut where a reader expects."""
 import pytest
 
-from models.segments import MAX_CUE_CHARS, MAX_CUE_SECONDS, TimedWord, cues, window_segments, window_words
-from models.windows import TimeMap
+from models.speech.segments import MAX_CUE_CHARS, MAX_CUE_SECONDS, TimedWord, cues, window_segments, window_words
+from models.speech.windows import TimeMap
 
 
 def words(spec: str, start: float = 0.0, step: float = 0.3, pause_after: dict | None = None) -> list[TimedWord]:

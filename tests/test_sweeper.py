@@ -3,11 +3,11 @@ from datetime import timedelta
 
 import pytest
 
-from models.deadletter import DeadLetter
 from models.errors import JobExpired
-from models.job import Job, JobStatus, new_job_id, utcnow
-from models.preparation import prepare_job
-from models.sweeper import sweep
+from models.jobs.deadletter import DeadLetter
+from models.jobs.record import Job, JobStatus, new_job_id, utcnow
+from models.jobs.sweeper import sweep
+from models.pipeline.preparation import prepare_job
 
 
 @pytest.fixture()

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import func, select
 
 from helpers import CLIPS, stored_files, wait_for_job
-from models.job import Job
+from models.jobs.record import Job
 
 
 def flac(path, seconds: float, rate: int = 8000):
@@ -41,7 +41,7 @@ def roomy(settings, database, monkeypatch):
     import dataclasses
 
     import web.uploads
-    from models.jobs import discard_job
+    from models.jobs.operations import discard_job
     from web import create_app
 
     made: list[str] = []
@@ -81,7 +81,7 @@ def test_many_multipart_parts_are_refused_before_they_are_spooled(client, settin
 def test_the_door_check_costs_a_small_part_of_a_full_decode(roomy, tmp_path):
     """Only the container header and the first seconds are read at the door; the preparation
     pool decodes the whole file once. CPU of the request thread against a full decode."""
-    from models import audio
+    from models.speech import audio
 
     path = flac(tmp_path / "hour.flac", 3600)
     data = path.read_bytes()
@@ -113,7 +113,7 @@ def test_audio_longer_than_its_header_says_is_cut_short_in_preparation(settings,
     import dataclasses
 
     from models.errors import PermanentJobError
-    from models.preparation import prepare_job
+    from models.pipeline.preparation import prepare_job
     from models.runtime import Runtime
 
     rt = Runtime(dataclasses.replace(settings, max_audio_seconds=30.0))
@@ -184,7 +184,7 @@ def test_synchronous_waits_are_capped_in_all_and_per_client(settings, database, 
     import threading
 
     import web.uploads
-    from models.jobs import discard_job
+    from models.jobs.operations import discard_job
     from web import create_app
 
     made: list[str] = []

@@ -20,7 +20,8 @@ import pytest
 
 from config import ConfigError, Settings
 from helpers import Receiver
-from models import outbound, webhooks
+from models.delivery import outbound
+from models.delivery import webhooks
 from models.errors import InvalidRequest
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -278,8 +279,8 @@ def chatty_server():
 
 @pytest.mark.parametrize("status", [500, 404, 302])
 def test_nothing_the_remote_server_writes_is_echoed(tmp_path, chatty_server, status):
+    from models.delivery.fetch import fetch_audio
     from models.errors import WhisperqError as JobError
-    from models.fetch import fetch_audio
 
     serve, url = chatty_server
     serve.status = status

@@ -6,7 +6,7 @@ from typing import Any, Mapping
 from flask import Flask, request
 
 from config import Settings, make_celery, publish_notify
-from models import notify
+from models.delivery import notify
 from models.runtime import Runtime
 
 

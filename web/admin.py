@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from flask import Blueprint, current_app, g, jsonify, request
 
-from models.deadletter import get_dead, list_dead, purge, replay
 from models.errors import Forbidden, InvalidRequest, Unauthorized
+from models.jobs.deadletter import get_dead, list_dead, purge, replay
 
 bp = Blueprint("admin", __name__, url_prefix="/v1/admin")
 

@@ -1,4 +1,4 @@
-"""Admission at the front door (see models.admission): disk floor, per-client rate, and
+"""Admission at the front door (see models.access.admission): disk floor, per-client rate, and
 the queue budget, checked before an upload is read, then again once its priority is known."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import logging
 
 from flask import current_app, g, request
 
-from models.admission import RateLimited, check_disk, check_queue, rate_limiter
+from models.access.admission import RateLimited, check_disk, check_queue, rate_limiter
 
 log = logging.getLogger(__name__)
 

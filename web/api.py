@@ -10,14 +10,14 @@ from datetime import datetime, timezone
 
 from flask import Blueprint, Response, current_app, jsonify, request, url_for
 
-from models import apikeys
+from models.access import apikeys
+from models.delivery.notify import deliveries_of
 from models.errors import Forbidden, InvalidRequest, JobNotReady, ResultPurged, UnsupportedMediaType
-from models.eta import estimate, queue_position
-from models.formats import FORMATS, MIME_TYPES, render
-from models.job import Job, JobStatus, Stage
-from models.jobs import cancel_job, delete_job, get_job, list_jobs
-from models.notify import deliveries_of
+from models.jobs.eta import estimate, queue_position
+from models.jobs.operations import cancel_job, delete_job, get_job, list_jobs
+from models.jobs.record import Job, JobStatus, Stage
 from models.runtime import Runtime
+from models.speech.formats import FORMATS, MIME_TYPES, render
 
 from .admission import admit_priority, admit_submission
 from .auth import current, scope, scoped_idempotency_key

@@ -1,6 +1,6 @@
 """Who is asking: API keys for services, a signed session cookie for the web page.
 
-- `Authorization: Bearer wq_...` is an API key (models.apikeys); WHISPERQ_ADMIN_TOKEN as
+- `Authorization: Bearer wq_...` is an API key (models.access.apikeys); WHISPERQ_ADMIN_TOKEN as
   a bearer acts as an admin. An unknown or revoked key is refused with 401, even where
   anonymous use is allowed: a client that sends a key means to use it. (There, a bearer
   that is no whisperq key at all, such as the "unused" OpenAI's SDKs must send, is
@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 from flask import Flask, current_app, g, redirect, request, session, url_for
 
-from models.apikeys import PREFIX, BadKey, Principal, authenticate, principal_for_key_id
+from models.access.apikeys import PREFIX, BadKey, Principal, authenticate, principal_for_key_id
 from models.errors import Forbidden, Unauthorized
 
 # Blueprints whose requests act for someone; the rest (health, metrics, static files,
@@ -198,7 +198,7 @@ def safe_next(target: str | None) -> str:
 
 def scope():
     """Whose jobs this request may see: all of them for an admin, else its owner's."""
-    from models.jobs import ANY
+    from models.jobs.operations import ANY
 
     found = g.principal
     return ANY if found.admin else found.owner

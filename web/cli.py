@@ -139,7 +139,7 @@ def new_migration(message: str) -> None:
 def convert_model(src_dir: str, dest: str, half: bool | None) -> None:
     """Turn a CTranslate2 Whisper model directory into an openai-whisper checkpoint (DEST.pt),
     for WHISPERQ_ENGINE=openai-whisper; needs the openai-whisper extra (PyTorch)."""
-    from models.convert import ConversionError, convert, weight_dtype
+    from models.speech.convert import ConversionError, convert, weight_dtype
 
     try:
         import torch  # noqa: F401
@@ -169,8 +169,8 @@ def status(as_json: bool) -> None:
     """Workers (from their heartbeats), queues and their depths, the oldest waiting job,
     dead letters: what an operator looks at first."""
     from config import make_celery
-    from models.job import utcnow
-    from models.workers import alive
+    from models.jobs.record import utcnow
+    from models.jobs.workers import alive
     from web.metrics import broker_depths, database_figures
 
     rt = _runtime()
@@ -221,7 +221,7 @@ def status(as_json: bool) -> None:
 def retention(as_json: bool) -> None:
     """Delete now what retention would (audio past WHISPERQ_AUDIO_RETENTION, transcripts
     past WHISPERQ_RESULT_RETENTION, leftover files), as beat's `whisperq.retention` does."""
-    from models.retention import run_retention
+    from models.maintenance.retention import run_retention
 
     rt = _runtime()
     try:
@@ -246,7 +246,7 @@ def dlq() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def dlq_list(limit: int, as_json: bool) -> None:
     """List dead-lettered jobs, newest first."""
-    from models.deadletter import list_dead
+    from models.jobs.deadletter import list_dead
 
     rows = list_dead(_runtime(), limit)
     if as_json:
@@ -262,7 +262,7 @@ def dlq_list(limit: int, as_json: bool) -> None:
 @click.argument("job_id")
 def dlq_show(job_id: str) -> None:
     """Show one dead-lettered job with its traceback."""
-    from models.deadletter import get_dead
+    from models.jobs.deadletter import get_dead
 
     try:
         click.echo(json.dumps(get_dead(_runtime(), job_id), indent=2))
@@ -274,7 +274,7 @@ def dlq_show(job_id: str) -> None:
 @click.argument("job_ids", nargs=-1, required=True)
 def dlq_replay(job_ids: tuple[str, ...]) -> None:
     """Queue dead-lettered jobs again, with their attempts reset."""
-    from models.deadletter import replay
+    from models.jobs.deadletter import replay
 
     rt = _runtime()
     celery = make_celery(rt.settings)
@@ -291,7 +291,7 @@ def dlq_replay(job_ids: tuple[str, ...]) -> None:
 @click.option("--all", "purge_all", is_flag=True, help="Purge every dead letter.")
 def dlq_purge(job_ids: tuple[str, ...], purge_all: bool) -> None:
     """Delete dead letters (the jobs stay FAILED)."""
-    from models.deadletter import purge
+    from models.jobs.deadletter import purge
 
     if not job_ids and not purge_all:
         raise click.UsageError("name the job ids to purge, or pass --all")

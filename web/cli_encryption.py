@@ -1,4 +1,4 @@
-"""`whisperq encryption`: keys in use, rotation, new keys (see models.crypto)."""
+"""`whisperq encryption`: keys in use, rotation, new keys (see models.security.crypto)."""
 from __future__ import annotations
 
 import json
@@ -18,7 +18,7 @@ def encryption() -> None:
 @click.option("--id", "key_id", default=None, help="Key id (letters, digits, - and _); random by default.")
 def new_key(key_id: str | None) -> None:
     """Print a fresh KEYID:BASE64KEY entry for WHISPERQ_ENCRYPTION_KEYS."""
-    from models.crypto import new_key_line
+    from models.security.crypto import new_key_line
 
     try:
         click.echo(new_key_line(key_id))
@@ -30,8 +30,8 @@ def new_key(key_id: str | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def status(as_json: bool) -> None:
     """Count stored files and transcripts under each key id."""
-    from models.crypto import current_keyring
-    from models.rotation import usage
+    from models.maintenance.rotation import usage
+    from models.security.crypto import current_keyring
 
     from .cli import _runtime
 
@@ -56,8 +56,8 @@ def status(as_json: bool) -> None:
 def rotate() -> None:
     """Re-encrypt every stored file and transcript not under the active key (safe while
     the service runs). Exits non-zero if anything could not be read."""
-    from models.crypto import current_keyring
-    from models.rotation import rotate as run_rotation
+    from models.maintenance.rotation import rotate as run_rotation
+    from models.security.crypto import current_keyring
 
     from .cli import _runtime
 

@@ -6,8 +6,8 @@ import logging
 from flask import Flask, jsonify, make_response, render_template, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from models.crypto import DecryptionError
 from models.errors import WhisperqError
+from models.security.crypto import DecryptionError
 
 log = logging.getLogger(__name__)
 

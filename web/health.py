@@ -21,8 +21,8 @@ def healthz():
 def readyz():
     """Ready when the database and the broker answer, the data dir is above its disk
     floor and an inference worker is alive (after a start-up grace); else 503 with why."""
-    from models.admission import free_bytes
-    from models.workers import alive
+    from models.access.admission import free_bytes
+    from models.jobs.workers import alive
 
     rt = current_app.extensions["whisperq"]
     checks: dict[str, str] = {}

@@ -1,11 +1,11 @@
-"""`whisperq keys`: create, list and revoke API keys (see models.apikeys)."""
+"""`whisperq keys`: create, list and revoke API keys (see models.access.apikeys)."""
 from __future__ import annotations
 
 import json
 
 import click
 
-from models.apikeys import TIERS
+from models.access.apikeys import TIERS
 
 
 @click.group()
@@ -26,7 +26,7 @@ def _rt():
 @click.option("--admin", is_flag=True, help="Sees every job and reaches the admin API (dead letters).")
 def create(name: str, tier: str, admin: bool) -> None:
     """Make a key and print it once: only its hash is stored."""
-    from models.apikeys import create_key
+    from models.access.apikeys import create_key
     from models.errors import WhisperqError
 
     try:
@@ -49,7 +49,7 @@ def rotate_secret(key: str, overlap: str) -> None:
     from datetime import timedelta
 
     from config.env import ConfigError, Env
-    from models.apikeys import rotate_webhook_secret
+    from models.access.apikeys import rotate_webhook_secret
     from models.errors import WhisperqError
 
     try:
@@ -69,7 +69,7 @@ def rotate_secret(key: str, overlap: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def list_(include_revoked: bool, as_json: bool) -> None:
     """The keys: id, start of the key, name, tier, last use."""
-    from models.apikeys import list_keys
+    from models.access.apikeys import list_keys
 
     found = [k.to_dict() for k in list_keys(_rt(), include_revoked=include_revoked)]
     if as_json:
@@ -84,7 +84,7 @@ def list_(include_revoked: bool, as_json: bool) -> None:
 @click.argument("key")
 def revoke(key: str) -> None:
     """Revoke a key by its id or the start of the key; its next request gets 401."""
-    from models.apikeys import revoke_key
+    from models.access.apikeys import revoke_key
     from models.errors import WhisperqError
 
     try:

@@ -27,10 +27,10 @@ from sqlalchemy import func, select
 from config.celeryconfig import QUEUES, is_redis
 from config.priorities import REDIS_PRIORITY_STEPS, Priority
 from config.settings import PRIORITIES, Settings
-from models.deadletter import DeadLetter
-from models.job import Job, JobStatus, Stage, utcnow
+from models.jobs.deadletter import DeadLetter
+from models.jobs.record import Job, JobStatus, Stage, utcnow
+from models.jobs.workers import alive
 from models.runtime import Runtime
-from models.workers import alive
 
 log = logging.getLogger(__name__)
 
@@ -198,7 +198,7 @@ class ClusterCollector:
         return [jobs, waiting, running, oldest, dead, count, slots]
 
     def _disk(self, Gauge) -> list:
-        from models.admission import free_bytes
+        from models.access.admission import free_bytes
 
         return [Gauge("whisperq_data_dir_free_bytes", "Free bytes on the data dir's file system",
                       value=float(free_bytes(self.rt.settings.data_dir)))]
@@ -228,7 +228,7 @@ def metrics():
 def _check_token() -> None:
     """With WHISPERQ_METRICS_TOKEN set, /metrics needs it (or an admin key) as a bearer
     token, as Prometheus sends with `authorization: {credentials: ...}` in its scrape job."""
-    from models.apikeys import BadKey, authenticate
+    from models.access.apikeys import BadKey, authenticate
     from models.errors import Unauthorized
 
     from .auth import bearer_token, matches

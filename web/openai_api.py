@@ -22,10 +22,10 @@ from werkzeug.datastructures import MultiDict
 from werkzeug.exceptions import HTTPException
 
 from models.errors import AudioTooLong, BrokerUnavailable, InvalidRequest, UnsupportedAudio, WhisperqError
-from models.formats import render
-from models.job import JobStatus
-from models.jobs import get_job
-from models.speech import bundled_model_path
+from models.jobs.operations import get_job
+from models.jobs.record import JobStatus
+from models.speech.engines import bundled_model_path
+from models.speech.formats import render
 
 from .admission import admit_priority, admit_submission, client_key
 from .auth import current

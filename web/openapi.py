@@ -7,8 +7,8 @@ from typing import Any
 
 from flask import Blueprint, current_app, jsonify
 
-from models.formats import FORMATS
-from models.job import JobStatus
+from models.jobs.record import JobStatus
+from models.speech.formats import FORMATS
 
 from .openapi_schemas import STRING, choice, ref, schemas
 

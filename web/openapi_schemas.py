@@ -3,8 +3,8 @@ the submission bodies, dead letters and the OpenAI-compatible bodies."""
 from __future__ import annotations
 
 from config import LANGUAGES, PRIORITIES
-from models.formats import FORMATS
-from models.job import JobStatus, Stage
+from models.jobs.record import JobStatus, Stage
+from models.speech.formats import FORMATS
 
 
 def ref(name: str) -> dict:

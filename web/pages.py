@@ -13,9 +13,9 @@ from flask import Blueprint, current_app, g, redirect, render_template, request,
 
 from config import LANGUAGES, PRIORITIES
 from models.errors import WhisperqError
-from models.formats import FORMATS
-from models.job import Stage
-from models.jobs import get_job
+from models.jobs.operations import get_job
+from models.jobs.record import Stage
+from models.speech.formats import FORMATS
 
 from . import auth
 from .admission import admit_priority, admit_submission
@@ -59,7 +59,7 @@ _NAMES = dict(pair.split(" ", 1) for pair in (
 def _languages() -> list[tuple[str, str]]:
     """(code, name) pairs the configured model can take, by name: an English-only model
     offers English alone, so nobody picks a language that is then refused."""
-    from models.speech import is_multilingual, model_path
+    from models.speech.engines import is_multilingual, model_path
 
     try:
         multilingual = is_multilingual(model_path(current_app.extensions["whisperq"].settings))
@@ -129,7 +129,7 @@ def job(job_id: str):
 @bp.route("/login", methods=["GET", "POST"])
 def login():
     """Sign the browser in with an API key; the session cookie carries the key's id."""
-    from models.apikeys import authenticate
+    from models.access.apikeys import authenticate
 
     target = auth.safe_next(request.values.get("next"))
     if request.method == "GET":

@@ -13,15 +13,15 @@ from werkzeug.datastructures import FileStorage
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from config import publish_transcribe
-from models import audio as audio_io
+from models.delivery.outbound import check_url
 from models.errors import BrokerUnavailable, InvalidRequest
-from models.job import Job
-from models import idempotency
-from models.jobs import check_options, create_job, discard_job, get_job
+from models.jobs import idempotency
+from models.jobs.operations import check_options, create_job, discard_job, get_job
+from models.jobs.record import Job
 from models.runtime import Runtime
-from models.speech import check_language, is_multilingual, model_path
+from models.speech.engines import check_language, is_multilingual, model_path
+from models.speech import audio as audio_io
 from models.storage import SealedSpool, clean_filename
-from models.outbound import check_url
 
 log = logging.getLogger(__name__)
 

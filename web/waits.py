@@ -14,7 +14,7 @@ from typing import Callable
 
 from sqlalchemy import select
 
-from models.job import Job
+from models.jobs.record import Job
 from models.runtime import Runtime
 
 log = logging.getLogger(__name__)

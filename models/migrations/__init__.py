@@ -70,9 +70,8 @@ def _made_before_revisions(conn: Connection) -> bool:
 def _add_missing_columns(conn: Connection) -> None:
     """What create_all's upgrades did before revisions: tables made by an older version
     lack columns added since, all nullable; add them so the tables match the baseline."""
-    from ..db import Base, register_tables
+    from models.db import Base  # every table is on it: importing `models` declares them all
 
-    register_tables()
     inspector = inspect(conn)
     present_tables = set(inspector.get_table_names())
     for table in Base.metadata.sorted_tables:

@@ -2,9 +2,9 @@
 `whisperq db` commands), never from a URL in a file."""
 from alembic import context
 
-from models.db import Base, register_tables
+import models  # noqa: F401 - declares every table on Base
+from models.db import Base
 
-register_tables()
 connection = context.config.attributes.get("connection")
 if connection is None:
     raise RuntimeError("run migrations through `whisperq db upgrade`, which connects to WHISPERQ's DATABASE_URL")

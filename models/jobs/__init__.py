@@ -1,0 +1,11 @@
+"""Jobs: the record that is the source of truth, and everything that changes it.
+
+- ``record`` - the Job row, its status and stage enums.
+- ``operations`` - create, look up, finish exactly once, cancel, delete.
+- ``idempotency``, ``deadletter``, ``sweeper`` - the same request twice, jobs that used up
+  their attempts, jobs whose message or worker was lost.
+- ``workers`` - heartbeats; ``eta`` - a job's place and finish estimate; ``metrics`` -
+  worker-side metrics.
+
+May import config, the foundation and ``models.security``; never speech, access, delivery,
+pipeline or maintenance."""

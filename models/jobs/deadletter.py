@@ -1,0 +1,124 @@
+"""The dead-letter store: jobs that used up their attempts, kept for an operator to
+inspect, replay or purge. The job row stays FAILED; this row says why and how often."""
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, ForeignKey, Integer, String, Text, select
+from sqlalchemy.orm import Mapped, mapped_column
+
+from models.db import Base
+from models.errors import AudioPurged, BrokerUnavailable, InvalidRequest, JobNotFound
+from models.jobs.record import Job, JobStatus, UTCDateTime, utcnow
+from models.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+
+class DeadLetter(Base):
+    __tablename__ = "dead_letters"
+
+    job_id: Mapped[str] = mapped_column(String(36), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    task: Mapped[str] = mapped_column(String(64))
+    error: Mapped[str] = mapped_column(Text)
+    traceback: Mapped[str | None] = mapped_column(Text)
+    attempts: Mapped[int] = mapped_column(Integer)
+    worker: Mapped[str | None] = mapped_column(String(255))
+    submitted_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    failed_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    replays: Mapped[int] = mapped_column(Integer, default=0)
+    message: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+    def to_dict(self) -> dict[str, Any]:
+        def iso(v):
+            return v.isoformat().replace("+00:00", "Z") if v else None
+
+        return {
+            "job_id": self.job_id, "task": self.task, "error": self.error, "traceback": self.traceback,
+            "attempts": self.attempts, "worker": self.worker, "submitted_at": iso(self.submitted_at),
+            "failed_at": iso(self.failed_at), "replays": self.replays,
+        }
+
+
+def bury(rt: Runtime, job_id: str, task: str, error: str, traceback: str | None) -> None:
+    """Fail the job for good and keep it in the dead-letter store."""
+    with rt.db.session() as session:
+        job = session.get(Job, job_id)
+        if job is None or job.state is JobStatus.COMPLETED:
+            return
+        if not job.state.finished:
+            job.fail(f"{error} (gave up after {job.attempts} attempts)")
+        dead = session.get(DeadLetter, job_id)
+        if dead is None:
+            dead = DeadLetter(job_id=job_id, replays=0)
+            session.add(dead)
+        dead.task, dead.error, dead.traceback = task, error, traceback
+        dead.attempts, dead.worker, dead.submitted_at = job.attempts, job.worker, job.created_at
+        dead.failed_at = utcnow()
+        dead.message = {"audio": job.audio_ref, "language": job.language, "priority": job.priority, "task": job.task}
+    log.error("job %s dead-lettered after %s attempts: %s", job_id, dead.attempts, error)
+
+
+def list_dead(rt: Runtime, limit: int = 100) -> list[dict[str, Any]]:
+    with rt.db.session() as session:
+        rows = session.scalars(select(DeadLetter).order_by(DeadLetter.failed_at.desc()).limit(limit))
+        return [r.to_dict() for r in rows]
+
+
+def get_dead(rt: Runtime, job_id: str) -> dict[str, Any]:
+    with rt.db.session() as session:
+        dead = session.get(DeadLetter, job_id)
+        if dead is None:
+            raise JobNotFound(f"no dead-lettered job with id {job_id!r}")
+        return dead.to_dict()
+
+
+def take_for_replay(rt: Runtime, job_id: str) -> Job:
+    """Reset a dead job to PENDING with its attempts cleared; the caller publishes it."""
+    with rt.db.session(write=True) as session:  # retention may be purging it right now
+        job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one_or_none()
+        dead = session.get(DeadLetter, job_id)
+        if dead is None or job is None:
+            raise JobNotFound(f"no dead-lettered job with id {job_id!r}")
+        if job.audio_purged_at is not None and (job.audio_owned or not job.audio_ref):
+            raise AudioPurged(f"job {job_id}'s audio was deleted after the retention period "
+                              "(WHISPERQ_AUDIO_RETENTION); it cannot be replayed: submit the audio again")
+        job.audio_purged_at = None  # a caller's own file: purge its prepared copy again later
+        # A job by URL whose audio was never fetched (audio_ref "") fetches it again.
+        if job.audio_owned and job.audio_ref and not rt.storage.path(job.audio_ref).exists():
+            raise InvalidRequest(f"job {job_id}'s audio has been deleted; it cannot be replayed")
+        job.reset_for_replay()
+        session.delete(dead)
+        session.flush()
+        session.expunge(job)
+        return job
+
+
+def replay(rt: Runtime, celery, job_id: str) -> Job:
+    """Queue a dead job again with its attempts reset; it is back in the dead letters if
+    publishing fails."""
+    from config import publish_transcribe
+
+    job = take_for_replay(rt, job_id)
+    try:
+        publish_transcribe(celery, job)
+    except Exception as exc:
+        bury(rt, job_id, "whisperq.transcribe", "replay could not be published", None)
+        raise BrokerUnavailable("the job queue is unreachable right now; the job stays in the dead letters, "
+                                "try again shortly") from exc
+    log.info("job %s replayed from the dead-letter queue", job_id)
+    return job
+
+
+def purge(rt: Runtime, job_ids: list[str] | None = None) -> int:
+    """Delete dead letters (all, or the given ones); their jobs stay FAILED."""
+    with rt.db.session() as session:
+        query = select(DeadLetter)
+        if job_ids:
+            query = query.where(DeadLetter.job_id.in_(job_ids))
+        rows = list(session.scalars(query))
+        for row in rows:
+            session.delete(row)
+        return len(rows)

@@ -1,0 +1,285 @@
+"""Job operations: create from an upload, look up, finish exactly once, cancel and delete.
+Preparing a job (claiming it, decoding its audio) is models.pipeline.preparation.
+
+Tasks and views are thin wrappers around these functions; tests call them directly.
+"""
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, select, update
+
+from config import LANGUAGES, PRIORITIES
+
+from models.errors import (
+    AttemptsExhausted,
+    InvalidRequest,
+    JobCancelled,
+    JobNotFound,
+    JobNotReady,
+    PermanentJobError,
+)
+from models.jobs.record import Job, JobStatus, Stage, new_job_id, utcnow
+from models.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+TASKS = ("transcribe", "translate")
+# `owner=ANY` (the default) acts on any job: workers, operators and admin keys. Web
+# requests pass their principal's owner (a key id, or None for anonymous use), and a job
+# recorded under another owner is "not found", as if it did not exist.
+ANY = object()
+
+
+def _visible(job: Job | None, owner) -> bool:
+    return job is not None and job.deleted_at is None and (owner is ANY or job.owner == owner)
+
+
+def check_options(language: str | None, priority: str, task: str) -> None:
+    """The options any job may carry, whoever submits it; the message says what to send."""
+    if language is not None and language not in LANGUAGES:
+        raise InvalidRequest(
+            f"language {language!r} is not a Whisper language code; use one such as en, de or fr, "
+            "or leave it out to detect it"
+        )
+    if priority not in PRIORITIES:
+        raise InvalidRequest(f"priority {priority!r} is not one of: {', '.join(PRIORITIES)}")
+    if task not in TASKS:
+        raise InvalidRequest(f"task {task!r} is not one of: {', '.join(TASKS)}")
+
+
+def create_job(
+    rt: Runtime,
+    spooled: Path | None,
+    *,
+    filename: str | None,
+    duration: float | None,
+    audio_format: str | None = None,
+    language: str | None,
+    priority: str,
+    task: str = "transcribe",
+    callback_url: str | None = None,
+    word_timestamps: bool = False,
+    audio_url: str | None = None,
+    prompt: str | None = None,
+    temperature: float | None = None,
+    owner: str | None = None,
+) -> Job:
+    """Move a validated upload into storage and record its PENDING job (before publishing).
+    A job submitted by URL has no file yet: the preparation pool fetches it."""
+    job_id = new_job_id()
+    ref = rt.storage.adopt(spooled, job_id) if spooled is not None else ""
+    try:
+        with rt.db.session() as session:
+            job = Job(
+                id=job_id, status=JobStatus.PENDING.value, task=task, language=language, priority=priority,
+                audio_ref=ref, audio_owned=True, filename=filename,
+                audio_duration=round(duration, 3) if duration is not None else None, attempts=0,
+                callback_url=callback_url, word_timestamps=word_timestamps, audio_url=audio_url,
+                prompt=prompt, temperature=temperature, owner=owner, audio_format=audio_format,
+            )
+            session.add(job)
+    except BaseException:
+        if ref:
+            rt.storage.delete(ref)
+        raise
+    log.info("job %s created (%s, priority %s)", job_id,
+             f"{duration:.1f} s of audio" if duration is not None else "audio to fetch", priority)
+    return job
+
+
+def get_job(rt: Runtime, job_id: str, owner=ANY) -> Job:
+    with rt.db.session() as session:
+        job = session.get(Job, job_id)
+        if not _visible(job, owner):
+            raise JobNotFound(f"no job with id {job_id!r}")
+        session.expunge(job)
+        return job
+
+
+def discard_job(rt: Runtime, job_id: str) -> None:
+    """Remove a job and its audio that never reached the queue (publishing failed)."""
+    with rt.db.session() as session:
+        job = session.get(Job, job_id)
+        if job is not None:
+            if job.audio_owned and job.audio_ref:
+                rt.storage.delete(job.audio_ref)
+            session.delete(job)
+
+
+def count_engine_run(rt: Runtime, job_id: str) -> None:
+    """The engine has been through all of this job's windows once more."""
+    with rt.db.session() as session:
+        session.execute(update(Job).where(Job.id == job_id).values(engine_runs=func.coalesce(Job.engine_runs, 0) + 1))
+
+
+def complete_job(rt: Runtime, job_id: str, data: dict[str, Any]) -> tuple[dict, bool]:
+    """Store the transcript once: a job another delivery already completed keeps its own.
+    Returns the stored result and whether this call stored it."""
+    with rt.db.session(write=True) as session:
+        stored = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one()
+        if stored.state is JobStatus.COMPLETED:
+            return stored.result(), False
+        if stored.deleted_at is not None:
+            raise JobCancelled(f"job {job_id} was deleted; its transcript was not stored")
+        if stored.state.finished:
+            raise PermanentJobError(f"the job is {stored.status}; its transcript was not stored")
+        stored.complete(data["text"], data["language"], data["segments"], data["duration"])
+        return stored.result(), True
+
+
+def mark_held(rt: Runtime, job_id: str, worker_id: str | None) -> None:
+    """A worker has reserved this job's message: if that worker dies, the sweeper knows
+    the message is stuck in a dead worker's buffer, not waiting in the queue."""
+    if not worker_id:
+        return
+    with rt.db.session() as session:
+        session.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.status.in_([JobStatus.PENDING.value, JobStatus.PROCESSING.value]))
+            .values(worker_id=worker_id, held_at=utcnow())
+        )
+
+
+def begin_inference(rt: Runtime, job_id: str, worker: str | None, worker_id: str | None) -> dict | None:
+    """Mark the job as in inference; returns the stored result if it is already done.
+
+    A job found already in inference was being run by a worker that is gone (this is a
+    redelivery): that costs it an attempt, and the last one sends it to the dead letters.
+    """
+    with rt.db.session(write=True) as session:
+        job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one_or_none()
+        if job is None:
+            raise PermanentJobError(f"job {job_id} does not exist")
+        if job.state is JobStatus.COMPLETED:
+            return job.result()
+        if job.state is JobStatus.CANCELLED:
+            raise JobCancelled(f"job {job_id} was cancelled; it is not run")
+        if job.state.finished:
+            raise PermanentJobError(job.error or f"the job is {job.status}")
+        if job.cancel_requested:
+            job.cancel()
+            return job.result() or {"job_id": job_id, "cancelled": True}
+        if job.stage == Stage.INFER:
+            if job.attempts >= rt.settings.max_attempts:
+                raise AttemptsExhausted(
+                    f"inference was started {job.attempts} times without finishing (its worker was lost each time)"
+                )
+            job.attempts += 1
+        if job.state is JobStatus.PENDING:
+            job.start(worker, worker_id)
+        job.stage, job.worker, job.worker_id = Stage.INFER.value, worker, worker_id
+        job.infer_started_at, job.progress_seconds = utcnow(), 0.0
+        return None
+
+
+def schedule_retry(rt: Runtime, job_id: str, error: str) -> float | None:
+    """After a transient failure: the delay before the next attempt, or None when the
+    attempts are used up (the caller dead-letters the job)."""
+    with rt.db.session() as session:
+        job = session.get(Job, job_id)
+        if job is None or job.state.finished:
+            return None
+        if job.attempts >= rt.settings.max_attempts:
+            return None
+        delay = rt.settings.retry_delay(job.attempts)
+        job.retry_later(f"attempt {job.attempts} failed: {error}", utcnow() + timedelta(seconds=delay))
+    log.warning("job %s: attempt failed (%s); retrying in %.1f s", job_id, error, delay)
+    return delay
+
+
+def fail_job(rt: Runtime, job_id: str, reason: str) -> None:
+    with rt.db.session() as session:
+        job = session.get(Job, job_id)
+        if job is not None and not job.state.finished:
+            job.fail(reason)
+    log.warning("job %s failed: %s", job_id, reason)
+
+
+def record_progress(rt: Runtime, job_id: str, seconds: float) -> bool:
+    """Audio seconds transcribed so far; returns whether a cancel has been asked for."""
+    with rt.db.session() as session:
+        job = session.get(Job, job_id)
+        if job is None:
+            return True
+        job.progress_seconds = round(seconds, 3)
+        return bool(job.cancel_requested) or job.deleted_at is not None
+
+
+def cancel_running(rt: Runtime, job_id: str, partial: dict[str, Any]) -> dict | None:
+    """A running job stopped at a window boundary: CANCELLED, with what was transcribed."""
+    with rt.db.session(write=True) as session:
+        job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one()
+        if job.state.finished:
+            return job.result()
+        job.cancel(None if job.deleted_at is not None else partial)
+        return job.result()
+
+
+def cancel_job(rt: Runtime, job_id: str, owner=ANY) -> Job:
+    """Cancel a job that has not finished: one still waiting never runs; one being
+    transcribed stops at its next window boundary (its worker marks it CANCELLED)."""
+    with rt.db.session(write=True) as session:
+        job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one_or_none()
+        if not _visible(job, owner):
+            raise JobNotFound(f"no job with id {job_id!r}")
+        if job.state.finished:
+            raise JobNotReady(f"job {job_id} is already {job.status}; only PENDING or PROCESSING jobs can be cancelled")
+        prepared = job.stage == Stage.QUEUED
+        if job.state is JobStatus.PENDING or prepared:
+            job.cancel()
+        else:
+            job.cancel_requested = True
+        session.flush()
+        session.expunge(job)
+    if prepared:  # its inference message will find it CANCELLED
+        rt.storage.delete(f"prepared/{job_id[:2]}/{job_id}.npy")
+    log.info("job %s: cancel asked (%s)", job_id, job.status)
+    return job
+
+
+def delete_job(rt: Runtime, job_id: str, owner=ANY) -> None:
+    """Remove a job's audio and transcript for good; a running job is cancelled first.
+    The row stays, emptied, so that a late message finds the job gone."""
+    with rt.db.session(write=True) as session:
+        job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one_or_none()
+        if not _visible(job, owner):
+            raise JobNotFound(f"no job with id {job_id!r}")
+        if not job.state.finished:
+            if job.state is JobStatus.PENDING or job.stage == Stage.QUEUED:
+                job.cancel()
+            else:
+                job.cancel_requested = True
+        refs = [job.audio_ref] if job.audio_owned and job.audio_ref else []
+        refs.append(f"prepared/{job_id[:2]}/{job_id}.npy")
+        job.deleted_at = utcnow()
+        job.result_text = job.result_segments = job.result_language = None
+        job.filename = job.audio_url = job.callback_url = None
+        job.audio_ref = ""
+    for ref in refs:
+        rt.storage.delete(ref)
+    log.info("job %s deleted", job_id)
+
+
+def list_jobs(rt: Runtime, status: str | None = None, limit: int = 50,
+              cursor: tuple[Any, str] | None = None, owner=ANY) -> tuple[list[Job], tuple[Any, str] | None]:
+    """Jobs newest first; `cursor` is the (created_at, id) of the last job of the previous
+    page. Returns the page and the next cursor (None on the last page)."""
+    query = select(Job).where(Job.deleted_at.is_(None))
+    if owner is not ANY:
+        query = query.where(Job.owner.is_(None) if owner is None else Job.owner == owner)
+    if status is not None:
+        query = query.where(Job.status == status)
+    if cursor is not None:
+        created, last_id = cursor
+        query = query.where((Job.created_at < created) | ((Job.created_at == created) & (Job.id < last_id)))
+    query = query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)
+    with rt.db.session() as session:
+        jobs = list(session.scalars(query).all())
+        for job in jobs:
+            session.expunge(job)
+    page, more = jobs[:limit], len(jobs) > limit
+    return page, ((page[-1].created_at, page[-1].id) if more else None)

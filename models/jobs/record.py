@@ -1,0 +1,259 @@
+"""The Job record: the source of truth for a transcription, whatever the broker says."""
+from __future__ import annotations
+
+import enum
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, Float, Integer, String, Text
+from sqlalchemy.orm import Mapped, mapped_column
+
+from models.db import Base, UTCDateTime, utcnow  # noqa: F401 - utcnow is part of this API
+from models.security.crypto import SealedAttribute
+
+
+class JobStatus(str, enum.Enum):
+    PENDING = "PENDING"
+    PROCESSING = "PROCESSING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    EXPIRED = "EXPIRED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def finished(self) -> bool:
+        return self in (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.EXPIRED, JobStatus.CANCELLED)
+
+
+class Stage(str, enum.Enum):
+    """Where a PROCESSING job is: decoded in the preparation pool, waiting for the speech
+    model, or being transcribed. Stored as its value (`.value` in rows and SQL)."""
+    PREPARE = "prepare"
+    QUEUED = "queued"
+    INFER = "infer"
+
+
+class InvalidTransition(RuntimeError):
+    pass
+
+
+# Which status may follow which. PROCESSING -> PROCESSING is a redelivery after a crash;
+# PROCESSING -> PENDING is a retry that goes back to the queue; FAILED -> PENDING is an
+# operator's replay from the dead-letter queue; PENDING -> COMPLETED is a worker the
+# sweeper wrongly gave up on finishing after all (its transcript is as good as any).
+# A client may cancel a job that has not finished.
+TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
+    JobStatus.PENDING: frozenset({JobStatus.PROCESSING, JobStatus.FAILED, JobStatus.EXPIRED, JobStatus.COMPLETED,
+                                  JobStatus.CANCELLED}),
+    JobStatus.PROCESSING: frozenset({JobStatus.PROCESSING, JobStatus.PENDING, JobStatus.COMPLETED, JobStatus.FAILED,
+                                     JobStatus.CANCELLED}),
+    JobStatus.COMPLETED: frozenset(),
+    JobStatus.FAILED: frozenset({JobStatus.PENDING}),
+    JobStatus.EXPIRED: frozenset(),
+    JobStatus.CANCELLED: frozenset(),
+}
+
+# The webhook event each final state sends.
+EVENTS = {JobStatus.COMPLETED: "job.completed", JobStatus.FAILED: "job.failed",
+          JobStatus.CANCELLED: "job.cancelled", JobStatus.EXPIRED: "job.expired"}
+
+
+# What a job whose transcript retention deleted says instead of its transcript.
+RESULT_PURGED = "the transcript was deleted after the retention period (WHISPERQ_RESULT_RETENTION)"
+
+
+def new_job_id() -> str:
+    return str(uuid.uuid4())
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_job_id)
+    status: Mapped[str] = mapped_column(String(16), default=JobStatus.PENDING.value, index=True)
+    task: Mapped[str] = mapped_column(String(16), default="transcribe")
+    language: Mapped[str | None] = mapped_column(String(8))
+    priority: Mapped[str] = mapped_column(String(8), default="normal")
+    audio_ref: Mapped[str] = mapped_column(Text)
+    audio_owned: Mapped[bool] = mapped_column(default=True)
+    filename: Mapped[str | None] = mapped_column(String(255))
+    audio_duration: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    worker: Mapped[str | None] = mapped_column(String(255))
+    error: Mapped[str | None] = mapped_column(Text)
+    # The transcript, encrypted at rest and bound to this row (models.security.crypto): read and
+    # write result_text and result_segments; the *_token columns hold the ciphertext.
+    result_text_token: Mapped[str | None] = mapped_column("result_text", Text)
+    result_language: Mapped[str | None] = mapped_column(String(8))
+    result_segments_token: Mapped[Any] = mapped_column("result_segments", JSON, nullable=True)
+    processing_seconds: Mapped[float | None] = mapped_column(Float)
+    # Where a PROCESSING job is (a Stage's value); and which worker process holds its message.
+    stage: Mapped[str | None] = mapped_column(String(16))
+    worker_id: Mapped[str | None] = mapped_column(String(64), index=True)
+    next_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # When a worker reserved its message (its worker_id says which).
+    held_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # When it last entered the queue (creation or replay): the time-to-live counts from here.
+    queued_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # Where to POST the job when it ends (see models.delivery.notify).
+    callback_url: Mapped[str | None] = mapped_column(Text)
+    # Submitted by URL: the preparation pool fetches it (see models.delivery.fetch).
+    audio_url: Mapped[str | None] = mapped_column(Text)
+    word_timestamps: Mapped[bool | None] = mapped_column(default=False)
+    # Decoding options: Whisper's initial prompt, and the sampling temperature.
+    prompt: Mapped[str | None] = mapped_column(Text)
+    temperature: Mapped[float | None] = mapped_column(Float)
+    # Audio seconds transcribed so far, and when inference began: progress and estimates.
+    progress_seconds: Mapped[float | None] = mapped_column(Float)
+    infer_started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # A client asked to cancel a running job: it stops at the next window boundary.
+    cancel_requested: Mapped[bool | None] = mapped_column(default=False)
+    # DELETE: audio and transcript are gone; the row stays so a late message finds it.
+    deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # Retention (models.maintenance.retention) deleted the audio, or the transcript, at these times.
+    audio_purged_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    result_purged_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # The API key that submitted it (models.access.apikeys); None for anonymous use and for
+    # transcribe.delay() callers. Other keys get 404 for it.
+    owner: Mapped[str | None] = mapped_column(String(36), index=True)
+    # The container the door found (models.speech.audio.DEMUXERS), pinned when the file is decoded.
+    audio_format: Mapped[str | None] = mapped_column(String(16))
+    # How many times the engine went through all of the job's windows: once, whatever the
+    # deliveries (a run cut short by a crash is not counted). The delivery tests read it.
+    engine_runs: Mapped[int | None] = mapped_column(Integer)
+
+    result_text = SealedAttribute("result_text_token", "jobs.result_text")
+    result_segments = SealedAttribute("result_segments_token", "jobs.result_segments", as_json=True)
+
+    @property
+    def state(self) -> JobStatus:
+        return JobStatus(self.status)
+
+    def _move(self, new: JobStatus) -> None:
+        if new not in TRANSITIONS[self.state]:
+            raise InvalidTransition(f"job {self.id} cannot go from {self.status} to {new.value}")
+        self.status = new.value
+
+    def start(self, worker: str | None = None, worker_id: str | None = None) -> None:
+        """An attempt begins (first delivery, retry, or redelivery after a crash)."""
+        self._move(JobStatus.PROCESSING)
+        self.attempts = (self.attempts or 0) + 1
+        self.started_at = utcnow()
+        self.worker = worker
+        self.worker_id = worker_id
+        self.stage = Stage.PREPARE.value
+        self.next_attempt_at = None
+
+    def retry_later(self, reason: str, when: datetime) -> None:
+        self._move(JobStatus.PENDING)
+        self.error = reason
+        self.stage = None
+        self.worker_id = None
+        self.next_attempt_at = when
+
+    def waiting_since(self) -> datetime:
+        return self.queued_at or self.created_at
+
+    def expire(self) -> None:
+        self._move(JobStatus.EXPIRED)
+        self.error = "the job was not started within its time-to-live (WHISPERQ_JOB_TTL)"
+        self.finished_at = utcnow()
+
+    def reset_for_replay(self) -> None:
+        self._move(JobStatus.PENDING)
+        self.queued_at = utcnow()
+        self.attempts = 0
+        self.error = None
+        self.finished_at = None
+        self.stage = None
+        self.worker_id = None
+        self.next_attempt_at = None
+
+    def complete(self, text: str, language: str | None, segments: list[dict[str, Any]], duration: float | None) -> None:
+        self._move(JobStatus.COMPLETED)
+        self.result_text = text
+        self.result_language = language
+        self.result_segments = segments
+        if duration is not None:
+            self.audio_duration = duration
+        self.finished_at = utcnow()
+        self.stage = None
+        if self.started_at is not None:
+            self.processing_seconds = (self.finished_at - self.started_at).total_seconds()
+
+    def cancel(self, partial: dict[str, Any] | None = None) -> None:
+        self._move(JobStatus.CANCELLED)
+        self.error = "cancelled by the client"
+        self.finished_at = utcnow()
+        self.stage = None
+        if partial is not None:  # what was transcribed before the cancel is kept
+            self.result_text = partial["text"]
+            self.result_language = partial["language"]
+            self.result_segments = partial["segments"]
+
+    def fail(self, reason: str) -> None:
+        self._move(JobStatus.FAILED)
+        self.error = reason
+        self.finished_at = utcnow()
+        self.stage = None
+
+    def result(self) -> dict[str, Any] | None:
+        """The transcript as a dict: the whole one once COMPLETED, the part done before a
+        cancel (`partial`), or None."""
+        if self.state is JobStatus.CANCELLED and self.result_segments is not None:
+            partial = True
+        elif self.state is JobStatus.COMPLETED:
+            partial = False
+        else:
+            return None
+        out = {
+            "job_id": self.id,
+            "text": self.result_text or "",
+            "language": self.result_language,
+            "duration": self.audio_duration,
+            "segments": list(self.result_segments or []),
+        }
+        if partial:
+            out["partial"] = True
+        return out
+
+    @property
+    def progress(self) -> float:
+        if self.state is JobStatus.COMPLETED:
+            return 1.0
+        if not self.audio_duration or not self.progress_seconds:
+            return 0.0
+        return round(min(1.0, self.progress_seconds / self.audio_duration), 3)
+
+    def to_dict(self) -> dict[str, Any]:
+        def iso(value: datetime | None) -> str | None:
+            return value.isoformat().replace("+00:00", "Z") if value else None
+
+        return {
+            "job_id": self.id,
+            "status": self.status,
+            "task": self.task,
+            "language": self.language,
+            "priority": self.priority,
+            "filename": self.filename,
+            "audio_duration": self.audio_duration,
+            "created_at": iso(self.created_at),
+            "started_at": iso(self.started_at),
+            "finished_at": iso(self.finished_at),
+            "attempts": self.attempts,
+            "stage": self.stage,
+            "progress": self.progress,
+            "word_timestamps": bool(self.word_timestamps),
+            "audio_url": self.audio_url,
+            "callback_url": self.callback_url,
+            "next_attempt_at": iso(self.next_attempt_at),
+            "error": self.error,
+            "result": None if self.result_purged_at is not None else self.result(),
+            "audio_purged_at": iso(self.audio_purged_at),
+            "result_purged_at": iso(self.result_purged_at),
+            "notice": RESULT_PURGED if self.result_purged_at is not None else None,
+        }

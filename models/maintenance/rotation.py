@@ -1,0 +1,179 @@
+"""Key rotation: what is stored under which key, and re-encrypting it under the active one.
+
+Safe while the service runs: a file is rewritten beside itself and swapped in atomically,
+only if it is still the file that was read (a job deleted meanwhile stays deleted); a
+transcript is rewritten in a transaction that locks its row.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import shutil
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+from sqlalchemy import JSON, Text, or_, select, type_coerce
+
+from models.jobs.record import Job
+from models.runtime import Runtime
+from models.security.crypto import DecryptionError, current_keyring, value_is_bound, value_key_id
+from models.security.sealed import EncryptedWriter, file_key_id, open_stored
+
+FOLDERS = ("audio", "prepared")
+PLAIN = "(unencrypted)"
+BATCH = 200
+
+
+@dataclass
+class Usage:
+    files: Counter = field(default_factory=Counter)
+    transcripts: Counter = field(default_factory=Counter)
+
+
+@dataclass
+class RotationReport:
+    files_rewritten: int = 0
+    files_current: int = 0
+    files_gone: int = 0  # deleted (or rewritten by someone else) while rotation ran
+    transcripts_rewritten: int = 0
+    transcripts_current: int = 0
+    failures: list[str] = field(default_factory=list)
+
+
+def stored_files(rt: Runtime) -> Iterator[Path]:
+    """Every finished file the store holds (not temporary parts, not the tmp folder)."""
+    for folder in FOLDERS:
+        base = rt.storage.root / folder
+        if base.is_dir():
+            for path in sorted(base.rglob("*")):
+                if path.is_file() and not path.name.startswith("."):
+                    yield path
+
+
+def _transcript_rows(rt: Runtime):
+    """(job id, the key ids of its transcript's values, whether all are bound to the row),
+    reading the raw tokens."""
+    table = Job.__table__
+    query = select(table.c.id, type_coerce(table.c.result_text, Text), type_coerce(table.c.result_segments, JSON)).where(
+        or_(table.c.result_text.is_not(None), table.c.result_segments.is_not(None)))
+    with rt.db.session() as session:
+        for job_id, text, segments in session.execute(query):
+            values = [v for v in (text, segments) if v is not None]
+            kids = {value_key_id(v) or PLAIN for v in values}
+            if kids:  # (a JSON null is no transcript)
+                yield job_id, kids, all(value_is_bound(v) for v in values)
+
+
+def usage(rt: Runtime) -> Usage:
+    out = Usage()
+    for path in stored_files(rt):
+        try:
+            out.files[file_key_id(path) or PLAIN] += 1
+        except (FileNotFoundError, DecryptionError):
+            out.files["(unreadable)"] += 1
+    for _job_id, kids, _bound in _transcript_rows(rt):
+        for kid in kids:
+            out.transcripts[kid] += 1
+    return out
+
+
+def rotate(rt: Runtime, progress: Callable[[str], None] | None = None) -> RotationReport:
+    """Re-encrypt every stored file and transcript that is not under the active key, or (a
+    transcript written by an earlier version) not yet bound to its row."""
+    report = RotationReport()
+    active = current_keyring().active
+    for path in stored_files(rt):
+        try:
+            if file_key_id(path) == active:
+                report.files_current += 1
+            elif _rewrite(rt, path):
+                report.files_rewritten += 1
+            else:
+                report.files_gone += 1
+        except FileNotFoundError:
+            report.files_gone += 1
+        except DecryptionError as exc:
+            report.failures.append(str(exc))
+        if progress and (report.files_rewritten + 1) % 1000 == 0:
+            progress(f"{report.files_rewritten} files re-encrypted so far")
+    stale = []
+    for job_id, kids, bound in _transcript_rows(rt):
+        if kids == {active} and bound:
+            report.transcripts_current += 1
+        else:
+            stale.append(job_id)
+    for start in range(0, len(stale), BATCH):
+        batch = stale[start:start + BATCH]
+        try:
+            report.transcripts_rewritten += _reencrypt_rows(rt, batch)
+        except DecryptionError:
+            for job_id in batch:  # find the rows that cannot be read, keep going with the rest
+                try:
+                    report.transcripts_rewritten += _reencrypt_rows(rt, [job_id])
+                except DecryptionError as exc:
+                    report.failures.append(f"job {job_id}: {exc}")
+    return report
+
+
+def _reencrypt_rows(rt: Runtime, ids: list[str]) -> int:
+    done = 0
+    with rt.db.session(write=True) as session:
+        for job in session.execute(select(Job).where(Job.id.in_(ids)).with_for_update()).scalars():
+            for name in ("result_text", "result_segments"):
+                value = getattr(job, name)
+                if value is not None:  # sealed again: under the active key, bound to its row
+                    setattr(job, name, value)
+            done += 1
+    return done
+
+
+def _rewrite(rt: Runtime, path: Path) -> bool:
+    """Re-encrypt one file in place; False when it went away (or changed) meanwhile."""
+    ref = path.relative_to(rt.storage.root).as_posix()
+    inode = os.stat(path).st_ino
+
+    def swap_in(tmp: Path, dest: Path) -> None:
+        _replace_if_unchanged(tmp, dest, inode)
+
+    try:
+        with open_stored(path, what=f"stored file {ref}") as src, EncryptedWriter(path, commit=swap_in) as out:
+            shutil.copyfileobj(src, out, 1024 * 1024)
+    except _Gone:
+        return False
+    return True
+
+
+class _Gone(Exception):
+    pass
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+try:
+    _renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+except (AttributeError, OSError):  # not Linux/glibc
+    _renameat2 = None
+
+
+def _replace_if_unchanged(tmp: Path, dest: Path, inode: int) -> None:
+    """Put `tmp` in place of `dest` only if `dest` is still the file that was read: on Linux
+    an atomic exchange (renameat2 RENAME_EXCHANGE fails if `dest` has been deleted), else a
+    check and a rename."""
+    try:
+        if os.stat(dest).st_ino != inode:
+            raise _Gone
+    except FileNotFoundError:
+        raise _Gone from None
+    if _renameat2 is not None:
+        if _renameat2(_AT_FDCWD, os.fsencode(tmp), _AT_FDCWD, os.fsencode(dest), _RENAME_EXCHANGE) == 0:
+            os.unlink(tmp)  # now the old file
+            return
+        code = ctypes.get_errno()
+        if code == errno.ENOENT:
+            raise _Gone
+        if code not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+            raise OSError(code, os.strerror(code), str(dest))
+    os.replace(tmp, dest)

@@ -1,0 +1,5 @@
+"""The worker stages, job by job: ``preparation`` (claim, fetch, decode, split into windows)
+and ``inference`` (windows through the batcher and the engine, the result stored once).
+
+The one place jobs meet speech: may import every package below it (speech, jobs, access,
+delivery). Celery's tasks in ``tasks/`` call these and hold no logic of their own."""

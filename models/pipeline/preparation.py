@@ -1,0 +1,193 @@
+"""Preparing a job in the preparation pool: claim it (once, whatever the broker delivers
+twice), fetch its audio if it came by URL, decode it once, find its windows, and hand the
+samples over to inference."""
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+from models.speech import audio as audio_io
+from models.errors import (
+    AttemptsExhausted,
+    AudioTooLong,
+    InvalidRequest,
+    JobCancelled,
+    JobExpired,
+    PermanentJobError,
+    TransientJobError,
+    UnsupportedAudio,
+)
+from models.jobs.operations import TASKS, fail_job
+from models.jobs.record import Job, JobStatus, Stage, utcnow
+from models.runtime import Runtime
+from models.speech.engines import check_language
+from models.speech.windows import split_windows
+from models.storage import caller_file
+
+log = logging.getLogger(__name__)
+
+
+def _claim(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any], worker: str | None,
+           worker_id: str | None) -> Job | dict:
+    """Begin an attempt: mark the job PROCESSING and count it.
+
+    Returns the stored result instead when the job is already COMPLETED (a duplicate
+    delivery). Raises JobExpired for a job past its time-to-live, PermanentJobError for a
+    FAILED one, and AttemptsExhausted when a redelivery finds no attempts left (a job
+    whose workers keep dying is a poison job: it goes to the dead-letter store).
+    """
+    refusal = None
+    with rt.db.session(write=True) as session:
+        job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one_or_none()
+        if job is None:
+            # Submitted with transcribe.delay(path): the task id is the job id. A path that
+            # is not the caller's file to give fails at once, for good, saying why.
+            try:
+                audio_ref, refusal = caller_file(audio_ref, rt.settings.input_dirs, rt.settings.data_dir), None
+            except ValueError as exc:
+                audio_ref, refusal = str(audio_ref)[:4096], str(exc)
+            job = Job(
+                id=job_id, status=JobStatus.PENDING.value, task=options.get("task") or "transcribe",
+                language=options.get("language"), priority=options.get("priority") or "normal",
+                audio_ref=audio_ref, audio_owned=False, filename=Path(audio_ref).name[:255] or None, attempts=0,
+                created_at=utcnow(),
+            )
+            if refusal is not None:
+                job.status, job.error, job.finished_at = JobStatus.FAILED.value, refusal, utcnow()
+                log.warning("job %s: refused its audio path: %s", job_id, refusal)
+            session.add(job)
+        if job.state is JobStatus.COMPLETED:
+            log.info("job %s already COMPLETED; duplicate delivery ignored", job_id)
+            return job.result()
+        if job.state is JobStatus.EXPIRED:
+            raise JobExpired(job.error or "the job expired")
+        if job.state is JobStatus.CANCELLED:
+            raise JobCancelled(f"job {job_id} was cancelled; it is not run")
+        if job.state is JobStatus.FAILED and refusal is None:
+            raise PermanentJobError(job.error or "the job has failed")
+        ttl = timedelta(seconds=rt.settings.job_ttl_seconds)
+        if job.state is JobStatus.PENDING and not job.attempts and job.waiting_since() < utcnow() - ttl:
+            job.expire()
+            expired = job.error
+        else:
+            expired = None
+    if refusal is not None:  # raised after the session has committed the FAILED job
+        raise PermanentJobError(refusal)
+    if expired is not None:  # raised after the session has committed the EXPIRED state
+        raise JobExpired(expired)
+    with rt.db.session(write=True) as session:
+        job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one()
+        if job.state is JobStatus.COMPLETED:  # another delivery finished in between
+            return job.result()
+        if job.state.finished:
+            raise PermanentJobError(job.error or f"the job is {job.status}")
+        if job.attempts >= rt.settings.max_attempts:
+            raise AttemptsExhausted(
+                f"the job was started {job.attempts} times without finishing (its worker was lost each time)"
+            )
+        job.start(worker, worker_id)
+        session.flush()
+        session.expunge(job)
+        return job
+
+
+def prepare_job(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any] | None = None,
+                worker: str | None = None, worker_id: str | None = None) -> dict:
+    """Decode, resample to 16 kHz mono, measure and split into windows; store the samples.
+
+    Returns what the inference step needs — references and sample offsets, never audio —
+    or ``{"result": ...}`` when the job is already COMPLETED (a duplicate delivery).
+    Permanent problems mark the job FAILED and raise PermanentJobError; transient ones
+    raise TransientJobError for the task to retry.
+    """
+    claimed = _claim(rt, job_id, audio_ref, options or {}, worker, worker_id)
+    if isinstance(claimed, dict):
+        return {"job_id": job_id, "result": claimed}
+    job = claimed
+    try:
+        if job.task not in TASKS:
+            raise InvalidRequest(f"task {job.task!r} is not one of: {', '.join(TASKS)}")
+        check_language(rt.settings, job.language)
+        if job.audio_url and not job.audio_ref:
+            job.audio_ref = _fetch(rt, job)
+        path = rt.storage.path(job.audio_ref)
+        if not path.is_file():
+            # Shared storage may not have caught up yet: worth another attempt.
+            raise TransientJobError(f"the audio file {job.audio_ref!r} does not exist or is not readable by the worker")
+        samples = _decode_stored(rt, job.audio_ref, job.audio_format)
+    except (UnsupportedAudio, AudioTooLong, InvalidRequest, PermanentJobError) as exc:
+        fail_job(rt, job_id, str(exc))
+        raise PermanentJobError(str(exc)) from exc
+    duration = len(samples) / audio_io.SAMPLE_RATE
+    windows = split_windows(samples)
+    ref = rt.storage.save_samples(job_id, samples)
+    with rt.db.session(write=True) as session:
+        stored = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one()
+        if stored.cancel_requested:
+            stored.cancel()
+            cancelled = True
+        else:
+            cancelled = False
+            stored.audio_duration = round(duration, 3)
+            # Handed over: the inference message waits in its queue, held by no worker yet.
+            stored.stage, stored.worker_id = Stage.QUEUED.value, None
+    if cancelled:
+        rt.storage.delete(ref)
+        raise JobCancelled(f"job {job_id} was cancelled while it was prepared")
+    log.info("job %s prepared: %.1f s of audio in %d windows", job_id, duration, len(windows))
+    return {
+        "job_id": job_id,
+        "prepared": ref,
+        "duration": round(duration, 3),
+        "windows": [w.to_message() for w in windows],
+        "language": job.language,
+        "task": job.task,
+        "priority": job.priority,
+        "word_timestamps": bool(job.word_timestamps),
+        "prompt": job.prompt,
+        "temperature": job.temperature,
+    }
+
+
+def _decode_stored(rt: Runtime, ref: str, audio_format: str | None):
+    """The stored audio's samples (decrypted as they are read), its container pinned as the
+    door found it, at most WHISPERQ_MAX_AUDIO_SECONDS of it. A key this worker lacks may be
+    a configuration still rolling out: retried. A file that fails authentication is not."""
+    from models.security.crypto import DecryptionError
+
+    try:
+        with rt.storage.open(ref) as fh:
+            return audio_io.decode(fh, format=audio_format, max_seconds=rt.settings.max_audio_seconds)
+    except DecryptionError as exc:
+        log.error("%s", exc)  # for the operator: which file, which key, which chunk
+        if exc.missing_key:
+            raise TransientJobError(f"the stored audio is encrypted with key id {exc.key_id!r}, which this worker "
+                                    "does not have; add it to WHISPERQ_ENCRYPTION_KEYS") from None
+        raise PermanentJobError("the stored audio failed decryption (it was altered or damaged); "
+                                "submit the audio again") from None
+
+
+def _fetch(rt: Runtime, job: Job) -> str:
+    """Fetch a job submitted by URL into storage (preparation pool); returns its reference."""
+    from models.delivery.fetch import fetch_audio
+
+    tmp = rt.storage.tmp_dir / f"fetch-{job.id}"
+    try:
+        fetch_audio(job.audio_url, tmp, rt.settings, create=rt.storage.writer)  # written encrypted
+        with rt.storage.open(f"tmp/{tmp.name}") as fh:
+            info = audio_io.probe(fh, max_seconds=rt.settings.max_audio_seconds)
+        ref = rt.storage.adopt(tmp, job.id)
+    except (UnsupportedAudio, AudioTooLong) as exc:
+        raise PermanentJobError(f"the audio at audio_url: {exc}") from exc
+    finally:
+        tmp.unlink(missing_ok=True)
+    with rt.db.session() as session:
+        stored = session.get(Job, job.id)
+        stored.audio_ref, stored.audio_duration, stored.audio_format = ref, round(info.duration, 3), info.format
+    job.audio_format = info.format  # pinned for the decode that follows
+    log.info("job %s: fetched %.1f s of audio from its audio_url", job.id, info.duration)
+    return ref

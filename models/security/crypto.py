@@ -1,0 +1,234 @@
+"""Encryption at rest: the keys, and the transcripts' column types.
+
+WHISPERQ_ENCRYPTION_KEYS holds ``KEYID:BASE64KEY`` entries separated by commas; the first
+is the active key (it encrypts), every key decrypts, so a key is rotated by putting a new
+one first, restarting, running ``whisperq encryption rotate`` and then dropping the old
+one. Without the variable a key is generated once into the data dir (fine for one machine,
+not for production: the key then sits beside the data it protects).
+
+Files use a chunked AES-256-GCM format (models.security.sealed); database values are single
+AES-256-GCM tokens ``wqe2:KEYID:base64(nonce || ciphertext)`` whose associated data names
+the value's place (table, column and row id, see :func:`seal_value`): a token copied into
+another row or column fails authentication. ``wqe1:`` tokens, written before values were
+bound to their place, still decrypt; ``whisperq encryption rotate`` rewrites them bound.
+Each master key is split with HKDF into a value key and per-file keys, so no two uses share
+a key and nonce.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import secrets
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from config.keys import KEY_BYTES, KEY_ID, parse_keys  # noqa: F401 - parse_keys is part of this API
+
+log = logging.getLogger(__name__)
+
+VALUE_PREFIX = "wqe1:"  # a value not bound to its place (written by earlier versions)
+BOUND_PREFIX = "wqe2:"  # a value bound to its table, column and row
+KEY_FILE = "encryption-key"
+
+
+class DecryptionError(ValueError):
+    """Stored data could not be decrypted: tampered, truncated, or under a key this
+    process does not have. ``key_id`` is set when the key is the problem."""
+
+    def __init__(self, message: str, *, key_id: str | None = None, missing_key: bool = False):
+        super().__init__(message)
+        self.key_id = key_id
+        self.missing_key = missing_key
+
+
+def new_key_line(key_id: str | None = None) -> str:
+    """A fresh ``KEYID:BASE64`` entry for WHISPERQ_ENCRYPTION_KEYS."""
+    key_id = key_id or "k" + secrets.token_hex(4)
+    if not KEY_ID.match(key_id):
+        raise ValueError(f"key id {key_id!r} must be 1 to 32 letters, digits, '-' or '_'")
+    return f"{key_id}:{base64.b64encode(secrets.token_bytes(KEY_BYTES)).decode()}"
+
+
+def _derive(key: bytes, info: bytes, salt: bytes | None = None) -> bytes:
+    return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=salt, info=info).derive(key)
+
+
+@dataclass(frozen=True)
+class Keyring:
+    """The keys in force: `active` encrypts, any of `keys` decrypts."""
+
+    keys: tuple[tuple[str, bytes], ...] = field(repr=False)  # never print key material
+    source: str = "WHISPERQ_ENCRYPTION_KEYS"
+
+    @property
+    def active(self) -> str:
+        return self.keys[0][0]
+
+    @property
+    def ids(self) -> list[str]:
+        return [key_id for key_id, _ in self.keys]
+
+    def key(self, key_id: str, what: str = "the data") -> bytes:
+        for kid, key in self.keys:
+            if kid == key_id:
+                return key
+        raise DecryptionError(
+            f"{what} is encrypted with key id {key_id!r}, which is not configured ({self.source} has "
+            f"{', '.join(self.ids)}); add that key after the active one in WHISPERQ_ENCRYPTION_KEYS",
+            key_id=key_id, missing_key=True)
+
+    def file_key(self, key_id: str, salt: bytes, what: str) -> bytes:
+        return _derive(self.key(key_id, what), b"whisperq file v1", salt)
+
+    def value_cipher(self, key_id: str, what: str = "a stored transcript") -> AESGCM:
+        cache = self.__dict__.setdefault("_value_ciphers", {})
+        if key_id not in cache:
+            cache[key_id] = AESGCM(_derive(self.key(key_id, what), b"whisperq value v1"))
+        return cache[key_id]
+
+
+_current: Keyring | None = None
+_lock = threading.Lock()
+_warned: set[str] = set()
+
+
+def keyring_for(settings) -> Keyring:
+    """The settings' keys, or else the key generated once into the data dir."""
+    if settings.encryption_keys:
+        return Keyring(tuple(parse_keys(settings.encryption_keys)))
+    from config.files import generated_secret
+
+    path = Path(settings.data_dir) / KEY_FILE
+    generated_secret(path, lambda: new_key_line("local-" + secrets.token_hex(4)))
+    if str(path) not in _warned:
+        _warned.add(str(path))
+        log.warning("WHISPERQ_ENCRYPTION_KEYS is not set: audio and transcripts are encrypted with a key generated "
+                    "into %s, beside the data; in production set WHISPERQ_ENCRYPTION_KEYS from a secret store", path)
+    try:
+        return Keyring(tuple(parse_keys(path.read_text().strip())), source=str(path))
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+
+
+def set_keyring(keyring: Keyring) -> None:
+    global _current
+    _current = keyring
+
+
+def current_keyring() -> Keyring:
+    """This process's keys (set where the Runtime is built; else from the environment)."""
+    global _current
+    if _current is None:
+        with _lock:
+            if _current is None:
+                from config import Settings
+
+                _current = keyring_for(Settings.from_env())
+    return _current
+
+
+def seal_value(text: str, place: str, keyring: Keyring | None = None) -> str:
+    """A ``wqe2`` token for `text` stored at `place` ("table.column:row-id"): the place is the
+    associated data, so the token decrypts there and nowhere else."""
+    keyring = keyring or current_keyring()
+    key_id = keyring.active
+    nonce = secrets.token_bytes(12)
+    sealed = keyring.value_cipher(key_id).encrypt(nonce, text.encode("utf-8"), _bound_aad(key_id, place))
+    return f"{BOUND_PREFIX}{key_id}:{base64.b64encode(nonce + sealed).decode()}"
+
+
+def _bound_aad(key_id: str, place: str) -> bytes:
+    return f"{BOUND_PREFIX}{key_id}:{place}".encode()
+
+
+def value_key_id(value) -> str | None:
+    """The key id of an encrypted value; None for a value stored before encryption."""
+    if isinstance(value, str) and value.startswith((VALUE_PREFIX, BOUND_PREFIX)):
+        return value[len(VALUE_PREFIX):].split(":", 1)[0]
+    return None
+
+
+def value_is_bound(value) -> bool:
+    """Whether an encrypted value is bound to its place (False for plain and ``wqe1`` values)."""
+    return isinstance(value, str) and value.startswith(BOUND_PREFIX)
+
+
+def decrypt_value(value: str, keyring: Keyring | None = None, place: str | None = None) -> str:
+    """The text of a token; a value without a prefix (written before encryption) as it is.
+    A bound (``wqe2``) token needs the `place` it was sealed for."""
+    key_id = value_key_id(value)
+    if key_id is None:
+        return value
+    keyring = keyring or current_keyring()
+    bound = value_is_bound(value)
+    if bound and place is None:
+        raise ValueError("a bound value needs the place it was stored at to be decrypted")
+    try:
+        blob = base64.b64decode(value.split(":", 2)[2], validate=True)
+        aad = _bound_aad(key_id, place) if bound else f"{VALUE_PREFIX}{key_id}".encode()
+        return keyring.value_cipher(key_id).decrypt(blob[:12], blob[12:], aad).decode("utf-8")
+    except DecryptionError:
+        raise
+    except Exception:
+        where = f" at {place.split(':', 1)[0]} of row {place.split(':', 1)[-1]}" if place else ""
+        raise DecryptionError(f"a stored value{where} under key id {key_id!r} failed authentication (it was altered, "
+                              "copied from another row or column, or belongs to another key with the same id)",
+                              key_id=key_id) from None
+
+
+class SealedAttribute:
+    """The plaintext view of a mapped column that holds a bound token: reading decrypts
+    (once per token), writing seals the value for its table, column and row. The row's id
+    must be set before the value is. A value stored before encryption reads as it is.
+
+        result_text_token: Mapped[str | None] = mapped_column("result_text", Text)
+        result_text = SealedAttribute("result_text_token", "jobs.result_text")
+    """
+
+    def __init__(self, raw: str, place: str, as_json: bool = False):
+        self.raw, self.place, self.as_json = raw, place, as_json
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def _place(self, obj) -> str:
+        if getattr(obj, "id", None) is None:
+            raise ValueError(f"set the row's id before {self.name}: the value is sealed to its row")
+        return f"{self.place}:{obj.id}"
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self
+        token = getattr(obj, self.raw)
+        cache = obj.__dict__.setdefault("_sealed_plain", {})
+        hit = cache.get(self.name)
+        if hit is not None and hit[0] is token:
+            return hit[1]
+        if isinstance(token, str) and value_key_id(token) is not None:
+            text = decrypt_value(token, place=self._place(obj))
+            value = json.loads(text) if self.as_json else text
+        else:
+            value = token  # None, or a value written before encryption
+        cache[self.name] = (token, value)
+        return value
+
+    def __set__(self, obj, value) -> None:
+        if value is None:
+            token = None
+        else:
+            text = json.dumps(value, ensure_ascii=False) if self.as_json else value
+            token = seal_value(text, self._place(obj))
+        setattr(obj, self.raw, token)
+        obj.__dict__.setdefault("_sealed_plain", {})[self.name] = (token, value)
+
+
+__all__ = [
+    "parse_keys", "new_key_line", "Keyring", "keyring_for", "set_keyring", "current_keyring", "DecryptionError",
+    "decrypt_value", "seal_value", "value_key_id", "value_is_bound", "SealedAttribute",
+]

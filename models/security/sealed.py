@@ -1,0 +1,264 @@
+"""Encrypted files: chunked AES-256-GCM, the STREAM construction (as Tink's streaming
+AEAD and age use), readable with random access.
+
+    header  = b"WQENC1" || len(key id) (1 byte) || key id || salt (16) || nonce prefix (7)
+    chunk i = AES-256-GCM(file key, nonce = prefix || i (4 bytes, big-endian) || last (1 byte),
+                          64 KiB of plaintext (the last chunk 0..64 KiB), associated data = header)
+    file key = HKDF-SHA256(master key, salt, "whisperq file v1")
+
+Each chunk is authenticated with its position and whether it is the last, and the header
+(key id, salt) with every chunk, so altering, reordering, truncating or extending a file,
+or splicing two files, fails authentication. The plaintext size follows from the file size,
+which is what makes seeking possible without reading the whole file (PyAV seeks, e.g. to
+an MP4's index at the end).
+"""
+from __future__ import annotations
+
+import io
+import os
+import secrets
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from models.security.crypto import DecryptionError, Keyring, current_keyring
+
+MAGIC = b"WQENC1"
+CHUNK_BYTES = 64 * 1024
+TAG_BYTES = 16
+SALT_BYTES = 16
+PREFIX_BYTES = 7
+_SEALED = CHUNK_BYTES + TAG_BYTES
+
+
+def _nonce(prefix: bytes, index: int, last: bool) -> bytes:
+    return prefix + index.to_bytes(4, "big") + (b"\x01" if last else b"\x00")
+
+
+def _read_header(fh, what: str) -> tuple[str, bytes, bytes, bytes] | None:
+    """(key id, salt, prefix, header bytes), or None for a file that is not encrypted."""
+    start = fh.read(len(MAGIC) + 1)
+    if start[:len(MAGIC)] != MAGIC:
+        return None
+    if len(start) <= len(MAGIC) or not 1 <= start[-1] <= 32:
+        raise DecryptionError(f"{what} has a damaged encryption header")
+    rest = fh.read(start[-1] + SALT_BYTES + PREFIX_BYTES)
+    if len(rest) != start[-1] + SALT_BYTES + PREFIX_BYTES:
+        raise DecryptionError(f"{what} is truncated inside its encryption header")
+    try:
+        key_id = rest[:start[-1]].decode("ascii")
+    except UnicodeDecodeError:
+        raise DecryptionError(f"{what} has a damaged encryption header") from None
+    salt = rest[start[-1]:start[-1] + SALT_BYTES]
+    return key_id, salt, rest[-PREFIX_BYTES:], start + rest
+
+
+def is_encrypted(path: str | Path) -> bool:
+    with open(path, "rb") as fh:
+        return fh.read(len(MAGIC)) == MAGIC
+
+
+def file_key_id(path: str | Path) -> str | None:
+    """The key id a file is encrypted under; None for a plain file."""
+    with open(path, "rb") as fh:
+        header = _read_header(fh, f"file {path}")
+    return header[0] if header else None
+
+
+class EncryptedWriter:
+    """Write a file encrypted under the active key. The bytes go to a temporary name beside
+    `path`; close() renames it into place (`commit`, os.replace by default), an error inside
+    ``with`` or abort() removes it: a reader never sees half a file."""
+
+    def __init__(self, path: str | Path, keyring: Keyring | None = None,
+                 commit: Callable[[Path, Path], object] | None = None):
+        keyring = keyring or current_keyring()
+        self.path = Path(path)
+        self.key_id = keyring.active
+        salt, self._prefix = secrets.token_bytes(SALT_BYTES), secrets.token_bytes(PREFIX_BYTES)
+        kid = self.key_id.encode("ascii")
+        self._header = MAGIC + bytes([len(kid)]) + kid + salt + self._prefix
+        self._aead = AESGCM(keyring.file_key(self.key_id, salt, str(self.path)))
+        self._commit = commit or os.replace
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".part")
+        self.temp_path = Path(tmp)
+        self._fh = os.fdopen(fd, "wb")
+        self._buf = bytearray()
+        self._index = 0
+        self.size = 0  # plaintext bytes written
+        self.closed = False
+        try:
+            self._fh.write(self._header)
+        except BaseException:
+            self.abort()
+            raise
+
+    def writable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.size
+
+    def flush(self) -> None:
+        pass
+
+    def write(self, data) -> int:
+        if self.closed:
+            raise ValueError("write to a closed EncryptedWriter")
+        view = memoryview(data).cast("B")
+        n, pos = len(view), 0
+        while pos < n:
+            if len(self._buf) == CHUNK_BYTES:  # more follows, so it is not the last chunk
+                self._seal(self._buf, last=False)
+                self._buf = bytearray()
+            if not self._buf and n - pos > CHUNK_BYTES:
+                self._seal(view[pos:pos + CHUNK_BYTES], last=False)
+                pos += CHUNK_BYTES
+                continue
+            take = min(CHUNK_BYTES - len(self._buf), n - pos)
+            self._buf += view[pos:pos + take]
+            pos += take
+        self.size += n
+        return n
+
+    def _seal(self, chunk, last: bool) -> None:
+        self._fh.write(self._aead.encrypt(_nonce(self._prefix, self._index, last), bytes(chunk), self._header))
+        self._index += 1
+
+    def close(self) -> None:
+        """Seal the last chunk and put the file in place."""
+        if self.closed:
+            return
+        try:
+            self._seal(self._buf, last=True)
+            self._fh.close()
+            self.closed = True
+            self._commit(self.temp_path, self.path)
+        except BaseException:
+            self.abort()
+            raise
+        finally:
+            self._buf = bytearray()
+
+    def abort(self) -> None:
+        self.closed = True
+        try:
+            self._fh.close()
+        finally:
+            self.temp_path.unlink(missing_ok=True)
+
+    def __enter__(self) -> "EncryptedWriter":
+        return self
+
+    def __exit__(self, exc_type, *_exc) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def __del__(self) -> None:
+        if not getattr(self, "closed", True):
+            self.abort()
+
+
+class DecryptedFile(io.RawIOBase):
+    """Random-access reading of an encrypted file, one chunk decrypted (and cached) at a time."""
+
+    def __init__(self, path: str | Path, keyring: Keyring | None = None, what: str | None = None):
+        super().__init__()
+        self.name, self.mode = str(path), "rb"
+        self._what = what or f"file {path}"
+        self._fh = open(path, "rb")
+        try:
+            header = _read_header(self._fh, self._what)
+            if header is None:
+                raise DecryptionError(f"{self._what} is not encrypted (no {MAGIC.decode()} header)")
+            key_id, salt, self._prefix, self._header = header
+            self.key_id = key_id
+            self._aead = AESGCM((keyring or current_keyring()).file_key(key_id, salt, self._what))
+            body = os.fstat(self._fh.fileno()).st_size - len(self._header)
+            if body < TAG_BYTES:
+                raise DecryptionError(f"{self._what} is truncated (no final chunk)")
+            self._chunks = -(-body // _SEALED)
+            self._last_len = body - (self._chunks - 1) * _SEALED
+            if self._last_len < TAG_BYTES:
+                raise DecryptionError(f"{self._what} is truncated inside its last chunk")
+            self.size = (self._chunks - 1) * CHUNK_BYTES + self._last_len - TAG_BYTES
+            self._pos, self._cached = 0, (-1, b"")
+            self._chunk(self._chunks - 1)  # fail at open on a truncated file or a wrong key
+        except BaseException:
+            self._fh.close()
+            raise
+
+    def _chunk(self, index: int) -> bytes:
+        if self._cached[0] == index:
+            return self._cached[1]
+        last = index == self._chunks - 1
+        length = self._last_len if last else _SEALED
+        sealed = os.pread(self._fh.fileno(), length, len(self._header) + index * _SEALED)
+        if len(sealed) != length:
+            raise DecryptionError(f"{self._what} changed size while it was read")
+        try:
+            plain = self._aead.decrypt(_nonce(self._prefix, index, last), sealed, self._header)
+        except InvalidTag:
+            raise DecryptionError(
+                f"{self._what} failed authentication at chunk {index}: it was altered, truncated or reordered "
+                f"(or key {self.key_id!r} is not the key it was written with)", key_id=self.key_id) from None
+        self._cached = (index, plain)
+        return plain
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        if self._pos >= self.size:
+            return 0
+        index, offset = divmod(self._pos, CHUNK_BYTES)
+        chunk = memoryview(self._chunk(index))
+        n = min(len(buffer), len(chunk) - offset)
+        buffer[:n] = chunk[offset:offset + n]
+        self._pos += n
+        return n
+
+    def readall(self) -> bytes:
+        parts = []
+        while self._pos < self.size:
+            index, offset = divmod(self._pos, CHUNK_BYTES)
+            part = self._chunk(index)[offset:]
+            parts.append(part)
+            self._pos += len(part)
+        return b"".join(parts)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
+        if base + offset < 0:
+            raise ValueError("negative seek position")
+        self._pos = base + offset
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def close(self) -> None:
+        if not self.closed:
+            self._fh.close()
+            self._cached = (-1, b"")
+        super().close()
+
+
+def open_decrypted(path: str | Path, keyring: Keyring | None = None, what: str | None = None) -> io.BufferedReader:
+    """A readable, seekable binary file of the plaintext (DecryptionError if it cannot be)."""
+    return io.BufferedReader(DecryptedFile(path, keyring, what), buffer_size=CHUNK_BYTES)
+
+
+def open_stored(path: str | Path, keyring: Keyring | None = None, what: str | None = None):
+    """A stored file's plaintext: decrypted, or as it is for one written before encryption."""
+    if is_encrypted(path):
+        return open_decrypted(path, keyring, what)
+    return open(path, "rb")

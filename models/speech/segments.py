@@ -1,0 +1,161 @@
+"""A transcript's shape (segments, words) and how timed words become subtitle segments.
+
+Both engines decode a window's text without timestamp tokens, as faster-whisper's batched
+pipeline does. With timestamp tokens, a window decoded once loses words: Whisper often
+stops at a timestamp seconds before a full window ends, or leaves its last sentence without
+a closing timestamp, and only a sequential decoder (which seeks back and decodes again)
+gets those words back. Timing comes instead from the cross-attention alignment of the
+decoded words (the same one that gives word timestamps), and segments are cut from it
+here, the way subtitle guidelines cut cues: at a sentence's end, at a pause, and before a
+cue grows past two lines or seven seconds.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+from models.speech.windows import TimeMap
+
+MAX_CUE_SECONDS = 7.0
+MAX_CUE_CHARS = 84  # two lines of 42 characters
+PAUSE_SECONDS = 0.8  # a silence this long between words starts a new cue
+SENTENCE_END = (".", "。", "!", "！", "?", "？")
+CLAUSE_END = (",", "，", ";", "；", ":", "：", "、")
+
+
+@dataclass(frozen=True)
+class Segment:
+    start: float
+    end: float
+    text: str
+    # With word timestamps: ({"word", "start", "end", "probability"}, ...)
+    words: tuple[dict[str, Any], ...] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"start": self.start, "end": self.end, "text": self.text}
+        if self.words is not None:
+            out["words"] = [dict(w) for w in self.words]
+        return out
+
+
+@dataclass(frozen=True)
+class Transcript:
+    text: str
+    language: str | None
+    duration: float
+    segments: tuple[Segment, ...] = field(default_factory=tuple)
+
+    @classmethod
+    def from_segments(cls, segments: Sequence[Segment], language: str | None, duration: float) -> "Transcript":
+        ordered = tuple(sorted(segments, key=lambda s: (s.start, s.end)))
+        return cls(" ".join(s.text for s in ordered if s.text), language, round(duration, 3), ordered)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "text": self.text,
+            "language": self.language,
+            "duration": self.duration,
+            "segments": [s.to_dict() for s in self.segments],
+        }
+
+
+@dataclass(frozen=True)
+class TimedWord:
+    """A decoded word (with its leading space, punctuation attached) and its time in the recording."""
+
+    text: str
+    start: float
+    end: float
+    probability: float
+
+
+def placed(where: "float | TimeMap") -> TimeMap:
+    """A window's place in the recording: its TimeMap, or the offset of a contiguous window."""
+    return where if isinstance(where, TimeMap) else TimeMap.at(where)
+
+
+def window_words(aligned: Iterable[tuple[str, float, float, float]], where: "float | TimeMap",
+                 duration: float) -> list[TimedWord]:
+    """An alignment's (word, start, end, probability), times relative to a window of
+    `duration` s, as words of the recording: kept inside the window, in order, placed
+    where the window's audio lies in the recording.
+
+    Cross-attention timing stretches a word that follows silence back into the silence and
+    a word that ends a sentence on into the pause after it; such words are cut to twice the
+    window's median word length (at most 1.4 s), as faster-whisper and whisper do.
+    """
+    words = [(w, min(max(0.0, float(s)), duration), min(max(0.0, float(e)), duration), float(p))
+             for w, s, e, p in aligned if w]
+    lengths = sorted(e - s for _, s, e, _ in words if e > s)
+    longest = 2 * min(0.7, lengths[len(lengths) // 2]) if lengths else 1.4
+    place = placed(where)
+    out: list[TimedWord] = []
+    previous = 0.0
+    for i, (text, start, end, prob) in enumerate(words):
+        start = previous = max(start, previous)
+        end = max(end, start)
+        if end - start > longest:
+            after_pause = i == 0 or words[i - 1][0].rstrip().endswith(SENTENCE_END)
+            if after_pause:
+                start = end - longest
+            elif text.rstrip().endswith(SENTENCE_END):
+                end = start + longest
+        start, end = place.span(start, end)
+        out.append(TimedWord(text, round(start, 3), round(end, 3), round(prob, 3)))
+    return out
+
+
+def cues(words: Sequence[TimedWord], with_words: bool = False) -> list[Segment]:
+    """Timed words cut into segments a subtitle can show: a new one after a sentence's end
+    or a pause, and one that would pass MAX_CUE_CHARS or MAX_CUE_SECONDS is broken in two.
+    Every word lands in exactly one segment, in order."""
+    out: list[Segment] = []
+    current: list[TimedWord] = []
+
+    def flush(upto: int) -> None:
+        taken = current[:upto]
+        del current[:upto]
+        text = "".join(w.text for w in taken).strip()
+        if text:
+            kept = tuple({"word": w.text.strip(), "start": w.start, "end": w.end, "probability": w.probability}
+                         for w in taken if w.text.strip()) if with_words else None
+            out.append(Segment(taken[0].start, taken[-1].end, text, kept))
+
+    for word in words:
+        if current and word.start - current[-1].end >= PAUSE_SECONDS:
+            flush(len(current))
+        current.append(word)
+        text = "".join(w.text for w in current).strip()
+        if len(current) > 1 and (len(text) > MAX_CUE_CHARS or current[-1].end - current[0].start > MAX_CUE_SECONDS):
+            flush(_break(current))
+        if word.text.rstrip().endswith(SENTENCE_END):
+            flush(len(current))
+    if current:
+        flush(len(current))
+    return out
+
+
+def _break(words: Sequence[TimedWord]) -> int:
+    """How many of `words` the first part of an over-long cue takes: up to its last clause
+    mark, else up to the word boundary nearest the middle of its text."""
+    clause = [i for i, w in enumerate(words[:-1]) if w.text.rstrip().endswith(CLAUSE_END)]
+    if clause:
+        return clause[-1] + 1
+    total = sum(len(w.text) for w in words)
+    at, best, best_distance = 0, 1, total
+    for i, w in enumerate(words[:-1], start=1):
+        at += len(w.text)
+        if abs(total / 2 - at) < best_distance:
+            best, best_distance = i, abs(total / 2 - at)
+    return best
+
+
+def window_segments(text: str, aligned: Sequence[tuple[str, float, float, float]], where: "float | TimeMap",
+                    duration: float, with_words: bool = False) -> list[Segment]:
+    """A decoded window as segments. Should the alignment give no words for text it has,
+    the text is still kept, as one segment over the whole window."""
+    segments = cues(window_words(aligned, where, duration), with_words)
+    if not segments and text.strip():
+        place = placed(where)
+        segments = [Segment(round(place(0.0), 3), round(place(duration), 3), text.strip(), () if with_words else None)]
+    return segments
