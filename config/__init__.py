@@ -5,7 +5,6 @@ from .celeryconfig import (
     PREPARE_QUEUE,
     broker_priority,
     celery_config,
-    make_celery,
     publish_notify,
     publish_transcribe,
 )
@@ -16,6 +15,6 @@ from .env import ConfigError
 from .settings import Settings
 
 __all__ = [
-    "Settings", "ConfigError", "PRIORITIES", "Priority", "LANGUAGES", "private_dir", "celery_config", "broker_priority", "make_celery",
+    "Settings", "ConfigError", "PRIORITIES", "Priority", "LANGUAGES", "private_dir", "celery_config", "broker_priority",
     "publish_transcribe", "publish_notify", "PREPARE_QUEUE", "INFERENCE_QUEUE", "NOTIFY_QUEUE",
 ]

@@ -23,6 +23,9 @@ QUEUES = {PREPARE_QUEUE: "prepare", INFERENCE_QUEUE: "inference", NOTIFY_QUEUE: 
 # waits in this queue for an operator, beside the job's row in the dead-letter store.
 DEAD_LETTER_EXCHANGE = "whisperq.dead"
 DEAD_LETTER_QUEUE = "whisperq.dead"
+# Publishing while the broker blinks: a few quick tries, then BrokerUnavailable (503) for the
+# caller. Retrying a failed job is another matter: models.retry.
+PUBLISH_RETRY = {"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 1.0}
 
 
 
@@ -123,14 +126,6 @@ def celery_config(settings: Settings) -> dict:
     )
 
 
-def make_celery(settings: Settings) -> Celery:
-    """A Celery app for these settings. Connects to nothing until first used."""
-    app = Celery("whisperq")
-    app.config_from_object(celery_config(settings))
-    app.conf.whisperq_settings = settings
-    return app
-
-
 def publish_transcribe(app: Celery, job, countdown: float | None = None, reply_to: str | None = None,
                        ignore_result: bool | None = None) -> None:
     """Send a job's transcribe message: its id and audio reference only, never audio.
@@ -158,7 +153,7 @@ def publish_transcribe(app: Celery, job, countdown: float | None = None, reply_t
         time_limit=hard,
         soft_time_limit=hard * 0.8,
         retry=True,
-        retry_policy={"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 1.0},
+        retry_policy=PUBLISH_RETRY,
     )
 
 
@@ -167,7 +162,7 @@ def publish_notify(app: Celery, delivery_ids: list[str]) -> None:
     for delivery_id in delivery_ids:
         app.send_task("whisperq.notify", args=[delivery_id], queue=NOTIFY_QUEUE, ignore_result=True,
                       priority=broker_priority("normal", app.conf.broker_url), retry=True,
-                      retry_policy={"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 1.0})
+                      retry_policy=PUBLISH_RETRY)
 
 
 def declare_dead_letter_queue(app: Celery) -> None:

@@ -225,13 +225,6 @@ class Settings:
     def max_upload_bytes(self) -> int:
         return self.max_upload_mb * 1024 * 1024
 
-    def retry_delay(self, attempt: int) -> float:
-        """Exponential backoff with full jitter: uniform in [0, min(cap, base * 2^(n-1))]."""
-        import random
-
-        ceiling = min(self.retry_max_seconds, self.retry_base_seconds * 2 ** max(0, attempt - 1))
-        return random.uniform(0, ceiling)
-
     def prepare_time_limit(self, audio_seconds: float | None) -> float:
         """Hard limit for decoding and splitting: far faster than real time on any CPU."""
         return 120.0 + 0.25 * (audio_seconds if audio_seconds is not None else self.max_audio_seconds)

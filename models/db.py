@@ -58,8 +58,9 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:
 class Database:
     """One engine and session factory per process, created lazily after any fork."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, session_info: dict | None = None):
         self.url = url
+        self.session_info = session_info or {}  # copied into every session's .info (the runtime, for the outbox)
         self._engine: Engine | None = None
         self._sessions: sessionmaker[Session] | None = None
 
@@ -75,7 +76,7 @@ class Database:
             else:
                 engine = create_engine(self.url, pool_pre_ping=True, pool_size=5, max_overflow=5)
             self._engine = engine
-            self._sessions = sessionmaker(engine, expire_on_commit=False)
+            self._sessions = sessionmaker(engine, expire_on_commit=False, info=self.session_info)
         return self._engine
 
     @contextmanager

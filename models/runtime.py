@@ -1,27 +1,83 @@
-"""The per-process wiring of settings, database and storage."""
+"""The per-process wiring: what a process builds from its settings, held in one object.
+
+A Runtime holds the settings, the database, the audio storage and the keyring from the
+start; the speech engine and the batcher are built on first use (only an inference worker
+uses them); the publisher (how the outbox sends webhook deliveries to the notification
+pool) is given by whoever owns a Celery app: ``web.create_app`` and ``tasks.app.runtime``.
+Building a Runtime installs the outbox's session hooks and makes its keyring the one the
+sealed columns use.
+
+This is the composition root of models: it may import every package, and no module of
+models imports it except for type annotations (tests/test_architecture.py checks both).
+"""
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
 
 from config import Settings
-
 from models.db import Database
+from models.retry import RetryPolicy
 from models.storage import LocalStorage
 
+if TYPE_CHECKING:
+    from models.security.crypto import Keyring
+    from models.speech.batching import Batcher
+    from models.speech.engines import SpeechEngine
 
-@dataclass
+
+@dataclass(eq=False)
 class Runtime:
     settings: Settings
+    publisher: Callable[[list[str]], None] | None = None  # sends new webhook deliveries; None: the sweeper does
     db: Database = field(init=False)
     storage: LocalStorage = field(init=False)
+    keyring: Keyring = field(init=False)
+    _parts: dict[str, Any] = field(init=False, default_factory=dict, repr=False)
+    _lock: threading.RLock = field(init=False, default_factory=threading.RLock, repr=False)
 
     def __post_init__(self) -> None:
+        from models.delivery.notify import install_outbox
         from models.security.crypto import keyring_for, set_keyring
 
-        set_keyring(keyring_for(self.settings))  # encryption at rest: files and transcripts
-        self.db = Database(self.settings.database_url)
+        self.keyring = keyring_for(self.settings)
+        set_keyring(self.keyring)  # encryption at rest: the sealed columns and files read it
+        self.db = Database(self.settings.database_url, session_info={"runtime": self})
         self.storage = LocalStorage(self.settings.data_dir)
+        install_outbox()
+
+    @property
+    def job_retries(self) -> RetryPolicy:
+        """How often and how soon a failed job is tried again (models.retry)."""
+        return RetryPolicy.for_jobs(self.settings)
+
+    @property
+    def engine(self) -> SpeechEngine:
+        """The speech model, loaded on first use (in its batcher's thread) and kept."""
+        from models.speech.engines import load_engine
+
+        return self._part("engine", lambda: load_engine(self.settings))
+
+    @property
+    def batcher(self) -> Batcher:
+        """The dynamic batcher every job of this process submits its windows to."""
+        from models.pipeline.inference import build_batcher
+
+        return self._part("batcher", lambda: build_batcher(self))
+
+    def built(self, name: str) -> Any | None:
+        """A part ("engine", "batcher") if it was built, without building it."""
+        return self._parts.get(name)
+
+    def _part(self, name: str, build: Callable[[], Any]) -> Any:
+        part = self._parts.get(name)
+        if part is None:
+            with self._lock:
+                part = self._parts.get(name)
+                if part is None:
+                    part = self._parts[name] = build()
+        return part
 
 
 _runtime: Runtime | None = None
@@ -37,6 +93,11 @@ def get_runtime() -> Runtime:
                 runtime = Runtime(Settings.from_env())
                 runtime.db.upgrade()
                 _runtime = runtime
+    return _runtime
+
+
+def current_runtime() -> Runtime | None:
+    """This process's runtime if get_runtime built one, without building it."""
     return _runtime
 
 

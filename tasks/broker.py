@@ -81,12 +81,11 @@ def still_lost(app, ids: set[str], pause: float = 2.0) -> set[str]:
 
 def run_sweep(app, grace: timedelta | None = None):
     """One sweeper pass against the live broker and workers (see models.jobs.sweeper)."""
-    from models.jobs.sweeper import GRACE, sweep
-    from models.runtime import get_runtime
-
     from models.delivery.notify import overdue
+    from models.jobs.sweeper import GRACE, sweep
+    from tasks.app import runtime
 
-    rt = get_runtime()
+    rt = runtime()
     waiting = waiting_in_broker(app)  # read before holdings: messages move from queues to workers
     report = sweep(rt, holdings(app), lambda job: publish_transcribe(app, job),
                    grace=GRACE if grace is None else grace, waiting=waiting, confirm=lambda ids: still_lost(app, ids))

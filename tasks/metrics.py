@@ -85,7 +85,9 @@ def registry_for(prefork: bool, info: dict[str, str], directory: str | None = No
         registry.register(_ChildMemory())
     else:
         registry.register(metrics.registry())
-        registry.register(metrics.GPUMemory())
+        from models.runtime import current_runtime
+
+        registry.register(metrics.GPUMemory(lambda: (rt := current_runtime()) and rt.built("engine")))
     ProcessCollector(registry=registry)
     registry.register(_Info(info))
     return registry

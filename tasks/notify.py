@@ -4,7 +4,7 @@ from __future__ import annotations
 from celery import shared_task
 
 from models.delivery.notify import deliver_pending
-from models.runtime import get_runtime
+from tasks.app import runtime
 
 
 def transcript_url(settings, job_id: str) -> str:
@@ -13,7 +13,7 @@ def transcript_url(settings, job_id: str) -> str:
 
 @shared_task(name="whisperq.notify", bind=True, acks_late=True, ignore_result=True, max_retries=None)
 def notify(self, delivery_id: str) -> None:
-    rt = get_runtime()
+    rt = runtime()
     delay = deliver_pending(rt, delivery_id, lambda job_id: transcript_url(rt.settings, job_id))
     if delay is not None:
         # The next attempt is another message, due after the backoff.

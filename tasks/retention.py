@@ -5,9 +5,9 @@ from __future__ import annotations
 from celery import shared_task
 
 from models.maintenance.retention import run_retention
-from models.runtime import get_runtime
+from tasks.app import runtime
 
 
 @shared_task(name="whisperq.retention", bind=True, ignore_result=True)
 def retention(self) -> dict:
-    return run_retention(get_runtime(), celery=self.app)
+    return run_retention(runtime(), celery=self.app)

@@ -21,12 +21,14 @@ from celery import Task, shared_task
 from celery.exceptions import Ignore, Reject
 
 from config import INFERENCE_QUEUE, broker_priority, publish_transcribe
-from models.errors import AttemptsExhausted, JobCancelled, JobExpired, PermanentJobError, WhisperqError
+from models.errors import TransientJobError, WhisperqError
 from models.jobs.deadletter import bury
-from models.jobs.operations import check_options, get_job, schedule_retry
-from models.pipeline.inference import get_batcher, infer_job
+from models.jobs.operations import check_options, fail_job, get_job, schedule_retry
+from models.pipeline.inference import infer_job
+from models.pipeline.messages import Finished, MalformedMessage, Prepared
 from models.pipeline.preparation import prepare_job
-from models.runtime import get_runtime
+from models.retry import Verdict, classify
+from tasks.app import runtime
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +63,14 @@ class TranscribeTask(Task):
 
 
 def _after_failure(task: Task, job_id: str, exc: BaseException):
-    """Permanent: fail now. Transient: retry with backoff. Out of attempts: dead letters."""
-    if isinstance(exc, (PermanentJobError, JobExpired, JobCancelled)):
+    """Permanent: fail now. Transient: retry with backoff. Out of attempts: dead letters
+    (the policy is models.retry's)."""
+    verdict = classify(exc)
+    if verdict is Verdict.PERMANENT:
         raise exc
-    rt = get_runtime()
+    rt = runtime()
     reason = str(exc) if isinstance(exc, WhisperqError) else f"{type(exc).__name__}: {exc}"
-    delay = None if isinstance(exc, AttemptsExhausted) else schedule_retry(rt, job_id, reason)
+    delay = None if verdict is Verdict.EXHAUSTED else schedule_retry(rt, job_id, reason)
     if delay is None:
         bury(rt, job_id, task.name, reason, traceback.format_exc())
         # Celery records the rejection as the task's failure, so r.get() raises it; on
@@ -90,26 +94,37 @@ def transcribe(self, audio: str, language: str | None = None, priority: str = "n
     worker = self.request.hostname or socket.gethostname()
     options = {"language": language, "priority": priority, "task": task}
     try:
-        prepared = prepare_job(get_runtime(), job_id, audio, options, worker=worker, worker_id=worker_id())
+        prepared = prepare_job(runtime(), job_id, audio, options, worker=worker, worker_id=worker_id())
     except Exception as exc:
         return _after_failure(self, job_id, exc)
-    if "result" in prepared:
-        return prepared["result"]
-    tier = prepared["priority"]
+    if isinstance(prepared, Finished):
+        return prepared.result
+    tier = prepared.priority
     return self.replace(
-        infer.s(prepared).set(queue=INFERENCE_QUEUE, priority=broker_priority(tier, self.app.conf.broker_url),
-                              reply_to=self.request.reply_to, ignore_result=_ignores_result(self))
+        infer.s(prepared.to_message()).set(queue=INFERENCE_QUEUE, priority=broker_priority(tier, self.app.conf.broker_url),
+                                           reply_to=self.request.reply_to, ignore_result=_ignores_result(self))
     )
 
 
 @shared_task(name="whisperq.infer", bind=True, acks_late=True, reject_on_worker_lost=True, resultrepr_maxsize=0)
-def infer(self, prepared: dict) -> dict:
-    rt = get_runtime()
+def infer(self, message: dict) -> dict:
+    """The inference pool's task: `message` is a Prepared (models.pipeline.messages) as JSON."""
+    rt = runtime()
     worker = self.request.hostname or socket.gethostname()
+    job_id = message.get("job_id") if isinstance(message, dict) else None
+    if not isinstance(job_id, str):
+        raise Reject(f"an inference message without a job_id was dropped: {str(message)[:200]}", requeue=False)
     try:
-        return infer_job(rt, prepared, get_batcher(rt), worker=worker, worker_id=worker_id())
+        prepared = Prepared.from_message(message)
+    except MalformedMessage as exc:
+        fail_job(rt, job_id, str(exc))
+        raise
+    except TransientJobError as exc:  # a newer schema: an upgraded worker may read it
+        return _after_failure(self, job_id, exc)
+    try:
+        return infer_job(rt, prepared, rt.batcher, worker=worker, worker_id=worker_id())
     except Exception as exc:
-        return _after_failure(self, prepared["job_id"], exc)
+        return _after_failure(self, prepared.job_id, exc)
 
 
 @shared_task(name="whisperq.sweep", bind=True, ignore_result=True)

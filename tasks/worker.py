@@ -5,49 +5,19 @@ import uuid
 
 from celery.signals import task_prerun, task_received, worker_init, worker_process_init, worker_ready, worker_shutdown
 from celery.worker import state as worker_state
-from celery.worker.control import _iter_schedule_requests, control_command, inspect_command
+from celery.worker.control import control_command, inspect_command
 
 from config.logs import connect_celery
 from config.tracing import init_worker
+from models import compat
 from models.pipeline.inference import batcher_stats
 from models.runtime import reset_runtime
-from tasks import celery_app as app  # noqa: F401 - Celery finds `app`
 from tasks import metrics as worker_metrics
+from tasks.app import get_celery, runtime
+
+app = get_celery()  # Celery finds `app`: the one built from the environment
 
 connect_celery(app.conf.whisperq_settings.log_format)
-
-
-def _guard_closed_redis_channels() -> None:
-    """Keep a worker consuming after the Redis broker restarts.
-
-    A task that finishes after the connection was lost acks through kombu's Redis QoS,
-    whose channel has lost its connection by then: the AttributeError escapes kombu's
-    error handling and stops the consumer for good (a threads-pool worker stays up and
-    never takes another message). Such an ack is skipped here: the job's row is already
-    final, and the broker still holds the message as unacknowledged; when it is handed
-    out again the job is found done.
-    """
-    from kombu.transport import redis as kombu_redis
-
-    def closed(qos) -> bool:
-        transport = getattr(qos.channel, "connection", None)
-        return transport is None or getattr(transport, "client", None) is None
-
-    ack, restore = kombu_redis.QoS.ack, kombu_redis.QoS.restore_unacked
-
-    def guarded_ack(self, delivery_tag):
-        if closed(self):
-            logging.getLogger(__name__).warning("ack of %s skipped: its broker connection is gone", delivery_tag)
-            return None
-        return ack(self, delivery_tag)
-
-    def guarded_restore(self, client=None):
-        if client is None and closed(self):
-            return None
-        return restore(self, client)
-
-    kombu_redis.QoS.ack = guarded_ack
-    kombu_redis.QoS.restore_unacked = guarded_restore
 
 
 @worker_init.connect
@@ -55,7 +25,8 @@ def _identify(sender=None, **_kwargs) -> None:
     # A fresh id per worker start, inherited by prefork children: the sweeper tells a
     # job held by a live worker from one whose worker was killed and restarted.
     os.environ["WHISPERQ_WORKER_ID"] = f"{getattr(sender, 'hostname', 'worker')}/{uuid.uuid4().hex[:12]}"
-    _guard_closed_redis_channels()
+    compat.guard_redis_acks()  # kombu: a consumer survives a Redis restart
+    compat.check_versions()
 
 
 @worker_init.connect
@@ -76,17 +47,16 @@ def _pool_name() -> str:
 def _ready(sender=None, **_kwargs) -> None:
     from config.celeryconfig import QUEUES, declare_dead_letter_queue
     from models.jobs.workers import start_heartbeat
-    from models.runtime import get_runtime
 
     declare_dead_letter_queue(app)
     consumed = sorted(app.amqp.queues.consume_from or {})
     pool = ",".join(QUEUES.get(name, name) for name in consumed) or "default"
     slots = int(getattr(getattr(sender, "controller", None), "concurrency", 1) or 1)
-    start_heartbeat(get_runtime, os.environ.get("WHISPERQ_WORKER_ID", sender.hostname), sender.hostname, pool, slots)
+    start_heartbeat(runtime, os.environ.get("WHISPERQ_WORKER_ID", sender.hostname), sender.hostname, pool, slots)
     if pool == "inference":
         from models.speech.engines import batch_size, parallel_batches, slots_needed
 
-        settings = get_runtime().settings
+        settings = runtime().settings
         if slots < slots_needed(settings):  # the batches running, and the next one filling
             logging.getLogger(__name__).warning(
                 "this inference worker holds %d jobs (its concurrency) for %d batches of %d windows at once: the model "
@@ -110,10 +80,9 @@ def _job_in_logs(task=None, task_id=None, args=None, **_kwargs) -> None:
         return
     from models.delivery.notify import WebhookDelivery
     from models.jobs.record import Job
-    from models.runtime import get_runtime
 
     try:
-        with get_runtime().db.session() as session:
+        with runtime().db.session() as session:
             if task.name == "whisperq.notify":
                 delivery = session.get(WebhookDelivery, args[0]) if args else None
                 task.request.whisperq_job_id = delivery.job_id if delivery is not None else None
@@ -132,10 +101,9 @@ def _held(request=None, **_kwargs) -> None:
     if request is None or request.name not in ("whisperq.transcribe", "whisperq.infer"):
         return
     from models.jobs.operations import mark_held
-    from models.runtime import get_runtime
 
     try:
-        mark_held(get_runtime(), request.id, os.environ.get("WHISPERQ_WORKER_ID"))
+        mark_held(runtime(), request.id, os.environ.get("WHISPERQ_WORKER_ID"))
     except Exception:  # bookkeeping must never stop the consumer
         logging.getLogger(__name__).exception("could not record that job %s is held", request.id)
 
@@ -143,7 +111,7 @@ def _held(request=None, **_kwargs) -> None:
 @inspect_command(name="batcher_stats")
 def _batcher_stats(state, **_kwargs) -> dict:
     """`celery inspect batcher_stats`: batch sizes and waits of an inference worker."""
-    return batcher_stats()
+    return batcher_stats(runtime())
 
 
 @control_command(name="whisperq_holdings")
@@ -151,7 +119,7 @@ def _holdings(state, **_kwargs) -> dict:
     """This worker's id and the task ids it holds: running, reserved, or waiting for
     their countdown. The sweeper puts back a job its worker claims but no longer holds."""
     held = {r.id for r in worker_state.reserved_requests} | {r.id for r in worker_state.active_requests}
-    held |= {entry["request"]["id"] for entry in _iter_schedule_requests(state.consumer.timer)}
+    held |= {entry["request"]["id"] for entry in compat.scheduled_requests(state.consumer.timer)}
     return {"worker_id": os.environ.get("WHISPERQ_WORKER_ID"), "held": sorted(held)}
 
 

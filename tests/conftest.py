@@ -72,9 +72,23 @@ def settings():
     return Settings.from_env()
 
 
+@pytest.fixture(autouse=True)
+def _process_celery_app_restored():
+    """A test that builds an app of its own (create_app with other settings, a private broker)
+    leaves the process's Celery app, which transcribe.delay() publishes through, as it found it."""
+    from tasks import app as process
+
+    before = process.current_celery()
+    yield
+    if before is not None and process.current_celery() is not before:
+        process.use_celery(before)
+
+
 @pytest.fixture(scope="session")
 def celery_app(settings):
-    from tasks import celery_app
+    from tasks.app import init_celery
+
+    celery_app = init_celery(settings)  # the process's app, as a worker or transcribe.delay() caller has
 
     try:
         with celery_app.connection_for_write() as conn:
@@ -118,18 +132,14 @@ def live_server(app):
 
 
 @pytest.fixture()
-def own_inference(settings, monkeypatch):
+def own_inference(settings):
     """A runtime and a batcher of the test's own, in this process, with the engine its
-    `settings` choose, loaded afresh (this process may hold another engine)."""
-    from models.pipeline import inference
+    `settings` choose, loaded afresh (a runtime builds its own)."""
     from models.runtime import Runtime
-    from models.speech import engines as speech
 
-    monkeypatch.setattr(speech, "_engine", None)
-    monkeypatch.setattr(inference, "_batcher", None)
     rt = Runtime(settings)
     rt.db.upgrade()
-    batcher = inference.get_batcher(rt)
+    batcher = rt.batcher
     yield rt, batcher
     batcher.close()
 
@@ -211,9 +221,8 @@ def broker_stack(celery_app, settings, database, request):
         return
     if not url.startswith(("redis", "rediss")):
         pytest.skip(f"no way to restart a {url.split('://')[0]} broker here")
-    from config import make_celery
     from config.embedded import EmbeddedRedis
-    from models.delivery import notify
+    from tasks.app import celery_for
     from web import create_app
 
     tmp = Path(tempfile.mkdtemp(prefix="private-broker-", dir=_state["tmp"]))
@@ -223,7 +232,7 @@ def broker_stack(celery_app, settings, database, request):
     # Celery reads CELERY_BROKER_URL before its configuration: this process's apps and the
     # pools started now must all see the private broker.
     request.getfixturevalue("monkeypatch").setenv("CELERY_BROKER_URL", private.broker_url)
-    app, private_celery = create_app({"SETTINGS": private, "TESTING": True}), make_celery(private)
+    app, private_celery = create_app({"SETTINGS": private, "TESTING": True}), celery_for(private)
     pools = None
     try:
         pools = Pools(private_celery, tmp, uuid.uuid4().hex[:6], env={"CELERY_BROKER_URL": private.broker_url})
@@ -232,7 +241,6 @@ def broker_stack(celery_app, settings, database, request):
         if pools is not None:
             pools.stop()
         broker.stop()
-        notify.set_publisher(None)  # this app's publisher points at the broker just stopped
 
 
 @contextmanager

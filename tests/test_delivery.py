@@ -195,7 +195,7 @@ def test_two_deliveries_of_a_job_in_one_worker_run_the_engine_once(database, own
     job_id = new_job_id()
     prepared = prepare_job(rt, job_id, str(CLIPS["report.opus"]["path"]), {"language": "en"})
     answers: list[dict] = []
-    runs = [threading.Thread(target=lambda: answers.append(inference.infer_job(rt, dict(prepared), batcher)))
+    runs = [threading.Thread(target=lambda: answers.append(inference.infer_job(rt, prepared, batcher)))
             for _ in range(2)]
     for t in runs:
         t.start()

@@ -322,9 +322,9 @@ def test_samples_and_owned_files(private_rt, tmp_path):
     job_id = "0123abcd-0000-4000-8000-000000000001"
     prepared = preparation.prepare_job(rt, job_id, str(mine))  # an absolute path: read in place
     assert mine.read_bytes() == FOX and mine.stat().st_mtime_ns == before.st_mtime_ns
-    path = rt.storage.path(prepared["prepared"])
+    path = rt.storage.path(prepared.samples_ref)
     assert_not_plain(path)
-    samples = rt.storage.load_samples(prepared["prepared"])
+    samples = rt.storage.load_samples(prepared.samples_ref)
     from models.speech import audio
 
     assert np.allclose(samples, audio.decode(mine), atol=1 / 32768 + 1e-6)

@@ -184,11 +184,11 @@ def test_metrics_report_the_database_as_it_is(client, app, settings, celery_app)
 
 
 def test_an_unreachable_broker_is_reported_not_raised(app, settings, monkeypatch):
-    from config import make_celery
+    from tasks.app import celery_for
     from web.metrics import ClusterCollector
 
     monkeypatch.setenv("CELERY_BROKER_URL", "redis://127.0.0.1:1/0")  # Celery reads it over its config
-    unreachable = make_celery(settings.__class__.from_env())
+    unreachable = celery_for(settings.__class__.from_env())
     collector = ClusterCollector(app.extensions["whisperq"], unreachable)
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in collector.collect() for s in f.samples}
     assert value(samples, "whisperq_metrics_source_up", source="broker") == 0.0
@@ -207,7 +207,7 @@ def test_a_real_job_is_observed_in_the_worker_registry(settings, database, tmp_p
     from models.jobs import metrics
     from models.jobs.operations import fail_job, schedule_retry
     from models.jobs.record import Job, new_job_id
-    from models.pipeline.inference import get_batcher, infer_job
+    from models.pipeline.inference import infer_job
     from models.pipeline.preparation import prepare_job
     from models.runtime import get_runtime
     from tasks.metrics import _state, listen, registry_for
@@ -222,7 +222,7 @@ def test_a_real_job_is_observed_in_the_worker_registry(settings, database, tmp_p
 
         job_id = new_job_id()
         prepared = prepare_job(rt, job_id, str(CLIPS["fox.flac"]["path"]), {"priority": "high", "language": "en"})
-        result = infer_job(rt, prepared, get_batcher(rt))
+        result = infer_job(rt, prepared, rt.batcher)
         assert result["text"]
         # A second job: its file is missing (a transient failure, retried), then it fails for good.
         other = new_job_id()

@@ -48,12 +48,10 @@ def private_db(settings, database, tmp_path):
 
 
 @pytest.fixture()
-def rt(settings, private_db, tmp_path, monkeypatch):
-    from models.delivery import notify
+def rt(settings, private_db, tmp_path):
     from models.runtime import Runtime
 
-    # Outbox rows made here are not published: no worker reads this database.
-    monkeypatch.setattr(notify, "_publisher", None)
+    # No publisher: outbox rows made here are not published (no worker reads this database).
     runtime = Runtime(dataclasses.replace(settings, database_url=private_db, data_dir=tmp_path / "data",
                                           audio_retention_seconds=3600.0, result_retention_seconds=7 * 86400.0))
     runtime.db.upgrade()

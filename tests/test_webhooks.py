@@ -23,6 +23,7 @@ from helpers import Receiver
 from models.delivery import outbound
 from models.delivery import webhooks
 from models.errors import InvalidRequest
+from models.retry import RetryPolicy
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
@@ -377,19 +378,19 @@ def test_https_verifies_the_certificate_against_the_host_name_not_the_address(tm
 
 
 def test_backoff_is_full_jitter_capped_at_an_hour(tmp_path):
-    settings = make_settings(tmp_path, WHISPERQ_WEBHOOK_RETRY_BASE_SECONDS="5")
-    third = [webhooks.backoff(3, settings) for _ in range(2000)]
+    policy = RetryPolicy.for_webhooks(make_settings(tmp_path, WHISPERQ_WEBHOOK_RETRY_BASE_SECONDS="5"))
+    third = [policy.backoff(3) for _ in range(2000)]
     assert all(0 <= d <= 20 for d in third)
     assert min(third) < 2 and max(third) > 18  # spread over the whole range
-    late = [webhooks.backoff(n, settings) for n in (12, 50, 10_000) for _ in range(300)]
+    late = [policy.backoff(n) for n in (12, 50, 10_000) for _ in range(300)]
     assert all(0 <= d <= 3600 for d in late) and max(late) > 3000
 
 
 def test_retries_stop_after_the_window(tmp_path):
-    settings = make_settings(tmp_path, WHISPERQ_WEBHOOK_RETRY_WINDOW="3600")
+    policy = RetryPolicy.for_webhooks(make_settings(tmp_path, WHISPERQ_WEBHOOK_RETRY_WINDOW="3600"))
     first = datetime(2024, 1, 1, tzinfo=timezone.utc)
-    assert webhooks.within_window(first, first + timedelta(minutes=59), settings)
-    assert not webhooks.within_window(first, first + timedelta(minutes=61), settings)
+    assert policy.next_delay(40, first, first + timedelta(minutes=59)) is not None  # no cap on attempts
+    assert policy.next_delay(2, first, first + timedelta(minutes=61)) is None
     assert make_settings(tmp_path).webhook_retry_window_seconds == 86400.0
 
 

@@ -5,9 +5,9 @@ from typing import Any, Mapping
 
 from flask import Flask, request
 
-from config import Settings, make_celery, publish_notify
-from models.delivery import notify
+from config import Settings, publish_notify
 from models.runtime import Runtime
+from tasks.app import init_celery
 
 
 MAX_HEADER_BYTES = 16 * 1024
@@ -39,8 +39,8 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     runtime = Runtime(settings)
     runtime.db.upgrade()
     app.extensions["whisperq"] = runtime
-    app.extensions["celery"] = celery = make_celery(settings)
-    notify.set_publisher(lambda ids: publish_notify(celery, ids))
+    app.extensions["celery"] = celery = init_celery(settings)  # the process's one Celery app
+    runtime.publisher = lambda ids: publish_notify(celery, ids)  # the outbox's webhook deliveries
 
     from . import admin, admission, api, auth, errors, health, metrics, openai_api, openapi, pages, security
 

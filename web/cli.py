@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from config import ConfigError, Settings, make_celery, private_dir
+from config import ConfigError, Settings, private_dir, publish_notify
 from models.errors import WhisperqError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -168,9 +168,9 @@ def _runtime():
 def status(as_json: bool) -> None:
     """Workers (from their heartbeats), queues and their depths, the oldest waiting job,
     dead letters: what an operator looks at first."""
-    from config import make_celery
     from models.jobs.record import utcnow
     from models.jobs.workers import alive
+    from tasks.app import celery_for
     from web.metrics import broker_depths, database_figures
 
     rt = _runtime()
@@ -178,7 +178,7 @@ def status(as_json: bool) -> None:
     workers = alive(rt, now=now)
     figures = database_figures(rt, now)
     try:
-        depths, broker_error = broker_depths(make_celery(rt.settings)), None
+        depths, broker_error = broker_depths(celery_for(rt.settings)), None
     except Exception as exc:  # still show what the database knows
         depths, broker_error = {}, f"unreachable: {type(exc).__name__}: {exc}"
     report = {
@@ -222,10 +222,12 @@ def retention(as_json: bool) -> None:
     """Delete now what retention would (audio past WHISPERQ_AUDIO_RETENTION, transcripts
     past WHISPERQ_RESULT_RETENTION, leftover files), as beat's `whisperq.retention` does."""
     from models.maintenance.retention import run_retention
+    from tasks.app import init_celery
 
     rt = _runtime()
     try:
-        celery = make_celery(rt.settings)  # to remove purged jobs' result-backend entries
+        celery = init_celery(rt.settings)  # to remove purged jobs' result-backend entries
+        rt.publisher = lambda ids: publish_notify(celery, ids)
     except ConfigError:
         celery = None
     counts = run_retention(rt, celery=celery)
@@ -275,9 +277,11 @@ def dlq_show(job_id: str) -> None:
 def dlq_replay(job_ids: tuple[str, ...]) -> None:
     """Queue dead-lettered jobs again, with their attempts reset."""
     from models.jobs.deadletter import replay
+    from tasks.app import init_celery
 
     rt = _runtime()
-    celery = make_celery(rt.settings)
+    celery = init_celery(rt.settings)
+    rt.publisher = lambda ids: publish_notify(celery, ids)
     for job_id in job_ids:
         try:
             replay(rt, celery, job_id)

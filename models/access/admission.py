@@ -16,6 +16,8 @@ Three checks run before a submission's body is read:
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import logging
 import math
 import shutil
@@ -29,7 +31,9 @@ from config.env import parse_rate
 
 from models.errors import WhisperqError
 from models.jobs.record import Job, JobStatus, Stage
-from models.runtime import Runtime
+
+if TYPE_CHECKING:
+    from models.runtime import Runtime
 
 log = logging.getLogger(__name__)
 

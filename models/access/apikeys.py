@@ -23,6 +23,8 @@ receiver can switch without losing a delivery.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import base64
 import hashlib
 import secrets
@@ -38,8 +40,10 @@ from config import PRIORITIES
 from models.db import Base
 from models.db import UTCDateTime, utcnow
 from models.errors import Forbidden, InvalidRequest, Unauthorized, WhisperqError
-from models.runtime import Runtime
 from models.security.crypto import SealedAttribute
+
+if TYPE_CHECKING:
+    from models.runtime import Runtime
 
 PREFIX = "wq_"
 SHOWN = 10  # characters of a key kept in the clear: "wq_" and 7 more

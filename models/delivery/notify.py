@@ -16,14 +16,17 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from sqlalchemy import JSON, String, Text, event, inspect, select, update
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from models.db import Base
 from models.jobs.record import EVENTS, Job, JobStatus, UTCDateTime, new_job_id, utcnow
-from models.runtime import Runtime
+from models.retry import RetryPolicy
+
+if TYPE_CHECKING:
+    from models.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -63,17 +66,19 @@ def _iso(value: datetime | None) -> str | None:
 
 # --- the outbox hook ----------------------------------------------------------------
 
-_publisher: Callable[[list[str]], None] | None = None
+def install_outbox() -> None:
+    """Register the outbox's session hooks, once per process (models.runtime.Runtime does).
+
+    Every session records a delivery for a job with a callback_url that reaches a final
+    state, in the same transaction; after the commit, the session's runtime (``info``)
+    publishes the new deliveries through its publisher. Without one (a process with no
+    Celery app), or if the publish fails, the sweeper sends them (``overdue``)."""
+    if not event.contains(Session, "before_flush", _record_state_changes):
+        event.listen(Session, "before_flush", _record_state_changes)
+        event.listen(Session, "after_commit", _publish_committed)
+        event.listen(Session, "after_rollback", _forget_rolled_back)
 
 
-def set_publisher(publish: Callable[[list[str]], None] | None) -> None:
-    """How this process sends notify messages for new deliveries (set by the web app and
-    the workers); without one, the sweeper sends them."""
-    global _publisher
-    _publisher = publish
-
-
-@event.listens_for(Session, "before_flush")
 def _record_state_changes(session: Session, _context, _instances) -> None:
     for obj in list(session.new) + list(session.dirty):
         if not isinstance(obj, Job) or not obj.callback_url or obj.deleted_at is not None:
@@ -88,17 +93,16 @@ def _record_state_changes(session: Session, _context, _instances) -> None:
         session.info.setdefault("whisperq_deliveries", []).append(delivery.id)
 
 
-@event.listens_for(Session, "after_commit")
 def _publish_committed(session: Session) -> None:
     ids = session.info.pop("whisperq_deliveries", None)
-    if ids and _publisher is not None:
+    publish = getattr(session.info.get("runtime"), "publisher", None)
+    if ids and publish is not None:
         try:
-            _publisher(ids)
+            publish(ids)
         except Exception as exc:  # the sweeper publishes it later
             log.warning("could not publish webhook deliveries %s now (%s); the sweeper will", ids, exc)
 
 
-@event.listens_for(Session, "after_rollback")
 def _forget_rolled_back(session: Session) -> None:
     session.info.pop("whisperq_deliveries", None)
 
@@ -154,8 +158,8 @@ def deliver_pending(rt: Runtime, delivery_id: str, transcript_url: Callable[[str
         done = utcnow()
         if attempt.delivered:
             delivery.status, delivery.finished_at = "delivered", done
-        elif attempt.retryable and webhooks.within_window(first, done, settings):
-            delay = webhooks.backoff(len(delivery.attempts), settings)
+        elif attempt.retryable and (delay := RetryPolicy.for_webhooks(settings).next_delay(
+                len(delivery.attempts), first_at=first, now=done)) is not None:
             delivery.next_attempt_at = done + timedelta(seconds=delay)
         else:
             delivery.status, delivery.finished_at = "failed", done

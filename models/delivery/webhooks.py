@@ -12,7 +12,6 @@ import hashlib
 import hmac
 import http.client
 import json
-import random
 import socket
 import time
 from dataclasses import dataclass
@@ -21,13 +20,13 @@ from typing import Mapping
 
 from models.delivery.outbound import Deadline, check_addresses, describe_error, open_pinned, parse_url, resolve_host, status_line
 from models.errors import InvalidRequest
+from models.retry import Verdict, classify_status
 
 MAX_RESPONSE_BYTES = 64 * 1024
-BACKOFF_CAP_SECONDS = 3600.0
 USER_AGENT = "whisperq-webhooks/1"
 EVENTS = {"COMPLETED": "job.completed", "FAILED": "job.failed", "CANCELLED": "job.cancelled", "EXPIRED": "job.expired"}
 
-__all__ = ["Attempt", "backoff", "deliver", "payload_for", "sign", "verify", "within_window"]
+__all__ = ["Attempt", "deliver", "payload_for", "sign", "verify"]
 
 
 # --- signing --------------------------------------------------------------------------
@@ -129,18 +128,7 @@ def deliver(url: str, payload: dict, *, msg_id: str, settings, secrets: list[str
     error = f"HTTP {status_line(status)}"
     if 300 <= status < 400:
         return result(status, f"{error}: redirects are not followed; set callback_url to the final URL")
-    return result(status, error, retryable=status == 429 or status >= 500)
-
-
-def backoff(attempt_number: int, settings) -> float:
-    """Seconds before the next attempt: full jitter, uniform in [0, min(1 h, base * 2^(n-1))]."""
-    ceiling = settings.webhook_retry_base_seconds * 2 ** min(max(0, attempt_number - 1), 40)
-    return random.uniform(0, min(BACKOFF_CAP_SECONDS, ceiling))
-
-
-def within_window(first_attempt_at: datetime, now: datetime, settings) -> bool:
-    """Whether retries may go on: a receiver down longer than the window is given up on."""
-    return (now - first_attempt_at).total_seconds() <= settings.webhook_retry_window_seconds
+    return result(status, error, retryable=classify_status(status) is Verdict.TRANSIENT)
 
 
 def payload_for(job_dict: dict, transcript_url: str, settings) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import JSON, ForeignKey, Integer, String, Text, select
 from sqlalchemy.orm import Mapped, mapped_column
@@ -12,7 +12,9 @@ from sqlalchemy.orm import Mapped, mapped_column
 from models.db import Base
 from models.errors import AudioPurged, BrokerUnavailable, InvalidRequest, JobNotFound
 from models.jobs.record import Job, JobStatus, UTCDateTime, utcnow
-from models.runtime import Runtime
+
+if TYPE_CHECKING:
+    from models.runtime import Runtime
 
 log = logging.getLogger(__name__)
 

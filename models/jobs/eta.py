@@ -19,7 +19,7 @@ import functools
 import threading
 import time
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import case, func, select
 
@@ -27,7 +27,9 @@ from config.priorities import Priority
 
 from models.jobs.record import Job, JobStatus, Stage, utcnow
 from models.jobs.workers import alive
-from models.runtime import Runtime
+
+if TYPE_CHECKING:
+    from models.runtime import Runtime
 
 # Used until jobs have been measured: tiny.en on one CPU core does about this much.
 DEFAULT_SPEED = 5.0

@@ -1,6 +1,8 @@
 """Idempotency keys for POST /v1/jobs: the same key and request give the same job."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from datetime import datetime, timedelta
 
 from sqlalchemy import String, delete
@@ -10,7 +12,9 @@ from sqlalchemy.orm import Mapped, mapped_column
 from models.db import Base
 from models.db import UTCDateTime, utcnow
 from models.errors import IdempotencyConflict
-from models.runtime import Runtime
+
+if TYPE_CHECKING:
+    from models.runtime import Runtime
 
 KEEP = timedelta(hours=24)
 MAX_KEY_LENGTH = 255

@@ -14,7 +14,7 @@ import logging
 import sys
 import threading
 from datetime import datetime
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from config.settings import PRIORITIES
 
@@ -232,13 +232,17 @@ def _after_commit(session) -> None:
 class GPUMemory:
     """`whisperq_gpu_memory_bytes{device, kind}` at scrape time, where the speech engine
     runs on CUDA: from torch where it is loaded and initialised, else from NVML
-    (`pip install nvidia-ml-py`). Never initialises CUDA itself; absent on a CPU."""
+    (`pip install nvidia-ml-py`). Never initialises CUDA itself; absent on a CPU.
+    `engine` gives the process's engine if it is loaded (None otherwise)."""
+
+    def __init__(self, engine: Callable[[], Any]):
+        self.engine = engine
 
     def collect(self) -> Iterator:
         from prometheus_client.core import GaugeMetricFamily
 
         try:
-            values = _gpu_memory()
+            values = _gpu_memory(self.engine())
         except Exception:
             log.debug("metrics: GPU memory not read", exc_info=True)
             values = []
@@ -250,10 +254,8 @@ class GPUMemory:
             yield family
 
 
-def _gpu_memory() -> list[tuple[int, str, float]]:
-    speech = sys.modules.get("models.speech.engines")
-    engine = getattr(speech, "_engine", None)
-    torch = sys.modules.get("torch")
+def _gpu_memory(engine) -> list[tuple[int, str, float]]:
+    torch = sys.modules.get("torch")  # read only where the engine imported it
     out: list[tuple[int, str, float]] = []
     if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
         for i in range(torch.cuda.device_count()):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, select, update
 
@@ -23,7 +23,9 @@ from models.errors import (
     PermanentJobError,
 )
 from models.jobs.record import Job, JobStatus, Stage, new_job_id, utcnow
-from models.runtime import Runtime
+
+if TYPE_CHECKING:
+    from models.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -183,9 +185,9 @@ def schedule_retry(rt: Runtime, job_id: str, error: str) -> float | None:
         job = session.get(Job, job_id)
         if job is None or job.state.finished:
             return None
-        if job.attempts >= rt.settings.max_attempts:
+        delay = rt.job_retries.next_delay(job.attempts)
+        if delay is None:
             return None
-        delay = rt.settings.retry_delay(job.attempts)
         job.retry_later(f"attempt {job.attempts} failed: {error}", utcnow() + timedelta(seconds=delay))
     log.warning("job %s: attempt failed (%s); retrying in %.1f s", job_id, error, delay)
     return delay

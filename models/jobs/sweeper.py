@@ -17,14 +17,16 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from sqlalchemy import func, select
 
 from models.jobs.deadletter import bury
 from models.jobs.idempotency import forget_old
 from models.jobs.record import Job, JobStatus, Stage, utcnow
-from models.runtime import Runtime
+
+if TYPE_CHECKING:
+    from models.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +93,7 @@ def sweep(rt: Runtime, holdings: dict[str, set[str]], publish: Callable[[Job], N
             job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one()
             if job.state.finished:
                 continue
-            exhausted = why is not LOST and job.state is JobStatus.PROCESSING and job.attempts >= rt.settings.max_attempts
+            exhausted = why is not LOST and job.state is JobStatus.PROCESSING and rt.job_retries.exhausted(job.attempts)
             if not exhausted:
                 if why is LOST:
                     report.lost.append(job_id)

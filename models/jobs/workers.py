@@ -5,14 +5,16 @@ from __future__ import annotations
 import logging
 import threading
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Integer, String, delete, select
 from sqlalchemy.orm import Mapped, mapped_column
 
 from models.db import Base
 from models.db import UTCDateTime, utcnow
-from models.runtime import Runtime
+
+if TYPE_CHECKING:
+    from models.runtime import Runtime
 
 log = logging.getLogger(__name__)
 

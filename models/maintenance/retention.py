@@ -25,14 +25,16 @@ import re
 import stat
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from sqlalchemy import delete, func, select, update
 
 from models.delivery.notify import WebhookDelivery
 from models.jobs.deadletter import DeadLetter
 from models.jobs.record import Job, JobStatus, utcnow
-from models.runtime import Runtime
+
+if TYPE_CHECKING:
+    from models.runtime import Runtime
 
 log = logging.getLogger(__name__)
 

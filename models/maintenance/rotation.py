@@ -13,14 +13,16 @@ import shutil
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from sqlalchemy import JSON, Text, or_, select, type_coerce
 
 from models.jobs.record import Job
-from models.runtime import Runtime
 from models.security.crypto import DecryptionError, current_keyring, value_is_bound, value_key_id
 from models.security.sealed import EncryptedWriter, file_key_id, open_stored
+
+if TYPE_CHECKING:
+    from models.runtime import Runtime
 
 FOLDERS = ("audio", "prepared")
 PLAIN = "(unencrypted)"

@@ -11,47 +11,40 @@ import logging
 import threading
 import time
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from models.errors import JobTimeLimitExceeded, TransientJobError
 from models.jobs.metrics import observe_batch
 from models.jobs.operations import begin_inference, cancel_running, complete_job, count_engine_run, get_job, record_progress
-from models.runtime import Runtime
+from models.pipeline.messages import Prepared
 from models.speech.audio import SAMPLE_RATE
 from models.speech.batching import Batcher
-from models.speech.engines import Transcript, batch_size, get_engine, parallel_batches
-from models.speech.windows import Window
+from models.speech.engines import Transcript, batch_size, parallel_batches
+
+if TYPE_CHECKING:
+    from models.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
 
-_batcher: Batcher | None = None
-_lock = threading.Lock()
+def build_batcher(rt: Runtime) -> Batcher:
+    """The batcher of a process (Runtime.batcher); the model loads in its thread on the first batch."""
+    settings = rt.settings
+
+    def run_batch(key, payloads):
+        language, task, words, prompt, temperature = key
+        # Passed only when asked for: an engine without them still serves the rest.
+        extra = {k: v for k, v in (("prompt", prompt), ("temperature", temperature)) if v}
+        return rt.engine.transcribe_batch([p[0] for p in payloads], [p[1] for p in payloads], language, task,
+                                          word_timestamps=words, **extra)
+
+    return Batcher(run_batch, max_batch=batch_size(settings), max_wait=settings.batch_wait_ms / 1000,
+                   on_batch=observe_batch, parallel=parallel_batches(settings))
 
 
-def get_batcher(rt: Runtime) -> Batcher:
-    """The process's batcher; the model loads in its thread on the first batch."""
-    global _batcher
-    if _batcher is None:
-        with _lock:
-            if _batcher is None:
-                settings = rt.settings
-
-                def run_batch(key, payloads):
-                    language, task, words, prompt, temperature = key
-                    engine = get_engine(settings)
-                    # Passed only when asked for: an engine without them still serves the rest.
-                    extra = {k: v for k, v in (("prompt", prompt), ("temperature", temperature)) if v}
-                    return engine.transcribe_batch([p[0] for p in payloads], [p[1] for p in payloads], language, task,
-                                                   word_timestamps=words, **extra)
-
-                _batcher = Batcher(run_batch, max_batch=batch_size(settings), max_wait=settings.batch_wait_ms / 1000,
-                                   on_batch=observe_batch, parallel=parallel_batches(settings))
-    return _batcher
-
-
-def batcher_stats() -> dict[str, Any]:
-    return _batcher.stats() if _batcher is not None else {"batches": 0, "windows": 0, "pending": 0, "recent_sizes": []}
+def batcher_stats(rt: Runtime) -> dict[str, Any]:
+    batcher = rt.built("batcher")
+    return batcher.stats() if batcher is not None else {"batches": 0, "windows": 0, "pending": 0, "recent_sizes": []}
 
 
 # Jobs this process is transcribing now, each with an event set when its run ends.
@@ -59,7 +52,7 @@ _running: dict[str, threading.Event] = {}
 _running_lock = threading.Lock()
 
 
-def infer_job(rt: Runtime, prepared: dict[str, Any], batcher: Batcher, worker: str | None = None,
+def infer_job(rt: Runtime, prepared: Prepared, batcher: Batcher, worker: str | None = None,
               worker_id: str | None = None) -> dict:
     """Transcribe a prepared job through the batcher and store its transcript, once.
 
@@ -72,16 +65,14 @@ def infer_job(rt: Runtime, prepared: dict[str, Any], batcher: Batcher, worker: s
     delivered twice, or prepared twice) runs nothing: it waits for that run and answers
     with what it stored, so the engine goes through a job once (jobs.engine_runs).
     """
-    job_id = prepared["job_id"]
-    if "result" in prepared:
-        return prepared["result"]
+    job_id = prepared.job_id
     with _running_lock:
         running = _running.get(job_id)
         if running is None:
             _running[job_id] = threading.Event()
     if running is not None:
         log.info("job %s: already being transcribed in this worker; this delivery waits for that run", job_id)
-        running.wait(rt.settings.time_limit(float(prepared.get("duration") or 0.0)))
+        running.wait(rt.settings.time_limit(prepared.duration))
         return get_job(rt, job_id).result() or {"job_id": job_id, "duplicate_of_a_run_in_progress": True}
     try:
         return _infer(rt, prepared, batcher, worker, worker_id)
@@ -90,31 +81,30 @@ def infer_job(rt: Runtime, prepared: dict[str, Any], batcher: Batcher, worker: s
             _running.pop(job_id).set()
 
 
-def _infer(rt: Runtime, prepared: dict[str, Any], batcher: Batcher, worker: str | None,
+def _infer(rt: Runtime, prepared: Prepared, batcher: Batcher, worker: str | None,
            worker_id: str | None) -> dict:
-    job_id = prepared["job_id"]
+    job_id = prepared.job_id
     done = begin_inference(rt, job_id, worker, worker_id)
     if done is not None:
         log.info("job %s already COMPLETED; duplicate delivery ignored", job_id)
         return done
-    duration = float(prepared["duration"])
+    duration = prepared.duration
     limit = rt.settings.time_limit(duration)
     futures = []
     try:
-        samples = rt.storage.load_samples(prepared["prepared"])
+        samples = rt.storage.load_samples(prepared.samples_ref)
     except FileNotFoundError as exc:
         raise TransientJobError("the prepared audio is missing; the job will be prepared again") from exc
-    windows = [Window.from_message(w) for w in prepared["windows"]]
+    windows = prepared.windows
     chunks = [(w.samples(samples), w.time_map()) for w in windows]
     try:
-        language = prepared.get("language")
+        language = prepared.language
         if chunks:
-            language = get_engine(rt.settings).language_of(chunks[0][0], language)
+            language = rt.engine.language_of(chunks[0][0], language)
         language = language or "en"
         # Windows share a batch only when they are decoded the same way.
-        key = (language, prepared.get("task") or "transcribe", bool(prepared.get("word_timestamps")),
-               prepared.get("prompt") or None, float(prepared.get("temperature") or 0.0))
-        futures = batcher.submit(key, chunks, priority=prepared.get("priority") or "normal", job_id=job_id)
+        key = (language,) + prepared.decoding
+        futures = batcher.submit(key, chunks, priority=prepared.priority, job_id=job_id)
         deadline = time.monotonic() + limit
         segments = []
         for n, fut in enumerate(futures):
@@ -124,7 +114,7 @@ def _infer(rt: Runtime, prepared: dict[str, Any], batcher: Batcher, worker: str 
                 batcher.cancel(futures[n + 1:])
                 partial = Transcript.from_segments(segments, language, duration)
                 result = cancel_running(rt, job_id, partial.to_dict())
-                rt.storage.delete(prepared["prepared"])
+                rt.storage.delete(prepared.samples_ref)
                 log.info("job %s: cancelled after %.1f of %.1f s; partial transcript kept", job_id, done_seconds, duration)
                 return result
     except FutureTimeout:
@@ -136,7 +126,7 @@ def _infer(rt: Runtime, prepared: dict[str, Any], batcher: Batcher, worker: str 
     transcript = Transcript.from_segments(segments, language, duration)
     count_engine_run(rt, job_id)
     result, stored = complete_job(rt, job_id, transcript.to_dict())
-    rt.storage.delete(prepared["prepared"])
+    rt.storage.delete(prepared.samples_ref)
     if stored:
         log.info("job %s: transcript stored (%.1f s of audio, %d windows)", job_id, duration, len(futures))
     else:

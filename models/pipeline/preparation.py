@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
@@ -23,10 +23,13 @@ from models.errors import (
 )
 from models.jobs.operations import TASKS, fail_job
 from models.jobs.record import Job, JobStatus, Stage, utcnow
-from models.runtime import Runtime
+from models.pipeline.messages import Finished, Prepared
 from models.speech.engines import check_language
 from models.speech.windows import split_windows
 from models.storage import caller_file
+
+if TYPE_CHECKING:
+    from models.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +88,7 @@ def _claim(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any], wo
             return job.result()
         if job.state.finished:
             raise PermanentJobError(job.error or f"the job is {job.status}")
-        if job.attempts >= rt.settings.max_attempts:
+        if rt.job_retries.exhausted(job.attempts):
             raise AttemptsExhausted(
                 f"the job was started {job.attempts} times without finishing (its worker was lost each time)"
             )
@@ -96,17 +99,17 @@ def _claim(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any], wo
 
 
 def prepare_job(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any] | None = None,
-                worker: str | None = None, worker_id: str | None = None) -> dict:
+                worker: str | None = None, worker_id: str | None = None) -> Prepared | Finished:
     """Decode, resample to 16 kHz mono, measure and split into windows; store the samples.
 
-    Returns what the inference step needs — references and sample offsets, never audio —
-    or ``{"result": ...}`` when the job is already COMPLETED (a duplicate delivery).
+    Returns the inference pool's message (models.pipeline.messages) — references and sample
+    offsets, never audio — or Finished when the job is already COMPLETED (a duplicate delivery).
     Permanent problems mark the job FAILED and raise PermanentJobError; transient ones
     raise TransientJobError for the task to retry.
     """
     claimed = _claim(rt, job_id, audio_ref, options or {}, worker, worker_id)
     if isinstance(claimed, dict):
-        return {"job_id": job_id, "result": claimed}
+        return Finished(job_id, claimed)
     job = claimed
     try:
         if job.task not in TASKS:
@@ -139,18 +142,9 @@ def prepare_job(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any
         rt.storage.delete(ref)
         raise JobCancelled(f"job {job_id} was cancelled while it was prepared")
     log.info("job %s prepared: %.1f s of audio in %d windows", job_id, duration, len(windows))
-    return {
-        "job_id": job_id,
-        "prepared": ref,
-        "duration": round(duration, 3),
-        "windows": [w.to_message() for w in windows],
-        "language": job.language,
-        "task": job.task,
-        "priority": job.priority,
-        "word_timestamps": bool(job.word_timestamps),
-        "prompt": job.prompt,
-        "temperature": job.temperature,
-    }
+    return Prepared(job_id, ref, round(duration, 3), tuple(windows), language=job.language, task=job.task,
+                    priority=job.priority, word_timestamps=bool(job.word_timestamps), prompt=job.prompt or None,
+                    temperature=float(job.temperature or 0.0))
 
 
 def _decode_stored(rt: Runtime, ref: str, audio_format: str | None):

@@ -8,11 +8,11 @@ from __future__ import annotations
 import logging
 import os
 import math
-import threading
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
+from models import compat
 from models.errors import InvalidRequest
 from models.speech.audio import SAMPLE_RATE
 from models.speech.segments import Segment, Transcript, window_segments
@@ -133,18 +133,9 @@ class FasterWhisperEngine:
     def _options(self, tokenizer, prompt: str | None = None, temperature: float = 0.0):
         """faster-whisper's batched pipeline's decoding options: text without timestamp tokens
         (models.speech.segments says why); beam size from the settings, prompt and temperature per job."""
-        from faster_whisper.transcribe import TranscriptionOptions, get_suppressed_tokens
-
-        return TranscriptionOptions(
-            beam_size=self.beam_size, best_of=5, patience=1.0, length_penalty=1.0, repetition_penalty=1.0,
-            no_repeat_ngram_size=0, log_prob_threshold=-1.0, no_speech_threshold=0.6,
-            compression_ratio_threshold=2.4, temperatures=[temperature], initial_prompt=prompt, prefix=None,
-            suppress_blank=True, suppress_tokens=get_suppressed_tokens(tokenizer, [-1]),
-            prepend_punctuations=PREPEND_PUNCTUATIONS, append_punctuations=APPEND_PUNCTUATIONS,
-            max_new_tokens=None, hotwords=None, word_timestamps=False, hallucination_silence_threshold=None,
-            condition_on_previous_text=False, clip_timestamps=[], prompt_reset_on_temperature=0.5,
-            multilingual=False, without_timestamps=True, max_initial_timestamp=0.0,
-        )
+        return compat.faster_whisper_options(tokenizer, beam_size=self.beam_size, prompt=prompt, temperature=temperature,
+                                             prepend_punctuations=PREPEND_PUNCTUATIONS,
+                                             append_punctuations=APPEND_PUNCTUATIONS)
 
     def language_of(self, chunk: "np.ndarray", language: str | None) -> str:
         """The language to decode a job in: the requested one, else detected on its first window."""
@@ -174,12 +165,12 @@ class FasterWhisperEngine:
             return []
         tokenizer = self._tokenizer(language, task)
         features = np.stack([pad_or_trim(self.model.feature_extractor(c)[..., :-1]) for c in chunks])
-        encoder_output, outputs = self.pipeline.generate_segment_batched(
-            features, tokenizer, self._options(tokenizer, prompt, temperature))
+        encoder_output, outputs = compat.faster_whisper_decode(
+            self.pipeline, features, tokenizer, self._options(tokenizer, prompt, temperature))
         texts = [[t for t in out["tokens"] if t < tokenizer.eot] for out in outputs]
         hop = self.model.feature_extractor.hop_length
         frames = [min(features.shape[-1], math.ceil(len(c) / hop)) for c in chunks]
-        alignments = self.model.find_alignment(tokenizer, texts, encoder_output, frames) if any(texts) else []
+        alignments = compat.faster_whisper_align(self.model, tokenizer, texts, encoder_output, frames) if any(texts) else []
         result = []
         for n, (chunk, offset, tokens) in enumerate(zip(chunks, offsets, texts)):
             aligned = list(alignments[n]) if tokens and n < len(alignments) else []
@@ -203,8 +194,6 @@ class FasterWhisperEngine:
         return Transcript.from_segments(segments, lang, len(audio) / SAMPLE_RATE)
 
 
-_engine: SpeechEngine | None = None
-_engine_lock = threading.Lock()
 
 
 def usable_cores() -> int:
@@ -263,27 +252,23 @@ def slots_needed(settings: "Settings") -> int:
     return (parallel_batches(settings) + 1) * batch_size(settings)
 
 
-def get_engine(settings: "Settings") -> SpeechEngine:
-    """The process's engine, loaded on first use and kept for every later job."""
-    global _engine
-    if _engine is None:
-        with _engine_lock:
-            if _engine is None:
-                path = model_path(settings)
-                log.info("loading %s model from %s (device=%s)", settings.engine, path, settings.device)
-                if settings.engine == "openai-whisper":
-                    from models.speech.openai_engine import load_engine
+def load_engine(settings: "Settings") -> SpeechEngine:
+    """The engine the settings name, loaded (a process keeps it: models.runtime.Runtime.engine)."""
+    path = model_path(settings)
+    log.info("loading %s model from %s (device=%s)", settings.engine, path, settings.device)
+    if settings.engine == "openai-whisper":
+        from models.speech.openai_engine import load_engine as load_openai_whisper
 
-                    _engine = load_engine(settings)
-                else:
-                    _engine = FasterWhisperEngine(
-                        path,
-                        device=settings.device,
-                        compute_type=settings.compute_type,
-                        cpu_threads=engine_threads(settings),
-                        beam_size=settings.beam_size,
-                        workers=parallel_batches(settings),
-                    )
-                log.info("model loaded on %s (%s): %d batches at once, %d CPU threads each", _engine.device,
-                         getattr(_engine, "compute_type", "?"), parallel_batches(settings), engine_threads(settings))
-    return _engine
+        engine = load_openai_whisper(settings)
+    else:
+        engine = FasterWhisperEngine(
+            path,
+            device=settings.device,
+            compute_type=settings.compute_type,
+            cpu_threads=engine_threads(settings),
+            beam_size=settings.beam_size,
+            workers=parallel_batches(settings),
+        )
+    log.info("model loaded on %s (%s): %d batches at once, %d CPU threads each", engine.device,
+             getattr(engine, "compute_type", "?"), parallel_batches(settings), engine_threads(settings))
+    return engine

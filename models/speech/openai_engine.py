@@ -18,6 +18,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+from models import compat
 from models.speech.audio import SAMPLE_RATE
 from models.speech.segments import Segment, window_segments
 from models.speech.engines import (APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, FasterWhisperEngine, bundled_model_path, engine_threads,
@@ -152,7 +153,7 @@ class OpenAIWhisperEngine:
         )
         out = []
         with self._lock, torch.no_grad():
-            results = _decoding_task(self.model, options).run(torch.stack(mels))
+            results = compat.openai_whisper_decoding_task(self.model, options).run(torch.stack(mels))
             for chunk, offset, mel, result in zip(chunks, offsets, mels, results):
                 tokens = [t for t in result.tokens if t < tokenizer.eot]
                 aligned = self._align(tokens, tokenizer, mel, len(chunk)) if tokens else []
@@ -174,31 +175,8 @@ class OpenAIWhisperEngine:
     transcribe = FasterWhisperEngine.transcribe
 
 
-def _decoding_task(model, options):
-    """whisper.decode's DecodingTask, fixed for several windows with beam search.
-
-    Since openai-whisper's "Avoid rearranging all caches" (PR #1483, 2023; unfixed up to
-    20250625, open PRs #2197, #2389, #2843) the tokens are repeated per beam but the audio
-    features are not: one window broadcasts, several fail with "The size of tensor a (15)
-    must match the size of tensor b (3)". Here the features are repeated once encoded
-    (after language detection, which wants one row per window), as before that change. If
-    openai-whisper repeats them itself one day, decoding fails loudly (shapes), never silently.
-    """
-    from whisper.decoding import DecodingTask
-
-    class BatchedDecodingTask(DecodingTask):
-        def _get_audio_features(self, mel):
-            features = super()._get_audio_features(mel)
-            return features.repeat_interleave(self.n_group, dim=0) if self.n_group > 1 else features
-
-        def _detect_language(self, audio_features, tokens):
-            return super()._detect_language(audio_features[:: self.n_group], tokens)
-
-    return BatchedDecodingTask(model, options)
-
-
 def load_engine(settings: "Settings") -> OpenAIWhisperEngine:
-    """The engine for a worker process, from the settings (called once, by speech.get_engine)."""
+    """The engine for a worker process, from the settings (called once per process, by models.speech.engines.load_engine)."""
     try:
         import torch  # noqa: F401
         import whisper  # noqa: F401

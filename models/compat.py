@@ -1,0 +1,153 @@
+"""Every place whisperq relies on a library's internals, in one module.
+
+Each entry says what it works around or reaches into, and the versions it was checked
+against (TESTED, the same ranges setup.cfg allows). tests/test_compat.py holds a contract test
+for each: it fails when a library changes what the entry relies on, before a worker does.
+.ci/run runs those tests on the newest versions of each range (the install) and on the
+oldest (FLOORS). A worker logs a warning at start when an installed version is outside its
+range (``check_versions``). To take a library's new version: widen its range here and in
+setup.cfg, and run tests/test_compat.py against it.
+
+Imports nothing of the product: the speech engines and the worker call in.
+"""
+from __future__ import annotations
+
+import logging
+from importlib import metadata
+from typing import Any, Iterator
+
+log = logging.getLogger(__name__)
+
+# distribution -> the versions every entry below was checked against
+TESTED = {
+    "celery": ">=5.4,<5.8",
+    "kombu": ">=5.4,<5.8",
+    "faster-whisper": ">=1.1,<1.3",
+    "openai-whisper": ">=20240930,<=20250625",
+}
+# The oldest version of each range, installed by .ci/run for a second run of the contract tests.
+FLOORS = {"celery": "5.4.0", "kombu": "5.4.0", "faster-whisper": "1.1.0", "openai-whisper": "20240930"}
+
+
+def check_versions() -> list[str]:
+    """A line for each installed library outside the range its entries were checked against."""
+    from packaging.specifiers import SpecifierSet
+
+    out = []
+    for name, spec in TESTED.items():
+        try:
+            version = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue  # an optional engine not installed
+        if version not in SpecifierSet(spec):
+            out.append(f"{name} {version} is outside the versions whisperq was checked against ({spec}); "
+                       "run tests/test_compat.py against it")
+    for line in out:
+        log.warning("%s", line)
+    return out
+
+
+# --- kombu: acks after the Redis connection is gone --------------------------------------------
+
+def guard_redis_acks() -> None:
+    """Keep a worker consuming after the Redis broker restarts (kombu.transport.redis.QoS).
+
+    A task that finishes after the connection was lost acks through kombu's Redis QoS, whose
+    channel has lost its connection by then: the AttributeError escapes kombu's error handling
+    and stops the consumer for good (a threads-pool worker stays up and never takes another
+    message). Such an ack is skipped: the job's row is already final, and the broker still
+    holds the message as unacknowledged; when it is handed out again the job is found done.
+    Patches the class once per process; a second call changes nothing.
+    """
+    from kombu.transport import redis as kombu_redis
+
+    qos = kombu_redis.QoS
+    if hasattr(qos, "_whisperq_unguarded"):
+        return
+    ack, restore = qos.ack, qos.restore_unacked
+
+    def guarded_ack(self, delivery_tag):
+        if redis_channel_closed(self):
+            log.warning("ack of %s skipped: its broker connection is gone", delivery_tag)
+            return None
+        return ack(self, delivery_tag)
+
+    def guarded_restore(self, client=None):
+        if client is None and redis_channel_closed(self):
+            return None
+        return restore(self, client)
+
+    qos.ack, qos.restore_unacked, qos._whisperq_unguarded = guarded_ack, guarded_restore, (ack, restore)
+
+
+def redis_channel_closed(qos) -> bool:
+    """Whether a QoS's channel has lost its connection (kombu sets the client to None)."""
+    transport = getattr(qos.channel, "connection", None)
+    return transport is None or getattr(transport, "client", None) is None
+
+
+# --- celery: requests waiting in the worker's timer (countdown / eta) ---------------------------
+
+def scheduled_requests(timer) -> Iterator[dict]:
+    """The requests a worker holds for later (a retry's countdown), as `celery inspect
+    scheduled` lists them; celery.worker.control's private helper."""
+    from celery.worker.control import _iter_schedule_requests
+
+    return _iter_schedule_requests(timer)
+
+
+# --- faster-whisper: the batched pipeline's decoding, window by window --------------------------
+
+def faster_whisper_options(tokenizer, *, beam_size: int, prompt: str | None, temperature: float,
+                           prepend_punctuations: str, append_punctuations: str):
+    """faster-whisper's BatchedInferencePipeline's decoding options (its TranscriptionOptions,
+    an internal dataclass every field of which must be given): text without timestamp tokens."""
+    from faster_whisper.transcribe import TranscriptionOptions, get_suppressed_tokens
+
+    return TranscriptionOptions(
+        beam_size=beam_size, best_of=5, patience=1.0, length_penalty=1.0, repetition_penalty=1.0,
+        no_repeat_ngram_size=0, log_prob_threshold=-1.0, no_speech_threshold=0.6,
+        compression_ratio_threshold=2.4, temperatures=[temperature], initial_prompt=prompt, prefix=None,
+        suppress_blank=True, suppress_tokens=get_suppressed_tokens(tokenizer, [-1]),
+        prepend_punctuations=prepend_punctuations, append_punctuations=append_punctuations,
+        max_new_tokens=None, hotwords=None, word_timestamps=False, hallucination_silence_threshold=None,
+        condition_on_previous_text=False, clip_timestamps=[], prompt_reset_on_temperature=0.5,
+        multilingual=False, without_timestamps=True, max_initial_timestamp=0.0,
+    )
+
+
+def faster_whisper_decode(pipeline, features, tokenizer, options) -> tuple[Any, list[dict]]:
+    """One batched decoding call of BatchedInferencePipeline (its `generate_segment_batched`):
+    the encoder output and, per window, a dict with its "tokens"."""
+    return pipeline.generate_segment_batched(features, tokenizer, options)
+
+
+def faster_whisper_align(model, tokenizer, texts: list[list[int]], encoder_output, frames: list[int]) -> list:
+    """Word timings for each window's tokens on the same encoder output (WhisperModel.find_alignment)."""
+    return model.find_alignment(tokenizer, texts, encoder_output, frames)
+
+
+# --- openai-whisper: beam search over several windows -------------------------------------------
+
+def openai_whisper_decoding_task(model, options):
+    """whisper.decode's DecodingTask, fixed for several windows with beam search.
+
+    Since openai-whisper's "Avoid rearranging all caches" (PR #1483, 2023; unfixed up to
+    20250625, open PRs #2197, #2389, #2843) the tokens are repeated per beam but the audio
+    features are not: one window broadcasts, several fail with "The size of tensor a (15)
+    must match the size of tensor b (3)". Here the features are repeated once encoded (after
+    language detection, which wants one row per window), as before that change. If
+    openai-whisper repeats them itself one day, decoding fails loudly (shapes), never
+    silently; tests/test_compat.py shows whether the fix is still needed.
+    """
+    from whisper.decoding import DecodingTask
+
+    class BatchedDecodingTask(DecodingTask):
+        def _get_audio_features(self, mel):
+            features = super()._get_audio_features(mel)
+            return features.repeat_interleave(self.n_group, dim=0) if self.n_group > 1 else features
+
+        def _detect_language(self, audio_features, tokens):
+            return super()._detect_language(audio_features[:: self.n_group], tokens)
+
+    return BatchedDecodingTask(model, options)

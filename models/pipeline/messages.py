@@ -1,0 +1,112 @@
+"""The message between the pools: what the preparation pool hands the inference pool.
+
+It travels as JSON (the ``whisperq.infer`` task's one argument) and carries references and
+sample offsets, never audio. It is typed on both sides: built as a ``Prepared`` by
+``prepare_job``, sent with ``to_message()``, and checked by ``Prepared.from_message()`` where
+the inference pool takes it, so a malformed message fails its job with a clear error instead
+of a KeyError deep in a worker.
+
+``schema`` is the message's version. A change that old workers can ignore (a new optional
+field) keeps it; one they would misread raises it. A message without one comes from before
+versioning and has the shape of version 1. A message newer than this worker understands is
+tried again (another worker, upgraded, may take it) until the attempts run out.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from models.errors import PermanentJobError, TransientJobError
+from models.speech.windows import Window
+
+SCHEMA = 1
+
+
+class MalformedMessage(PermanentJobError):
+    code = "malformed_message"
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A job ready for the model: its prepared samples (a storage reference), their windows
+    and how to decode them."""
+
+    job_id: str
+    samples_ref: str
+    duration: float
+    windows: tuple[Window, ...]
+    language: str | None = None
+    task: str = "transcribe"
+    priority: str = "normal"
+    word_timestamps: bool = False
+    prompt: str | None = None
+    temperature: float = 0.0
+
+    def to_message(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "job_id": self.job_id,
+            "prepared": self.samples_ref,
+            "duration": self.duration,
+            "windows": [w.to_message() for w in self.windows],
+            "language": self.language,
+            "task": self.task,
+            "priority": self.priority,
+            "word_timestamps": self.word_timestamps,
+            "prompt": self.prompt,
+            "temperature": self.temperature,
+        }
+
+    @classmethod
+    def from_message(cls, value: Any) -> Prepared:
+        """The message checked field by field; MalformedMessage names what is wrong."""
+        if not isinstance(value, Mapping):
+            raise MalformedMessage(f"the inference message is a {type(value).__name__}, not a JSON object")
+        schema = value.get("schema", 1)
+        if not isinstance(schema, int) or isinstance(schema, bool) or schema < 1:
+            raise MalformedMessage(f"the inference message's schema {schema!r} is not a version number")
+        if schema > SCHEMA:
+            raise TransientJobError(f"the inference message has schema {schema}; this worker reads up to {SCHEMA}: "
+                                    "upgrade the inference workers")
+
+        def field(name: str, kinds: tuple[type, ...], default: Any = ..., optional: bool = False) -> Any:
+            item = value.get(name, default)
+            if item is ...:
+                raise MalformedMessage(f"the inference message has no {name!r}")
+            if item is None and optional:
+                return None
+            if not isinstance(item, kinds) or (isinstance(item, bool) and bool not in kinds):
+                raise MalformedMessage(f"the inference message's {name!r} is {item!r}, not "
+                                       + " or ".join(k.__name__ for k in kinds))
+            return item
+
+        windows = field("windows", (list, tuple))
+        try:
+            parsed = tuple(Window.from_message(w) for w in windows)
+        except (TypeError, ValueError) as exc:
+            raise MalformedMessage(f"the inference message's windows are not lists of [start, end]: {exc}") from None
+        return cls(
+            job_id=field("job_id", (str,)),
+            samples_ref=field("prepared", (str,)),
+            duration=float(field("duration", (int, float))),
+            windows=parsed,
+            language=field("language", (str,), None, optional=True),
+            task=field("task", (str,), "transcribe", optional=True) or "transcribe",
+            priority=field("priority", (str,), "normal", optional=True) or "normal",
+            word_timestamps=bool(field("word_timestamps", (bool,), False, optional=True)),
+            prompt=field("prompt", (str,), None, optional=True) or None,
+            temperature=float(field("temperature", (int, float), 0.0, optional=True) or 0.0),
+        )
+
+    @property
+    def decoding(self) -> tuple:
+        """What windows must share to share a batch (with the language found for them)."""
+        return (self.task, self.word_timestamps, self.prompt, self.temperature)
+
+
+@dataclass(frozen=True)
+class Finished:
+    """What preparation answers for a job already COMPLETED (a duplicate delivery): its result."""
+
+    job_id: str
+    result: dict

@@ -1,0 +1,234 @@
+"""Contract tests for models.compat: what each workaround relies on in a library's internals is
+still there, and the problem it works around still exists. .ci/run runs this module on the
+newest and on the oldest versions that setup.cfg allows."""
+import configparser
+import inspect
+import logging
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+import pytest
+from packaging.requirements import Requirement
+
+from helpers import CLIPS, need_service, word_error_rate
+from models import compat
+from models.speech import audio
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# --- the ranges -----------------------------------------------------------------------------------
+
+
+def _declared() -> dict[str, str]:
+    """Each library's range as setup.cfg declares it (install_requires and the extras)."""
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    lines = cfg["options"]["install_requires"].splitlines() + [
+        line for extra in cfg["options.extras_require"].values() for line in extra.splitlines()]
+    out = {}
+    for line in lines:
+        line = line.split("#")[0].strip()
+        if line:
+            req = Requirement(line)
+            out[req.name] = str(req.specifier)
+    return out
+
+
+def test_setup_cfg_allows_exactly_the_checked_versions():
+    declared = _declared()
+    from packaging.specifiers import SpecifierSet
+
+    for name, spec in compat.TESTED.items():
+        assert SpecifierSet(declared[name]) == SpecifierSet(spec), f"{name}: setup.cfg says {declared[name]}"
+        assert compat.FLOORS[name] in SpecifierSet(spec), f"{name}'s floor {compat.FLOORS[name]} is not in {spec}"
+
+
+def test_the_installed_versions_are_in_the_checked_ranges(caplog):
+    with caplog.at_level(logging.WARNING, logger="models.compat"):
+        assert compat.check_versions() == []
+
+
+def test_a_version_outside_its_range_is_reported(monkeypatch, caplog):
+    real = metadata.version
+    monkeypatch.setattr(metadata, "version", lambda name: "9.9.9" if name == "kombu" else real(name))
+    with caplog.at_level(logging.WARNING, logger="models.compat"):
+        lines = compat.check_versions()
+    assert lines == [f"kombu 9.9.9 is outside the versions whisperq was checked against ({compat.TESTED['kombu']}); "
+                     "run tests/test_compat.py against it"]
+    assert lines[0] in caplog.text
+
+
+# --- kombu ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def closed_redis_qos():
+    """A real kombu Redis channel's QoS, after its channel was closed (as a broker restart does)."""
+    from kombu import Connection
+
+    conn = Connection("redis://127.0.0.1:6379/15")
+    try:
+        channel = conn.channel()
+    except Exception as exc:  # Redis not running here
+        need_service(f"Redis on 127.0.0.1:6379 unreachable: {exc}")
+    qos = channel.qos
+    assert not compat.redis_channel_closed(qos)
+    channel.close()
+    yield qos
+    conn.release()
+
+
+def test_kombu_still_fails_an_ack_on_a_closed_redis_channel(closed_redis_qos):
+    """What guard_redis_acks works around: without it the AttributeError stops the consumer.
+    When kombu fixes this, this test fails: drop the workaround then."""
+    from kombu.transport.redis import QoS
+
+    unguarded_ack = getattr(QoS, "_whisperq_unguarded", (QoS.ack,))[0]
+    assert compat.redis_channel_closed(closed_redis_qos)  # what the guard looks at
+    with pytest.raises(AttributeError):
+        unguarded_ack(closed_redis_qos, "tag-1")
+
+
+def test_the_guarded_ack_skips_a_closed_channel_once_patched(closed_redis_qos, caplog):
+    from kombu.transport.redis import QoS
+
+    compat.guard_redis_acks()
+    patched = QoS.ack
+    compat.guard_redis_acks()  # a second worker_init in the same process changes nothing
+    assert QoS.ack is patched
+    assert inspect.signature(QoS._whisperq_unguarded[0]).parameters.keys() == {"self", "delivery_tag"}
+    assert list(inspect.signature(QoS._whisperq_unguarded[1]).parameters) == ["self", "client"]
+    with caplog.at_level(logging.WARNING, logger="models.compat"):
+        assert closed_redis_qos.ack("tag-1") is None
+        assert closed_redis_qos.restore_unacked() is None
+    assert "ack of tag-1 skipped" in caplog.text
+
+
+# --- celery -----------------------------------------------------------------------------------------
+
+
+def test_celery_lists_a_workers_scheduled_requests():
+    """The sweeper asks each worker what it holds, retries waiting out a countdown included."""
+    from celery import Celery
+    from celery.worker.request import Request
+    from kombu import Message
+    from kombu.asynchronous.timer import Timer
+    from kombu.serialization import dumps
+
+    app = Celery("compat", set_as_current=False)
+    app.conf.broker_url = "memory://"
+
+    @app.task(name="compat.noop")
+    def noop():
+        return None
+
+    message = app.amqp.as_task_v2("0a0a0a0a-0000-4000-8000-0000000000c0", "compat.noop", countdown=60)
+    content_type, encoding, body = dumps(message.body, serializer="json")
+    request = Request(Message(body=body, headers=message.headers, content_type=content_type,
+                              content_encoding=encoding), app=app, task=noop)
+    timer = Timer()
+    timer.call_at(request.eta, lambda r: None, (request,), priority=5)
+    entries = list(compat.scheduled_requests(timer))
+    assert [e["request"]["id"] for e in entries] == ["0a0a0a0a-0000-4000-8000-0000000000c0"]
+
+
+# --- faster-whisper ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def faster():
+    from models.speech.engines import FasterWhisperEngine, bundled_model_path
+
+    return FasterWhisperEngine(bundled_model_path(), device="cpu")
+
+
+def test_faster_whisper_options_name_every_field():
+    """TranscriptionOptions is an internal dataclass without defaults: a field added upstream
+    makes every call fail, a field renamed decodes differently. The fields must be ours."""
+    from faster_whisper.transcribe import TranscriptionOptions
+
+    source = inspect.getsource(compat.faster_whisper_options)
+    ours = {line.split("=")[0].strip() for part in source.split("TranscriptionOptions(")[1].split(")\n")[0].split(",")
+            for line in [part] if "=" in part}
+    assert ours == set(TranscriptionOptions.__dataclass_fields__)
+
+
+def test_faster_whisper_batched_steps_decode_two_windows(faster):
+    """generate_segment_batched and find_alignment, called as the engine calls them, on two
+    windows at once: the words are right and each has its timings."""
+    from faster_whisper.audio import pad_or_trim
+
+    from models.speech.engines import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS
+
+    assert list(inspect.signature(faster.pipeline.generate_segment_batched).parameters)[:3] == \
+        ["features", "tokenizer", "options"]
+    assert list(inspect.signature(faster.model.find_alignment).parameters)[:4] == \
+        ["tokenizer", "text_tokens", "encoder_output", "num_frames"]
+    chunks = [audio.decode(CLIPS[name]["path"]) for name in ("fox.flac", "report.opus")]
+    tokenizer = faster._tokenizer("en", "transcribe")
+    options = compat.faster_whisper_options(tokenizer, beam_size=5, prompt=None, temperature=0.0,
+                                            prepend_punctuations=PREPEND_PUNCTUATIONS,
+                                            append_punctuations=APPEND_PUNCTUATIONS)
+    features = np.stack([pad_or_trim(faster.model.feature_extractor(c)[..., :-1]) for c in chunks])
+    encoder_output, outputs = compat.faster_whisper_decode(faster.pipeline, features, tokenizer, options)
+    texts = [[t for t in out["tokens"] if t < tokenizer.eot] for out in outputs]
+    for tokens, name in zip(texts, ("fox.flac", "report.opus")):
+        assert word_error_rate(CLIPS[name]["text"], tokenizer.decode(tokens)) < 0.15
+    frames = [int(np.ceil(len(c) / faster.model.feature_extractor.hop_length)) for c in chunks]
+    alignments = compat.faster_whisper_align(faster.model, tokenizer, texts, encoder_output, frames)
+    assert len(alignments) == 2 and all(len(words) > 3 for words in alignments)
+    assert all({"word", "start", "end", "probability"} <= set(w) for words in alignments for w in words)
+
+
+# --- openai-whisper ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def whisper_model(tmp_path_factory):
+    try:
+        import torch  # noqa: F401
+        import whisper
+    except ImportError as exc:
+        need_service(f"the openai-whisper contract needs its extra ({exc}): "
+                     "pip install torch==2.13.0 && pip install -e '.[openai-whisper]'")
+    from models.speech.convert import convert
+    from models.speech.engines import bundled_model_path
+
+    target = tmp_path_factory.mktemp("compat-whisper") / "tiny.en.pt"
+    convert(bundled_model_path(), target)
+    return whisper.load_model(str(target), device="cpu")
+
+
+def _mels(model, names):
+    import torch
+    import whisper
+
+    return torch.stack([whisper.log_mel_spectrogram(whisper.pad_or_trim(audio.decode(CLIPS[n]["path"])),
+                                                    model.dims.n_mels) for n in names])
+
+
+def test_openai_whisper_still_fails_beam_search_over_several_windows(whisper_model):
+    """What openai_whisper_decoding_task works around. When openai-whisper fixes it, this
+    test fails: drop the workaround then."""
+    import whisper
+    from whisper.decoding import DecodingTask
+
+    options = whisper.DecodingOptions(language="en", beam_size=3, without_timestamps=True, fp16=False)
+    with pytest.raises(RuntimeError, match="size of tensor"):
+        DecodingTask(whisper_model, options).run(_mels(whisper_model, ["fox.flac", "report.opus"]))
+
+
+def test_openai_whisper_beam_search_over_several_windows_with_the_fix(whisper_model):
+    import whisper
+    from whisper.decoding import DecodingTask
+
+    for name in ("_get_audio_features", "_detect_language", "run"):
+        assert callable(getattr(DecodingTask, name)), name
+    options = whisper.DecodingOptions(language="en", beam_size=3, without_timestamps=True, fp16=False)
+    task = compat.openai_whisper_decoding_task(whisper_model, options)
+    results = task.run(_mels(whisper_model, ["fox.flac", "report.opus"]))
+    assert task.n_group == 3
+    for result, name in zip(results, ("fox.flac", "report.opus")):
+        assert word_error_rate(CLIPS[name]["text"], result.text) < 0.15

@@ -1,0 +1,68 @@
+"""The prepare -> inference message (models.pipeline.messages): typed on both sides, versioned,
+checked where the inference pool takes it."""
+import json
+
+import pytest
+
+from models.errors import PermanentJobError, TransientJobError
+from models.pipeline.messages import SCHEMA, MalformedMessage, Prepared
+from models.speech.windows import Window
+
+JOB = "0a0a0a0a-0000-4000-8000-00000000abcd"
+
+
+def prepared(**changes) -> Prepared:
+    fields = dict(job_id=JOB, samples_ref="prepared/0a/x.npy", duration=61.5,
+                  windows=(Window(((0, 480_000),)), Window(((480_000, 700_000), (720_000, 984_000)))),
+                  language="en", task="transcribe", priority="high", word_timestamps=True, prompt="Kubernetes",
+                  temperature=0.2)
+    fields.update(changes)
+    return Prepared(**fields)
+
+
+def test_a_message_survives_json_both_ways():
+    sent = prepared()
+    wire = json.loads(json.dumps(sent.to_message()))
+    assert wire["schema"] == SCHEMA
+    assert Prepared.from_message(wire) == sent
+
+
+def test_a_message_from_before_versioning_is_read_as_version_one():
+    """What the prepare pool sent before messages had a schema: in flight during an upgrade."""
+    old = {"job_id": JOB, "prepared": "prepared/0a/x.npy", "duration": 12.0, "windows": [[0, 192000]],
+           "language": None, "task": "transcribe", "priority": "normal", "word_timestamps": False,
+           "prompt": None, "temperature": None}
+    message = Prepared.from_message(old)
+    assert message.windows == (Window(((0, 192000),)),) and message.temperature == 0.0 and message.language is None
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"job_id": None}, "'job_id' is None"),
+    ({"prepared": 7}, "'prepared' is 7, not str"),
+    ({"duration": "long"}, "'duration' is 'long'"),
+    ({"windows": [["a", "b"]]}, "windows are not lists of [start, end]"),
+    ({"windows": "0-10"}, "'windows' is '0-10'"),
+    ({"word_timestamps": "yes"}, "'word_timestamps' is 'yes', not bool"),
+    ({"schema": "one"}, "schema 'one' is not a version number"),
+])
+def test_a_malformed_message_says_what_is_wrong(change, words):
+    wire = dict(prepared().to_message(), **change)
+    with pytest.raises(MalformedMessage) as caught:
+        Prepared.from_message(wire)
+    assert words in str(caught.value)
+    assert isinstance(caught.value, PermanentJobError)  # the job fails with this message; no retry
+
+
+def test_a_missing_field_is_named():
+    wire = prepared().to_message()
+    del wire["duration"]
+    with pytest.raises(MalformedMessage, match="has no 'duration'"):
+        Prepared.from_message(wire)
+    with pytest.raises(MalformedMessage, match="is a list, not a JSON object"):
+        Prepared.from_message([JOB])
+
+
+def test_a_newer_schema_is_tried_again_not_misread():
+    wire = dict(prepared().to_message(), schema=SCHEMA + 1)
+    with pytest.raises(TransientJobError, match="upgrade the inference workers"):
+        Prepared.from_message(wire)
