@@ -33,7 +33,7 @@ def celery_for(settings: Settings) -> Celery:
 
 
 def init_celery(settings: Settings) -> Celery:
-    """Build this process's app: the tasks' default, and the outbox's publisher."""
+    """Build this process's app: the one the tasks (shared_task) bind to."""
     return use_celery(celery_for(settings))
 
 

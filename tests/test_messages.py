@@ -66,3 +66,25 @@ def test_a_newer_schema_is_tried_again_not_misread():
     wire = dict(prepared().to_message(), schema=SCHEMA + 1)
     with pytest.raises(TransientJobError, match="upgrade the inference workers"):
         Prepared.from_message(wire)
+
+
+def test_the_inference_task_fails_a_job_whose_message_is_malformed(database):
+    """Checked where it is consumed: the job fails with what is wrong, it is not retried;
+    a message naming no job is dropped."""
+    from models.jobs.operations import get_job
+    from models.jobs.record import Job, JobStatus, Stage, new_job_id
+    from tasks import infer
+    from tasks.app import runtime
+
+    rt = runtime()
+    job_id = new_job_id()
+    with rt.db.session() as session:
+        session.add(Job(id=job_id, audio_ref="audio/none.flac", priority="normal", attempts=1,
+                        status=JobStatus.PROCESSING.value, stage=Stage.QUEUED.value))
+    bad = dict(prepared(job_id=job_id).to_message(), windows="0-10")
+    result = infer.apply(args=[bad], task_id=job_id)  # run here, as a worker would run it
+    assert result.failed() and isinstance(result.result, MalformedMessage)
+    job = get_job(rt, job_id)
+    assert job.status == "FAILED" and "'windows' is '0-10'" in job.error and job.attempts == 1
+    nameless = infer.apply(args=[{"windows": []}])
+    assert nameless.state == "REJECTED" and "without a job_id was dropped" in str(nameless.result)

@@ -227,12 +227,11 @@ def test_a_worker_with_this_engine_completes_a_job(checkpoint, own_inference):
     from models.jobs.record import new_job_id
     from models.pipeline import inference
     from models.pipeline.preparation import prepare_job
-    from models.speech import engines as speech
     from models.speech.openai_engine import OpenAIWhisperEngine
 
     rt, batcher = own_inference
     job_id = new_job_id()
     prepared = prepare_job(rt, job_id, str(CLIPS["fox.flac"]["path"]), {"language": "en"})
     result = inference.infer_job(rt, prepared, batcher)
-    assert isinstance(speech._engine, OpenAIWhisperEngine) and speech._engine.path == checkpoint
+    assert isinstance(rt.built("engine"), OpenAIWhisperEngine) and rt.engine.path == checkpoint
     assert word_error_rate(CLIPS["fox.flac"]["text"], result["text"]) <= 0.2, result
