@@ -18,7 +18,7 @@ Packages, lowest first; each may import config, the packages below it, and the f
   import speech, jobs and delivery.
 - ``models.maintenance`` - work over every store at once: retention and key rotation.
 
-``models`` never imports ``tasks`` or ``web``; tests/test_config.py enforces the order. This
+``models`` never imports ``tasks`` or ``web``; import-linter's contracts in setup.cfg enforce the order. This
 module is the package's public face: importing ``models`` declares every table on
 ``models.db.Base``, which the migrations compare against.
 """

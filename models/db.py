@@ -109,7 +109,7 @@ class Database:
 
         for attempt in range(3):
             try:
-                upgrade(self.engine)
+                upgrade(self.engine, Base.metadata)  # every table: importing models declares them all
                 return
             except OperationalError:
                 if attempt == 2:

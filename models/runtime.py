@@ -8,7 +8,7 @@ Building a Runtime installs the outbox's session hooks and makes its keyring the
 sealed columns use.
 
 This is the composition root of models: it may import every package, and no module of
-models imports it except for type annotations (tests/test_architecture.py checks both).
+models imports it except for type annotations (setup.cfg's import-linter contracts check both).
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ class Runtime:
     @property
     def engine(self) -> SpeechEngine:
         """The speech model, loaded on first use (in its batcher's thread) and kept."""
-        from models.speech.engines import load_engine
+        from models.speech.loader import load_engine
 
         return self._part("engine", lambda: load_engine(self.settings))
 

@@ -121,13 +121,15 @@ def new_migration(message: str) -> None:
     from sqlalchemy import create_engine
 
     from models import migrations
+    from models.db import Base
 
     with tempfile.TemporaryDirectory() as tmp:
         engine = create_engine(f"sqlite:///{tmp}/schema.db")
-        migrations.upgrade(engine)
+        migrations.upgrade(engine, Base.metadata)
         with engine.connect() as conn:
             number = f"{int(migrations.head()) + 1:04d}"
-            script = command.revision(migrations.config(conn), message=message, autogenerate=True, rev_id=number)
+            script = command.revision(migrations.config(conn, Base.metadata), message=message, autogenerate=True,
+                                      rev_id=number)
         engine.dispose()
     click.echo(f"wrote {script.path}; check it (and on PostgreSQL), then commit it with the model change")
 

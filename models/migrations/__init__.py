@@ -1,7 +1,7 @@
 """The database schema's history, as Alembic revisions (versions/), and the code that
 brings a database to the newest one.
 
-Every process that opens the database calls `upgrade(engine)` at start (web, workers,
+Every process that opens the database upgrades it at start (`Database.upgrade`: web, workers,
 `whisperq run` once before it starts them). Several may start at once, so the upgrade
 runs under a lock: PostgreSQL's advisory lock, or an exclusive lock file beside a SQLite
 database. A database made before the schema had revisions (tables but no
@@ -23,7 +23,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import inspect, text
+from sqlalchemy import MetaData, inspect, text
 from sqlalchemy.engine import Connection, Engine
 
 HERE = Path(__file__).resolve().parent
@@ -31,10 +31,13 @@ BASELINE = "0001"  # the schema as create_all made it before revisions were kept
 _LOCK_ID = 0x77687173  # "whqs": the advisory lock key on PostgreSQL
 
 
-def config(connection: Connection | None = None) -> Config:
+def config(connection: Connection | None = None, metadata: MetaData | None = None) -> Config:
+    """Alembic's configuration for a connection; `metadata` (the models' tables) is what
+    autogenerate compares with."""
     cfg = Config()
     cfg.set_main_option("script_location", str(HERE))
     cfg.attributes["connection"] = connection
+    cfg.attributes["metadata"] = metadata
     return cfg
 
 
@@ -49,14 +52,16 @@ def current(engine: Engine) -> str | None:
         return MigrationContext.configure(conn).get_current_revision()
 
 
-def upgrade(engine: Engine, revision: str = "head") -> None:
-    """Bring the database to `revision` (the newest by default); a no-op when it is there."""
+def upgrade(engine: Engine, metadata: MetaData, revision: str = "head") -> None:
+    """Bring the database to `revision` (the newest by default); a no-op when it is there.
+    `metadata` holds every table (models.db.Base's): a database made before revisions were
+    kept gets the columns it lacks from it."""
     with _locked(engine) as conn:
         if MigrationContext.configure(conn).get_current_revision() == head() and revision == "head":
             return
-        cfg = config(conn)
+        cfg = config(conn, metadata)
         if _made_before_revisions(conn):
-            _add_missing_columns(conn)
+            _add_missing_columns(conn, metadata)
             command.stamp(cfg, BASELINE)
         command.upgrade(cfg, revision)
         conn.commit()
@@ -67,14 +72,12 @@ def _made_before_revisions(conn: Connection) -> bool:
     return "jobs" in tables and "alembic_version" not in tables
 
 
-def _add_missing_columns(conn: Connection) -> None:
+def _add_missing_columns(conn: Connection, metadata: MetaData) -> None:
     """What create_all's upgrades did before revisions: tables made by an older version
     lack columns added since, all nullable; add them so the tables match the baseline."""
-    from models.db import Base  # every table is on it: importing `models` declares them all
-
     inspector = inspect(conn)
     present_tables = set(inspector.get_table_names())
-    for table in Base.metadata.sorted_tables:
+    for table in metadata.sorted_tables:
         if table.name not in present_tables:
             table.create(conn)
             continue

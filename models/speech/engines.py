@@ -250,25 +250,3 @@ def slots_needed(settings: "Settings") -> int:
     """Jobs an inference process must hold so that the model never waits: a full batch for
     each of its parallel batches, and one more forming."""
     return (parallel_batches(settings) + 1) * batch_size(settings)
-
-
-def load_engine(settings: "Settings") -> SpeechEngine:
-    """The engine the settings name, loaded (a process keeps it: models.runtime.Runtime.engine)."""
-    path = model_path(settings)
-    log.info("loading %s model from %s (device=%s)", settings.engine, path, settings.device)
-    if settings.engine == "openai-whisper":
-        from models.speech.openai_engine import load_engine as load_openai_whisper
-
-        engine = load_openai_whisper(settings)
-    else:
-        engine = FasterWhisperEngine(
-            path,
-            device=settings.device,
-            compute_type=settings.compute_type,
-            cpu_threads=engine_threads(settings),
-            beam_size=settings.beam_size,
-            workers=parallel_batches(settings),
-        )
-    log.info("model loaded on %s (%s): %d batches at once, %d CPU threads each", engine.device,
-             getattr(engine, "compute_type", "?"), parallel_batches(settings), engine_threads(settings))
-    return engine

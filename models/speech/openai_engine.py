@@ -176,7 +176,7 @@ class OpenAIWhisperEngine:
 
 
 def load_engine(settings: "Settings") -> OpenAIWhisperEngine:
-    """The engine for a worker process, from the settings (called once per process, by models.speech.engines.load_engine)."""
+    """The engine for a worker process, from the settings (called once per process, by models.speech.loader.load_engine)."""
     try:
         import torch  # noqa: F401
         import whisper  # noqa: F401
