@@ -29,6 +29,33 @@ PUBLISH_RETRY = {"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5, 
 
 
 
+def inference_queue(settings: Settings, model: str | None = None) -> str:
+    """The inference queue of a model: the default model's is whisperq.inference, another's
+    whisperq.inference.NAME (an inference pool consumes the queues of the models it serves)."""
+    name = model or settings.default_model
+    return INFERENCE_QUEUE if name == settings.default_model else f"{INFERENCE_QUEUE}.{name}"
+
+
+def queues_for(settings: Settings) -> dict[str, str]:
+    """Every queue of the service, name -> routing key: the pools' and one per extra model."""
+    out = dict(QUEUES)
+    for spec in settings.models:
+        if spec.name != settings.default_model:
+            out[inference_queue(settings, spec.name)] = f"{QUEUES[INFERENCE_QUEUE]}.{spec.name}"
+    return out
+
+
+def pool_of(queue: str) -> str:
+    """The pool a queue feeds: prepare, inference (a model's queue too) or notify."""
+    return QUEUES.get(queue) or (QUEUES[INFERENCE_QUEUE] if queue.startswith(INFERENCE_QUEUE + ".") else queue)
+
+
+def models_of(settings: Settings, queues) -> list[str]:
+    """The models a worker consuming `queues` serves."""
+    return sorted(settings.default_model if q == INFERENCE_QUEUE else q[len(INFERENCE_QUEUE) + 1:]
+                  for q in queues if pool_of(q) == QUEUES[INFERENCE_QUEUE])
+
+
 def is_redis(broker_url: str) -> bool:
     return broker_url.split("://", 1)[0].lower() in ("redis", "rediss", "redis+socket")
 
@@ -54,7 +81,7 @@ def celery_config(settings: Settings) -> dict:
     queues = tuple(
         Queue(name, exchange, routing_key=key, durable=True,
               queue_arguments={"x-max-priority": AMQP_MAX_PRIORITY, "x-dead-letter-exchange": DEAD_LETTER_EXCHANGE})
-        for name, key in QUEUES.items()
+        for name, key in queues_for(settings).items()
     )
     transport_options: dict = {}
     if redis:

@@ -18,13 +18,19 @@ import sys
 from collections.abc import Mapping
 from datetime import datetime, timezone
 
-from .celeryconfig import QUEUES
 
 OMITTED = "<result omitted from logs>"
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 JOB_TASKS = ("whisperq.transcribe", "whisperq.infer")
-_QUEUE_OF_KEY = {key: name for name, key in QUEUES.items()}
 _JOB_PATH = re.compile(r"/jobs/([0-9a-fA-F-]{36})(?:/|\?|$|\s)")
+
+
+def _queue_of(key: str | None) -> str | None:
+    """The queue a message came from, by its routing key: each queue's key is its name
+    without the ``whisperq.`` prefix (config.celeryconfig); some transports give the name."""
+    if not key or key.startswith("whisperq."):
+        return key
+    return f"whisperq.{key}"
 
 
 def wants_json(log_format: str | None = None) -> bool:
@@ -54,7 +60,7 @@ def job_context(record: logging.LogRecord | None = None) -> dict:
             job_id=getattr(request, "whisperq_job_id", None) or (request.id if task.name in JOB_TASKS else None),
             task_id=request.id,
             task=task.name,
-            queue=_QUEUE_OF_KEY.get(key, key),
+            queue=_queue_of(key),
             attempt=getattr(request, "whisperq_attempt", None) or (getattr(request, "retries", 0) or 0) + 1,
         )
     if not ctx.get("job_id") and "flask" in sys.modules:

