@@ -82,7 +82,8 @@ def main() -> None:
 
     from config import Settings
     from models.speech import audio
-    from models.speech.engines import model_path, resolve_device
+    from models.speech.catalog import model_path
+    from models.speech.engines import resolve_device
 
     settings = Settings.from_env()
     device, compute_type = resolve_device(settings.device, settings.compute_type)

@@ -20,7 +20,8 @@ sys.path.insert(0, str(ROOT))
 
 from config import Settings  # noqa: E402
 from models.speech.batching import Batcher  # noqa: E402
-from models.speech.engines import FasterWhisperEngine, model_path, usable_cores  # noqa: E402
+from models.speech.catalog import model_path  # noqa: E402
+from models.speech.engines import FasterWhisperEngine, usable_cores  # noqa: E402
 from models.speech import audio  # noqa: E402
 from models.speech.windows import split_windows  # noqa: E402
 

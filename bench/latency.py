@@ -26,7 +26,8 @@ def model_rtf() -> tuple[float, float, float]:
     sys.path.insert(0, str(ROOT))
     from config import Settings
     from models.speech import audio
-    from models.speech.engines import FasterWhisperEngine, model_path
+    from models.speech.catalog import model_path
+    from models.speech.engines import FasterWhisperEngine
 
     settings = Settings.from_env({})
     started = time.perf_counter()

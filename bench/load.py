@@ -64,7 +64,8 @@ def direct() -> float:
 
     from config import Settings
     from models.speech import audio
-    from models.speech.engines import model_path, resolve_device, usable_cores
+    from models.speech.catalog import model_path
+    from models.speech.engines import resolve_device, usable_cores
 
     settings = Settings.from_env()
     device, compute_type = resolve_device(settings.device, settings.compute_type)  # as the service resolves them
@@ -82,7 +83,7 @@ def ceiling() -> tuple[float, int]:
     from config import Settings
     from models.speech import audio
     from models.speech.batching import Batcher
-    from models.speech.engines import FasterWhisperEngine, batch_size, engine_threads, model_path, parallel_batches
+    from models.speech.engines import FasterWhisperEngine, batch_size, engine_threads, parallel_batches
     from models.speech.windows import split_windows
 
     settings = Settings.from_env()

@@ -15,7 +15,8 @@ from flask import Flask, jsonify, request
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from config import Settings  # noqa: E402
-from models.speech.engines import FasterWhisperEngine, model_path, usable_cores  # noqa: E402
+from models.speech.catalog import model_path  # noqa: E402
+from models.speech.engines import FasterWhisperEngine, usable_cores  # noqa: E402
 from models.speech import audio  # noqa: E402
 
 app = Flask(__name__)

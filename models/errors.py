@@ -119,3 +119,11 @@ class Unauthorized(WhisperqError):
 class Forbidden(WhisperqError):
     code = "forbidden"
     http_status = 403
+
+
+class ModelNotServed(WhisperqError):
+    """A model is configured but no live inference worker serves it: its jobs would wait
+    for nobody, so they are refused (the default model's jobs wait for its workers)."""
+
+    code = "model_not_served"
+    http_status = 503

@@ -1,8 +1,8 @@
 """The per-process wiring: what a process builds from its settings, held in one object.
 
 A Runtime holds the settings, the database, the audio storage and the keyring from the
-start; the speech engine and the batcher are built on first use (only an inference worker
-uses them); the publisher (how the outbox sends webhook deliveries to the notification
+start; a model's engine and batcher are built on first use (only an inference worker uses
+them, and only for the models it is sent); the publisher (how the outbox sends webhook deliveries to the notification
 pool) is given by whoever owns a Celery app: ``web.create_app`` and ``tasks.app.runtime``.
 Building a Runtime installs the outbox's session hooks and makes its keyring the one the
 sealed columns use.
@@ -34,7 +34,7 @@ class Runtime:
     db: Database = field(init=False)
     storage: LocalStorage = field(init=False)
     keyring: Keyring = field(init=False)
-    _parts: dict[str, Any] = field(init=False, default_factory=dict, repr=False)
+    _parts: dict[tuple[str, str], Any] = field(init=False, default_factory=dict, repr=False)
     _lock: threading.RLock = field(init=False, default_factory=threading.RLock, repr=False)
 
     def __post_init__(self) -> None:
@@ -52,25 +52,34 @@ class Runtime:
         """How often and how soon a failed job is tried again (models.retry)."""
         return RetryPolicy.for_jobs(self.settings)
 
-    @property
-    def engine(self) -> SpeechEngine:
-        """The speech model, loaded on first use (in its batcher's thread) and kept."""
+    def engine_for(self, model: str | None = None) -> SpeechEngine:
+        """A served model's engine (the default's for None), loaded on first use (in its
+        batcher's thread) and kept: an inference process loads only the models it is sent."""
         from models.speech.loader import load_engine
 
-        return self._part("engine", lambda: load_engine(self.settings))
+        spec = self.settings.model(model)
+        return self._part(("engine", spec.name), lambda: load_engine(self.settings, spec))
+
+    def batcher_for(self, model: str | None = None) -> Batcher:
+        """The dynamic batcher a model's jobs submit their windows to (one per model)."""
+        from models.pipeline.inference import build_batcher
+
+        name = self.settings.model(model).name
+        return self._part(("batcher", name), lambda: build_batcher(self, name))
+
+    @property
+    def engine(self) -> SpeechEngine:
+        return self.engine_for(None)
 
     @property
     def batcher(self) -> Batcher:
-        """The dynamic batcher every job of this process submits its windows to."""
-        from models.pipeline.inference import build_batcher
+        return self.batcher_for(None)
 
-        return self._part("batcher", lambda: build_batcher(self))
+    def built(self, kind: str) -> list[Any]:
+        """The parts of a kind ("engine", "batcher") built so far, without building any."""
+        return [part for (k, _name), part in list(self._parts.items()) if k == kind]
 
-    def built(self, name: str) -> Any | None:
-        """A part ("engine", "batcher") if it was built, without building it."""
-        return self._parts.get(name)
-
-    def _part(self, name: str, build: Callable[[], Any]) -> Any:
+    def _part(self, name: tuple[str, str], build: Callable[[], Any]) -> Any:
         part = self._parts.get(name)
         if part is None:
             with self._lock:

@@ -233,16 +233,16 @@ class GPUMemory:
     """`whisperq_gpu_memory_bytes{device, kind}` at scrape time, where the speech engine
     runs on CUDA: from torch where it is loaded and initialised, else from NVML
     (`pip install nvidia-ml-py`). Never initialises CUDA itself; absent on a CPU.
-    `engine` gives the process's engine if it is loaded (None otherwise)."""
+    `engines` gives the engines this process has loaded."""
 
-    def __init__(self, engine: Callable[[], Any]):
-        self.engine = engine
+    def __init__(self, engines: Callable[[], list[Any]]):
+        self.engines = engines
 
     def collect(self) -> Iterator:
         from prometheus_client.core import GaugeMetricFamily
 
         try:
-            values = _gpu_memory(self.engine())
+            values = _gpu_memory(self.engines())
         except Exception:
             log.debug("metrics: GPU memory not read", exc_info=True)
             values = []
@@ -254,7 +254,7 @@ class GPUMemory:
             yield family
 
 
-def _gpu_memory(engine) -> list[tuple[int, str, float]]:
+def _gpu_memory(engines: list[Any]) -> list[tuple[int, str, float]]:
     torch = sys.modules.get("torch")  # read only where the engine imported it
     out: list[tuple[int, str, float]] = []
     if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -262,7 +262,7 @@ def _gpu_memory(engine) -> list[tuple[int, str, float]]:
             out.append((i, "allocated", torch.cuda.memory_allocated(i)))
             out.append((i, "reserved", torch.cuda.memory_reserved(i)))
         return out
-    if engine is None or getattr(engine, "device", None) != "cuda":
+    if not any(getattr(engine, "device", None) == "cuda" for engine in engines):
         return out
     try:
         import pynvml

@@ -69,6 +69,7 @@ def create_job(
     prompt: str | None = None,
     temperature: float | None = None,
     owner: str | None = None,
+    model: str | None = None,
 ) -> Job:
     """Move a validated upload into storage and record its PENDING job (before publishing).
     A job submitted by URL has no file yet: the preparation pool fetches it."""
@@ -81,7 +82,7 @@ def create_job(
                 audio_ref=ref, audio_owned=True, filename=filename,
                 audio_duration=round(duration, 3) if duration is not None else None, attempts=0,
                 callback_url=callback_url, word_timestamps=word_timestamps, audio_url=audio_url,
-                prompt=prompt, temperature=temperature, owner=owner, audio_format=audio_format,
+                prompt=prompt, temperature=temperature, owner=owner, audio_format=audio_format, model=model,
             )
             session.add(job)
     except BaseException:
@@ -129,7 +130,7 @@ def complete_job(rt: Runtime, job_id: str, data: dict[str, Any]) -> tuple[dict, 
             raise JobCancelled(f"job {job_id} was deleted; its transcript was not stored")
         if stored.state.finished:
             raise PermanentJobError(f"the job is {stored.status}; its transcript was not stored")
-        stored.complete(data["text"], data["language"], data["segments"], data["duration"])
+        stored.complete(data["text"], data["language"], data["segments"], data["duration"], data.get("model"))
         return stored.result(), True
 
 

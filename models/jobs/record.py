@@ -125,6 +125,12 @@ class Job(Base):
     # How many times the engine went through all of the job's windows: once, whatever the
     # deliveries (a run cut short by a crash is not counted). The delivery tests read it.
     engine_runs: Mapped[int | None] = mapped_column(Integer)
+    # The model asked for (a name of config.registry; None: the deployment's default when the
+    # job was made, before models had names), and what made the transcript: the weights'
+    # version, the engine and its decoding options (recorded by the inference worker).
+    model: Mapped[str | None] = mapped_column(String(48))
+    model_version: Mapped[str | None] = mapped_column(String(80))
+    decoding: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
     result_text = SealedAttribute("result_text_token", "jobs.result_text")
     result_segments = SealedAttribute("result_segments_token", "jobs.result_segments", as_json=True)
@@ -173,8 +179,10 @@ class Job(Base):
         self.worker_id = None
         self.next_attempt_at = None
 
-    def complete(self, text: str, language: str | None, segments: list[dict[str, Any]], duration: float | None) -> None:
+    def complete(self, text: str, language: str | None, segments: list[dict[str, Any]], duration: float | None,
+                 made_by: dict[str, Any] | None = None) -> None:
         self._move(JobStatus.COMPLETED)
+        self._made_by(made_by)
         self.result_text = text
         self.result_language = language
         self.result_segments = segments
@@ -191,9 +199,16 @@ class Job(Base):
         self.finished_at = utcnow()
         self.stage = None
         if partial is not None:  # what was transcribed before the cancel is kept
+            self._made_by(partial.get("model"))
             self.result_text = partial["text"]
             self.result_language = partial["language"]
             self.result_segments = partial["segments"]
+
+    def _made_by(self, made_by: dict[str, Any] | None) -> None:
+        if made_by:
+            self.model = made_by.get("name") or self.model
+            self.model_version = made_by.get("version")
+            self.decoding = {k: v for k, v in made_by.items() if k not in ("name", "version")}
 
     def fail(self, reason: str) -> None:
         self._move(JobStatus.FAILED)
@@ -217,6 +232,8 @@ class Job(Base):
             "duration": self.audio_duration,
             "segments": list(self.result_segments or []),
         }
+        if self.model_version:
+            out["model"] = {"name": self.model, "version": self.model_version, **(self.decoding or {})}
         if partial:
             out["partial"] = True
         return out
@@ -239,6 +256,7 @@ class Job(Base):
             "task": self.task,
             "language": self.language,
             "priority": self.priority,
+            "model": self.model,
             "filename": self.filename,
             "audio_duration": self.audio_duration,
             "created_at": iso(self.created_at),

@@ -1,5 +1,5 @@
 """Worker heartbeats: each worker process says every few seconds that it is alive, which
-pool it serves and how many jobs it can hold. Estimates and `whisperq status` read them."""
+pool it serves (an inference worker: which models) and how many jobs it can hold. Estimates and `whisperq status` read them."""
 from __future__ import annotations
 
 import logging
@@ -32,14 +32,17 @@ class WorkerHeartbeat(Base):
     slots: Mapped[int] = mapped_column(Integer)
     started_at: Mapped[datetime] = mapped_column(UTCDateTime)
     last_seen_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+    # An inference worker's models (the queues it consumes), comma-separated.
+    models: Mapped[str | None] = mapped_column(String(255))
 
 
-def beat(rt: Runtime, worker_id: str, hostname: str, pool: str, slots: int, started_at: datetime) -> None:
+def beat(rt: Runtime, worker_id: str, hostname: str, pool: str, slots: int, started_at: datetime,
+         models: tuple[str, ...] = ()) -> None:
     with rt.db.session() as session:
         row = session.get(WorkerHeartbeat, worker_id)
         if row is None:
             session.add(WorkerHeartbeat(worker_id=worker_id, hostname=hostname, pool=pool, slots=slots,
-                                        started_at=started_at, last_seen_at=utcnow()))
+                                        started_at=started_at, last_seen_at=utcnow(), models=",".join(models) or None))
         else:
             row.last_seen_at = utcnow()
 
@@ -56,10 +59,17 @@ def alive(rt: Runtime, pool: str | None = None, now: datetime | None = None) -> 
         query = query.where(WorkerHeartbeat.pool == pool)
     with rt.db.session() as session:
         return [{"worker_id": w.worker_id, "hostname": w.hostname, "pool": w.pool, "slots": w.slots,
-                 "started_at": w.started_at, "last_seen_at": w.last_seen_at} for w in session.scalars(query)]
+                 "started_at": w.started_at, "last_seen_at": w.last_seen_at,
+                 "models": w.models.split(",") if w.models else []} for w in session.scalars(query)]
 
 
-def start_heartbeat(get_rt, worker_id: str, hostname: str, pool: str, slots: int) -> threading.Event:
+def served_models(rt: Runtime, now: datetime | None = None) -> set[str]:
+    """The models some live inference worker serves now."""
+    return {m for w in alive(rt, pool="inference", now=now) for m in w["models"]}
+
+
+def start_heartbeat(get_rt, worker_id: str, hostname: str, pool: str, slots: int,
+                    models: tuple[str, ...] = ()) -> threading.Event:
     """Beat from a daemon thread until the returned event is set."""
     stop = threading.Event()
     started = utcnow()
@@ -67,7 +77,7 @@ def start_heartbeat(get_rt, worker_id: str, hostname: str, pool: str, slots: int
     def run() -> None:
         while True:
             try:
-                beat(get_rt(), worker_id, hostname, pool, slots, started)
+                beat(get_rt(), worker_id, hostname, pool, slots, started, models)
             except Exception as exc:  # the database may be restarting; try again next time
                 log.warning("heartbeat not recorded: %s", exc)
             if stop.wait(INTERVAL):

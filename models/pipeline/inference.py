@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from models.errors import JobTimeLimitExceeded, TransientJobError
@@ -27,24 +28,34 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def build_batcher(rt: Runtime) -> Batcher:
-    """The batcher of a process (Runtime.batcher); the model loads in its thread on the first batch."""
+def build_batcher(rt: Runtime, model: str | None = None) -> Batcher:
+    """A model's batcher in this process (Runtime.batcher_for); the model loads in its thread
+    on the first batch."""
     settings = rt.settings
 
     def run_batch(key, payloads):
         language, task, words, prompt, temperature = key
         # Passed only when asked for: an engine without them still serves the rest.
         extra = {k: v for k, v in (("prompt", prompt), ("temperature", temperature)) if v}
-        return rt.engine.transcribe_batch([p[0] for p in payloads], [p[1] for p in payloads], language, task,
-                                          word_timestamps=words, **extra)
+        return rt.engine_for(model).transcribe_batch([p[0] for p in payloads], [p[1] for p in payloads], language,
+                                                     task, word_timestamps=words, **extra)
 
     return Batcher(run_batch, max_batch=batch_size(settings), max_wait=settings.batch_wait_ms / 1000,
                    on_batch=observe_batch, parallel=parallel_batches(settings))
 
 
 def batcher_stats(rt: Runtime) -> dict[str, Any]:
-    batcher = rt.built("batcher")
-    return batcher.stats() if batcher is not None else {"batches": 0, "windows": 0, "pending": 0, "recent_sizes": []}
+    """The batchers' figures (one batcher per model this process serves), taken together."""
+    batchers = rt.built("batcher")
+    if len(batchers) == 1:
+        return batchers[0].stats()
+    out: dict[str, Any] = {"batches": 0, "windows": 0, "pending": 0, "recent_sizes": []}
+    for batcher in batchers:
+        stats = batcher.stats()
+        for key in ("batches", "windows", "pending"):
+            out[key] += stats[key]
+        out["recent_sizes"] += stats["recent_sizes"]
+    return out
 
 
 # Jobs this process is transcribing now, each with an event set when its run ends.
@@ -97,23 +108,28 @@ def _infer(rt: Runtime, prepared: Prepared, batcher: Batcher, worker: str | None
         raise TransientJobError("the prepared audio is missing; the job will be prepared again") from exc
     windows = prepared.windows
     chunks = [(w.samples(samples), w.time_map()) for w in windows]
+    engine = rt.engine_for(prepared.model)
     try:
-        language = prepared.language
-        if chunks:
-            language = rt.engine.language_of(chunks[0][0], language)
-        language = language or "en"
-        # Windows share a batch only when they are decoded the same way.
-        key = (language,) + prepared.decoding
-        futures = batcher.submit(key, chunks, priority=prepared.priority, job_id=job_id)
+        languages = window_languages(engine, [c[0] for c in chunks], prepared.language)
+        language = _main_language(languages, windows) or "en"
+        futures = [None] * len(chunks)
+        for lang in dict.fromkeys(languages):  # windows share a batch only when decoded the same way
+            mine = [n for n, found in enumerate(languages) if found == lang]
+            submitted = batcher.submit((lang,) + prepared.decoding, [chunks[n] for n in mine],
+                                       priority=prepared.priority, job_id=job_id)
+            for n, future in zip(mine, submitted):
+                futures[n] = future
+        detected = prepared.language is None and getattr(engine, "multilingual", False)
         deadline = time.monotonic() + limit
         segments = []
         for n, fut in enumerate(futures):
-            segments.extend(fut.result(timeout=max(0.0, deadline - time.monotonic())))
+            found = fut.result(timeout=max(0.0, deadline - time.monotonic()))
+            segments.extend([replace(s, language=languages[n]) for s in found] if detected else found)
             done_seconds = windows[n].end / SAMPLE_RATE
             if record_progress(rt, job_id, done_seconds) and n + 1 < len(futures):
                 batcher.cancel(futures[n + 1:])
                 partial = Transcript.from_segments(segments, language, duration)
-                result = cancel_running(rt, job_id, partial.to_dict())
+                result = cancel_running(rt, job_id, dict(partial.to_dict(), model=made_by(rt, prepared, engine)))
                 rt.storage.delete(prepared.samples_ref)
                 log.info("job %s: cancelled after %.1f of %.1f s; partial transcript kept", job_id, done_seconds, duration)
                 return result
@@ -125,10 +141,35 @@ def _infer(rt: Runtime, prepared: Prepared, batcher: Batcher, worker: str | None
         raise
     transcript = Transcript.from_segments(segments, language, duration)
     count_engine_run(rt, job_id)
-    result, stored = complete_job(rt, job_id, transcript.to_dict())
+    result, stored = complete_job(rt, job_id, dict(transcript.to_dict(), model=made_by(rt, prepared, engine)))
     rt.storage.delete(prepared.samples_ref)
     if stored:
         log.info("job %s: transcript stored (%.1f s of audio, %d windows)", job_id, duration, len(futures))
     else:
         log.info("job %s: transcript already stored by another delivery; kept that one", job_id)
     return result
+
+
+def window_languages(engine, chunks: list, asked: str | None) -> list[str]:
+    """The language of each window: the one asked for; else, on a multilingual model, the one
+    the model hears in that window (a recording may change language); else English."""
+    if asked or not getattr(engine, "multilingual", False):
+        return [asked or "en"] * len(chunks)
+    return [engine.language_of(chunk, None) for chunk in chunks]
+
+
+def _main_language(languages: list[str], windows) -> str | None:
+    """The language of the most speech, for the transcript's `language`."""
+    seconds: dict[str, float] = {}
+    for lang, window in zip(languages, windows):
+        seconds[lang] = seconds.get(lang, 0.0) + window.seconds
+    return max(seconds, key=seconds.__getitem__) if seconds else None
+
+
+def made_by(rt: Runtime, prepared: Prepared, engine) -> dict[str, Any]:
+    """What a result records of the model that made it: name, the version of the weights the
+    engine loaded, engine, decoding."""
+    spec = rt.settings.model(prepared.model)
+    return {"name": spec.name, "version": getattr(engine, "version", None), "engine": spec.engine,
+            "device": getattr(engine, "device", None), "compute_type": getattr(engine, "compute_type", None),
+            "beam_size": spec.beam_size, "task": prepared.task, "temperature": prepared.temperature}

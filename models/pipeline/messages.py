@@ -1,7 +1,7 @@
 """The message between the pools: what the preparation pool hands the inference pool.
 
 It travels as JSON (the ``whisperq.infer`` task's one argument) and carries references and
-sample offsets, never audio. It is typed on both sides: built as a ``Prepared`` by
+sample offsets, never audio, and names the model to run. It is typed on both sides: built as a ``Prepared`` by
 ``prepare_job``, sent with ``to_message()``, and checked by ``Prepared.from_message()`` where
 the inference pool takes it, so a malformed message fails its job with a clear error instead
 of a KeyError deep in a worker.
@@ -41,6 +41,7 @@ class Prepared:
     word_timestamps: bool = False
     prompt: str | None = None
     temperature: float = 0.0
+    model: str | None = None  # a served model's name (config.registry); None: the default
 
     def to_message(self) -> dict[str, Any]:
         return {
@@ -55,6 +56,7 @@ class Prepared:
             "word_timestamps": self.word_timestamps,
             "prompt": self.prompt,
             "temperature": self.temperature,
+            "model": self.model,
         }
 
     @classmethod
@@ -96,6 +98,7 @@ class Prepared:
             word_timestamps=bool(field("word_timestamps", (bool,), False, optional=True)),
             prompt=field("prompt", (str,), None, optional=True) or None,
             temperature=float(field("temperature", (int, float), 0.0, optional=True) or 0.0),
+            model=field("model", (str,), None, optional=True) or None,
         )
 
     @property

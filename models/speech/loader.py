@@ -6,31 +6,36 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from models.speech.engines import FasterWhisperEngine, SpeechEngine, engine_threads, model_path, parallel_batches
+from models.speech.catalog import version_of, weights_path
+from models.speech.engines import FasterWhisperEngine, SpeechEngine, engine_threads, parallel_batches
 
 if TYPE_CHECKING:
     from config import Settings
+    from config.registry import ModelSpec
 
 log = logging.getLogger(__name__)
 
 
-def load_engine(settings: "Settings") -> SpeechEngine:
-    """The engine the settings name, loaded."""
-    path = model_path(settings)
-    log.info("loading %s model from %s (device=%s)", settings.engine, path, settings.device)
-    if settings.engine == "openai-whisper":
+def load_engine(settings: Settings, spec: ModelSpec | None = None) -> SpeechEngine:
+    """A served model's engine (the default model's for None), loaded."""
+    spec = spec or settings.model()
+    path = weights_path(spec, settings.data_dir)
+    version = version_of(spec, settings.data_dir)  # of the weights read now: results name what ran
+    log.info("loading the model %s (%s) from %s (device=%s)", spec.name, spec.engine, path, settings.device)
+    if spec.engine == "openai-whisper":
         from models.speech.openai_engine import load_engine as load_openai_whisper  # needs the extra
 
-        engine = load_openai_whisper(settings)
+        engine = load_openai_whisper(settings, spec)
     else:
         engine = FasterWhisperEngine(
             path,
             device=settings.device,
-            compute_type=settings.compute_type,
+            compute_type=spec.compute_type,
             cpu_threads=engine_threads(settings),
-            beam_size=settings.beam_size,
+            beam_size=spec.beam_size,
             workers=parallel_batches(settings),
         )
-    log.info("model loaded on %s (%s): %d batches at once, %d CPU threads each", engine.device,
-             getattr(engine, "compute_type", "?"), parallel_batches(settings), engine_threads(settings))
+    engine.model_name, engine.version = spec.name, version
+    log.info("model %s (%s) loaded on %s (%s): %d batches at once, %d CPU threads each", spec.name, version[:19],
+             engine.device, getattr(engine, "compute_type", "?"), parallel_batches(settings), engine_threads(settings))
     return engine

@@ -21,13 +21,14 @@ from typing import TYPE_CHECKING, Any, Sequence
 from models import compat
 from models.speech.audio import SAMPLE_RATE
 from models.speech.segments import Segment, window_segments
-from models.speech.engines import (APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, FasterWhisperEngine, bundled_model_path, engine_threads,
-                     model_path)
+from models.speech.engines import (APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, FasterWhisperEngine, bundled_model_path,
+                                   engine_threads)
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
 
     from config import Settings
+    from config.registry import ModelSpec
 
     from models.speech.windows import TimeMap
 
@@ -42,12 +43,14 @@ def resolve_torch_device(device: str) -> str:
     return device
 
 
-def checkpoint_path(settings: "Settings") -> str:
-    """The checkpoint to load: WHISPERQ_MODEL when it is a file, else the CTranslate2
-    directory (WHISPERQ_MODEL or the bundled tiny.en) converted once into the data dir."""
-    if settings.model_path and Path(settings.model_path).is_file():
-        return settings.model_path
-    source = model_path(settings)
+def checkpoint_path(settings: "Settings", spec: "ModelSpec | None" = None) -> str:
+    """The checkpoint to load: the model's weights when they are a file, else its CTranslate2
+    directory (the bundled tiny.en by default) converted once into the data dir."""
+    from models.speech.catalog import weights_path
+
+    source = weights_path(spec or settings.model(), settings.data_dir)
+    if Path(source).is_file():
+        return source
     if source == bundled_model_path():
         name = "tiny.en.pt"
     else:
@@ -98,6 +101,8 @@ class OpenAIWhisperEngine:
             model.set_alignment_heads(whisper._ALIGNMENT_HEADS[Path(checkpoint).stem])
         self.model = model.to(self.device).eval()
         self.multilingual = model.is_multilingual
+        self.model_name: str | None = None
+        self.version: str | None = None  # models.speech.loader sets both
         self._lock = threading.Lock()
         self._tokenizers: dict[tuple[str, str], Any] = {}
 
@@ -175,7 +180,7 @@ class OpenAIWhisperEngine:
     transcribe = FasterWhisperEngine.transcribe
 
 
-def load_engine(settings: "Settings") -> OpenAIWhisperEngine:
+def load_engine(settings: "Settings", spec: "ModelSpec | None" = None) -> OpenAIWhisperEngine:
     """The engine for a worker process, from the settings (called once per process, by models.speech.loader.load_engine)."""
     try:
         import torch  # noqa: F401
@@ -185,5 +190,6 @@ def load_engine(settings: "Settings") -> OpenAIWhisperEngine:
             "WHISPERQ_ENGINE=openai-whisper needs PyTorch and openai-whisper: `pip install torch==2.13.0` "
             "(or the build for your GPU), then `pip install -e '.[openai-whisper]'`"
         ) from exc
-    return OpenAIWhisperEngine(checkpoint_path(settings), device=settings.device, compute_type=settings.compute_type,
-                               cpu_threads=engine_threads(settings), beam_size=settings.beam_size)
+    spec = spec or settings.model()
+    return OpenAIWhisperEngine(checkpoint_path(settings, spec), device=settings.device, compute_type=spec.compute_type,
+                               cpu_threads=engine_threads(settings), beam_size=spec.beam_size)

@@ -30,11 +30,16 @@ class Segment:
     text: str
     # With word timestamps: ({"word", "start", "end", "probability"}, ...)
     words: tuple[dict[str, Any], ...] | None = None
+    # The language it was decoded in, where the model found it window by window (multilingual
+    # models, no language asked for).
+    language: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"start": self.start, "end": self.end, "text": self.text}
         if self.words is not None:
             out["words"] = [dict(w) for w in self.words]
+        if self.language is not None:
+            out["language"] = self.language
         return out
 
 
