@@ -17,7 +17,7 @@ import time
 from datetime import timedelta
 
 from config import publish_notify, publish_transcribe
-from config.celeryconfig import QUEUES, is_redis
+from config.celeryconfig import is_redis, queues_for
 from config.priorities import REDIS_PRIORITY_STEPS
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ def waiting_in_broker(app) -> set[str] | None:
     with app.connection_for_write() as conn:
         conn.ensure_connection(max_retries=3, interval_start=0.5, interval_step=0.5)
         client = conn.default_channel.client
-        for queue in QUEUES:
+        for queue in queues_for(app.conf.whisperq_settings):
             for key in redis_queue_keys(app, queue):
                 start = 0
                 while True:

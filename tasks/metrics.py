@@ -21,7 +21,7 @@ import shutil
 import tempfile
 from typing import Any, Iterable, Iterator
 
-from config.celeryconfig import QUEUES
+from config.celeryconfig import pool_of
 from config.settings import METRICS_PORT_SPAN
 
 log = logging.getLogger(__name__)
@@ -34,7 +34,7 @@ _state: dict[str, Any] = {}
 def pool_name(app) -> str:
     """The pool a worker serves, from the queues it consumes (as its heartbeat names it)."""
     consumed = sorted(app.amqp.queues.consume_from or {})
-    return ",".join(QUEUES.get(name, name) for name in consumed) or "default"
+    return ",".join(dict.fromkeys(pool_of(name) for name in consumed)) or "default"
 
 
 def ports(base: int, pool: str) -> list[int]:
@@ -87,7 +87,7 @@ def registry_for(prefork: bool, info: dict[str, str], directory: str | None = No
         registry.register(metrics.registry())
         from models.runtime import current_runtime
 
-        registry.register(metrics.GPUMemory(lambda: (rt := current_runtime()) and rt.built("engine")))
+        registry.register(metrics.GPUMemory(lambda: rt.built("engine") if (rt := current_runtime()) else []))
     ProcessCollector(registry=registry)
     registry.register(_Info(info))
     return registry

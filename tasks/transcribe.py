@@ -20,14 +20,16 @@ import traceback
 from celery import Task, shared_task
 from celery.exceptions import Ignore, Reject
 
-from config import INFERENCE_QUEUE, broker_priority, publish_transcribe
-from models.errors import TransientJobError, WhisperqError
+from config import broker_priority, publish_transcribe
+from config.celeryconfig import inference_queue
+from models.errors import InvalidRequest, PermanentJobError, TransientJobError, WhisperqError
 from models.jobs.deadletter import bury
 from models.jobs.operations import check_options, fail_job, get_job, schedule_retry
 from models.pipeline.inference import infer_job
 from models.pipeline.messages import Finished, MalformedMessage, Prepared
 from models.pipeline.preparation import prepare_job
 from models.retry import Verdict, classify
+from models.speech.catalog import check_model
 from tasks.app import runtime
 
 log = logging.getLogger(__name__)
@@ -58,6 +60,10 @@ class TranscribeTask(Task):
                              f"by the workers, not {audio!r}")
         tier = kwargs.get("priority") or "normal"
         check_options(kwargs.get("language"), tier, kwargs.get("task") or "transcribe")  # a ValueError
+        try:
+            self.app.conf.whisperq_settings.model(kwargs.get("model"))
+        except LookupError as exc:
+            raise ValueError(str(exc).strip('"')) from None
         options.setdefault("priority", broker_priority(tier, self.app.conf.broker_url))
         return super().apply_async(args, kwargs, **options)
 
@@ -89,10 +95,11 @@ def _ignores_result(task: Task) -> bool:
 # resultrepr_maxsize=0: the task-succeeded event (which Flower shows) carries no transcript.
 @shared_task(name="whisperq.transcribe", bind=True, base=TranscribeTask, acks_late=True, reject_on_worker_lost=True,
              resultrepr_maxsize=0)
-def transcribe(self, audio: str, language: str | None = None, priority: str = "normal", task: str = "transcribe") -> dict:
+def transcribe(self, audio: str, language: str | None = None, priority: str = "normal", task: str = "transcribe",
+               model: str | None = None) -> dict:
     job_id = self.request.id
     worker = self.request.hostname or socket.gethostname()
-    options = {"language": language, "priority": priority, "task": task}
+    options = {"language": language, "priority": priority, "task": task, "model": model}
     try:
         prepared = prepare_job(runtime(), job_id, audio, options, worker=worker, worker_id=worker_id())
     except Exception as exc:
@@ -101,7 +108,8 @@ def transcribe(self, audio: str, language: str | None = None, priority: str = "n
         return prepared.result
     tier = prepared.priority
     return self.replace(
-        infer.s(prepared.to_message()).set(queue=INFERENCE_QUEUE, priority=broker_priority(tier, self.app.conf.broker_url),
+        infer.s(prepared.to_message()).set(queue=inference_queue(self.app.conf.whisperq_settings, prepared.model),
+                                           priority=broker_priority(tier, self.app.conf.broker_url),
                                            reply_to=self.request.reply_to, ignore_result=_ignores_result(self))
     )
 
@@ -122,7 +130,12 @@ def infer(self, message: dict) -> dict:
     except TransientJobError as exc:  # a newer schema: an upgraded worker may read it
         return _after_failure(self, job_id, exc)
     try:
-        return infer_job(rt, prepared, rt.batcher, worker=worker, worker_id=worker_id())
+        check_model(rt.settings, prepared.model)  # a message from a deployment with other models
+    except InvalidRequest as exc:
+        fail_job(rt, job_id, str(exc))
+        raise PermanentJobError(str(exc)) from None
+    try:
+        return infer_job(rt, prepared, rt.batcher_for(prepared.model), worker=worker, worker_id=worker_id())
     except Exception as exc:
         return _after_failure(self, prepared.job_id, exc)
 

@@ -45,14 +45,16 @@ def _pool_name() -> str:
 
 @worker_ready.connect
 def _ready(sender=None, **_kwargs) -> None:
-    from config.celeryconfig import QUEUES, declare_dead_letter_queue
+    from config.celeryconfig import declare_dead_letter_queue, models_of
     from models.jobs.workers import start_heartbeat
 
     declare_dead_letter_queue(app)
     consumed = sorted(app.amqp.queues.consume_from or {})
-    pool = ",".join(QUEUES.get(name, name) for name in consumed) or "default"
+    pool = worker_metrics.pool_name(app)
     slots = int(getattr(getattr(sender, "controller", None), "concurrency", 1) or 1)
-    start_heartbeat(runtime, os.environ.get("WHISPERQ_WORKER_ID", sender.hostname), sender.hostname, pool, slots)
+    models = tuple(models_of(app.conf.whisperq_settings, consumed))
+    start_heartbeat(runtime, os.environ.get("WHISPERQ_WORKER_ID", sender.hostname), sender.hostname, pool, slots,
+                    models)
     if pool == "inference":
         from models.speech.engines import batch_size, parallel_batches, slots_needed
 

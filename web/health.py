@@ -20,7 +20,9 @@ def healthz():
 @bp.get("/readyz")
 def readyz():
     """Ready when the database and the broker answer, the data dir is above its disk
-    floor and an inference worker is alive (after a start-up grace); else 503 with why."""
+    floor and an inference worker is alive (after a start-up grace); else 503 with why.
+    `models` says how many live inference workers serve each model (0: a model other than
+    the default is refused at submission)."""
     from models.access.admission import free_bytes
     from models.jobs.workers import alive
 
@@ -40,8 +42,11 @@ def readyz():
     free_mb = free_bytes(rt.settings.data_dir) // (1024 * 1024)
     checks["disk"] = "ok" if free_mb >= rt.settings.disk_floor_mb else (
         f"{free_mb} MB free, under WHISPERQ_DISK_FLOOR_MB={rt.settings.disk_floor_mb}")
+    served: dict[str, int] = {}
     if checks["database"] == "ok":
-        workers = len(alive(rt, "inference"))
+        inference = alive(rt, "inference")
+        served = {spec.name: sum(spec.name in w["models"] for w in inference) for spec in rt.settings.models}
+        workers = len(inference)
         if workers:
             checks["inference_workers"] = "ok"
         elif time.monotonic() - _started < STARTUP_GRACE:
@@ -49,4 +54,4 @@ def readyz():
         else:
             checks["inference_workers"] = "none alive: no inference worker has sent a heartbeat in 30 s"
     ready = all(v == "ok" for v in checks.values())
-    return jsonify({"status": "ready" if ready else "not_ready", "checks": checks}), 200 if ready else 503
+    return jsonify({"status": "ready" if ready else "not_ready", "checks": checks, "models": served}), 200 if ready else 503

@@ -24,7 +24,7 @@ from typing import Any
 from flask import Blueprint, Flask, Response, current_app, request
 from sqlalchemy import func, select
 
-from config.celeryconfig import QUEUES, is_redis
+from config.celeryconfig import QUEUES, is_redis, queues_for
 from config.priorities import REDIS_PRIORITY_STEPS, Priority
 from config.settings import PRIORITIES, Settings
 from models.jobs.deadletter import DeadLetter
@@ -50,19 +50,20 @@ def broker_depths(celery) -> dict[tuple[str, str], int]:
     from tasks.broker import redis_queue_keys
 
     depths: dict[tuple[str, str], int] = {}
+    queues = queues_for(celery.conf.whisperq_settings)
     with celery.connection_for_write() as conn:
         conn.ensure_connection(max_retries=1, timeout=3)
         if is_redis(celery.conf.broker_url):
             client = conn.default_channel.client
             pipe = client.pipeline(transaction=False)
-            keys = [(queue, STEP_TIERS[step], key) for queue in QUEUES
+            keys = [(queue, STEP_TIERS[step], key) for queue in queues
                     for step, key in zip(REDIS_PRIORITY_STEPS, redis_queue_keys(celery, queue))]
             for _queue, _tier, key in keys:
                 pipe.llen(key)
             for (queue, tier, _key), count in zip(keys, pipe.execute()):
                 depths[(queue, tier)] = depths.get((queue, tier), 0) + int(count)
             return depths
-        for queue in QUEUES:
+        for queue in queues:
             channel = conn.channel()  # a passive declare of a missing queue closes its channel
             try:
                 depths[(queue, "all")] = int(channel.queue_declare(queue=queue, passive=True).message_count)
@@ -195,7 +196,11 @@ class ClusterCollector:
             mine = [w for w in workers if w["pool"] == pool]
             count.add_metric([pool], float(len(mine)))
             slots.add_metric([pool], float(sum(w["slots"] for w in mine)))
-        return [jobs, waiting, running, oldest, dead, count, slots]
+        served = Gauge("whisperq_model_workers", "Live inference workers serving each model (0: its jobs are "
+                       "refused, the default model's wait)", labels=["model"])
+        for spec in self.rt.settings.models:
+            served.add_metric([spec.name], float(sum(spec.name in w["models"] for w in workers if w["pool"] == "inference")))
+        return [jobs, waiting, running, oldest, dead, count, slots, served]
 
     def _disk(self, Gauge) -> list:
         from models.access.admission import free_bytes

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 
 from flask import Blueprint, Response, current_app, jsonify, request, url_for
 from werkzeug.datastructures import MultiDict
@@ -24,7 +23,6 @@ from werkzeug.exceptions import HTTPException
 from models.errors import AudioTooLong, BrokerUnavailable, InvalidRequest, UnsupportedAudio, WhisperqError
 from models.jobs.operations import get_job
 from models.jobs.record import JobStatus
-from models.speech.engines import bundled_model_path
 from models.speech.formats import render
 
 from .admission import admit_priority, admit_submission, client_key
@@ -39,9 +37,9 @@ ALIAS = "whisper-1"
 
 
 def model_names(settings) -> list[str]:
-    """The model as clients may name it: OpenAI's `whisper-1`, and the configured one's name."""
-    path = settings.model_path or bundled_model_path()
-    return [ALIAS, Path(path).name]
+    """The models as clients may name them: OpenAI's `whisper-1` (the default model), and each
+    served model's name (config.registry)."""
+    return [ALIAS, *(spec.name for spec in settings.models)]
 
 
 def openai_error(status: int, message: str, param: str | None = None, code: str | None = None,
@@ -73,9 +71,18 @@ def _http_error(exc: HTTPException):
 
 @bp.get("/models")
 def models():
-    settings = current_app.extensions["whisperq"].settings
-    return jsonify({"object": "list", "data": [
-        {"id": name, "object": "model", "created": 0, "owned_by": "whisperq"} for name in model_names(settings)]})
+    """OpenAI's model list, each entry with what made it: engine, version (the weights' hash),
+    languages, whether it is the default, and whether a live inference worker serves it."""
+    from models.jobs.workers import served_models
+    from models.speech.catalog import describe
+
+    rt = current_app.extensions["whisperq"]
+    served = served_models(rt)
+    data = [dict(info.to_dict(), object="model", created=0, owned_by="whisperq", served=info.name in served)
+            for info in describe(rt.settings)]
+    default = next(entry for entry in data if entry["default"])
+    data.insert(0, dict(default, id=ALIAS, default=False, alias_of=default["id"]))
+    return jsonify({"object": "list", "data": data})
 
 
 class WaitGate:
@@ -138,6 +145,8 @@ def transcriptions():
     for name in ("language", "prompt", "temperature"):
         if form.get(name) not in (None, ""):
             fields[name] = form[name]
+    if model != ALIAS:
+        fields["model"] = model
     job, _ = submit_upload(rt, current_app.extensions["celery"], request.files.get("file"), fields,
                            files=MultiDict({"file": request.files["file"]}) if "file" in request.files else {},
                            admit=admit_priority, owner=who.owner)

@@ -166,12 +166,20 @@ def paths() -> dict:
             ),
         },
         "/v1/models": {
-            "get": op("listModels", "The model names `/v1/audio/transcriptions` accepts (OpenAI-compatible)",
-                      {"200": ok("The models.", {"type": "object", "required": ["object", "data"], "properties": {
+            "get": op("listModels", "The models served: the names `model` accepts (OpenAI-compatible), each "
+                      "with its engine, version and languages",
+                      {"200": ok("The models; `whisper-1` first, the default model under OpenAI's name.", {
+                          "type": "object", "required": ["object", "data"], "properties": {
                           "object": {"type": "string", "enum": ["list"]},
                           "data": {"type": "array", "items": {"type": "object", "required": ["id"], "properties": {
                               "id": STRING, "object": STRING, "created": {"type": "integer"},
-                              "owned_by": STRING}}}}}),
+                              "owned_by": STRING, "engine": STRING,
+                              "version": {"type": "string", "description": "sha256 of the weights"},
+                              "multilingual": {"type": "boolean"},
+                              "languages": {"type": "array", "items": STRING},
+                              "default": {"type": "boolean"},
+                              "served": {"type": "boolean", "description": "A live inference worker serves it."},
+                              "alias_of": {"type": "string"}}}}}}),
                        **errors(401, 431, schema="OpenAIError")}, tag="openai"),
         },
         "/v1/audio/transcriptions": {

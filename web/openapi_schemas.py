@@ -35,10 +35,12 @@ def choice(values, *, any_case: bool = False, blank: bool = False, padded: bool 
     return {"type": "string", "pattern": pattern, "example": list(values)[0]}
 
 
-def options(json_body: bool) -> dict:
+def options(json_body: bool, models: list[str] | None = None) -> dict:
     """The job options a submission may carry (form fields, or JSON members)."""
     maybe = nullable if json_body else (lambda s: s)
     return {
+        "model": maybe({"type": "string", **({"enum": list(models)} if models else {}),
+                        "description": "A model of `GET /v1/models`; empty or absent: the default model."}),
         "language": maybe({"type": "string", "description": "Language code such as `en`; empty or `auto` detects "
                                                               "it. Codes: " + ", ".join(sorted(LANGUAGES)) + "."}),
         "priority": maybe({**choice(PRIORITIES, any_case=True, blank=True, padded=True),
@@ -73,6 +75,8 @@ def schemas(models: list[str]) -> dict:
         "Segment": {
             "type": "object", "required": ["start", "end", "text"],
             "properties": {"start": {"type": "number"}, "end": {"type": "number"}, "text": STRING,
+                           "language": {"type": "string", "description": "The language heard in this part, where "
+                                        "a multilingual model found it window by window (no language asked for)."},
                            "words": {"type": "array", "items": {"type": "object", "properties": {
                                "word": STRING, "start": {"type": "number"}, "end": {"type": "number"},
                                "probability": {"type": "number"}}}}},
@@ -82,7 +86,12 @@ def schemas(models: list[str]) -> dict:
             "properties": {"job_id": STRING, "text": STRING, "language": nullable(STRING),
                            "duration": nullable({"type": "number"}),
                            "segments": {"type": "array", "items": ref("Segment")},
-                           "partial": {"type": "boolean", "description": "Cancelled part-way: what was done."}},
+                           "partial": {"type": "boolean", "description": "Cancelled part-way: what was done."},
+                           "model": {"type": "object", "description": "What made the transcript.", "properties": {
+                               "name": STRING, "version": {"type": "string", "description": "sha256 of the weights"},
+                               "engine": STRING, "device": nullable(STRING), "compute_type": nullable(STRING),
+                               "beam_size": {"type": "integer"}, "task": STRING,
+                               "temperature": {"type": "number"}}}},
         },
         "WebhookDelivery": {
             "type": "object", "properties": {"id": STRING, "event": STRING, "status": STRING,
@@ -98,6 +107,8 @@ def schemas(models: list[str]) -> dict:
                 "task": {"type": "string", "enum": ["transcribe", "translate"]},
                 "language": nullable(STRING),
                 "priority": {"type": "string", "enum": list(PRIORITIES)},
+                "model": nullable({"type": "string", "description": "The model asked for (null: made before "
+                                                                    "models had names)."}),
                 "filename": nullable(STRING),
                 "audio_duration": nullable({"type": "number"}),
                 "created_at": {"type": "string", "format": "date-time"},
@@ -128,13 +139,13 @@ def schemas(models: list[str]) -> dict:
         "Upload": {
             "type": "object", "required": ["file"], "additionalProperties": False,
             "properties": {"file": {"type": "string", "format": "binary", "description": "The audio (or video)."},
-                           **options(json_body=False)},
+                           **options(json_body=False, models=models)},
         },
         "UrlSubmission": {
             "type": "object", "required": ["audio_url"], "additionalProperties": False,
             "properties": {"audio_url": {"type": "string", "format": "uri",
                                          "description": "A public http(s) URL the preparation pool fetches."},
-                           **options(json_body=True)},
+                           **options(json_body=True, models=models)},
         },
         "DeadLetter": {
             "type": "object", "required": ["job_id", "error", "attempts", "failed_at"],
@@ -167,7 +178,9 @@ def schemas(models: list[str]) -> dict:
         "Readiness": {
             "type": "object", "required": ["status", "checks"],
             "properties": {"status": {"type": "string", "enum": ["ready", "not_ready"]},
-                           "checks": {"type": "object", "additionalProperties": STRING}},
+                           "checks": {"type": "object", "additionalProperties": STRING},
+                           "models": {"type": "object", "additionalProperties": {"type": "integer"},
+                                      "description": "Live inference workers serving each model."}},
         },
         "WebhookSecret": {
             "type": "object", "required": ["key_id", "webhook_secret"],

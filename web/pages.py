@@ -57,15 +57,16 @@ _NAMES = dict(pair.split(" ", 1) for pair in (
 
 
 def _languages() -> list[tuple[str, str]]:
-    """(code, name) pairs the configured model can take, by name: an English-only model
-    offers English alone, so nobody picks a language that is then refused."""
-    from models.speech.engines import is_multilingual, model_path
+    """(code, name) pairs the served models can take, by name: with English-only models alone
+    only English is offered, so nobody picks a language that is then refused."""
+    from models.speech.catalog import multilingual
 
+    settings = current_app.extensions["whisperq"].settings
     try:
-        multilingual = is_multilingual(model_path(current_app.extensions["whisperq"].settings))
-    except Exception:  # the model cannot be found here: offer everything, the API decides
-        multilingual = True
-    codes = LANGUAGES if multilingual else {"en"}
+        any_multilingual = any(multilingual(settings, spec.name) for spec in settings.models)
+    except Exception:  # a model cannot be found here: offer everything, the API decides
+        any_multilingual = True
+    codes = LANGUAGES if any_multilingual else {"en"}
     return sorted(((code, _NAMES.get(code, code)) for code in codes), key=lambda pair: pair[1])
 
 
@@ -79,6 +80,8 @@ def _form(error: str | None = None, status: int = 200):
             priorities=PRIORITIES[PRIORITIES.index(g.principal.max_priority):] if g.get("principal") else PRIORITIES,
             priority_hints=PRIORITY_HINTS,
             languages=_languages(),
+            models=[spec.name for spec in settings.models],
+            default_model=settings.default_model,
             max_mb=settings.max_upload_mb,
             form=request.form,
         ),

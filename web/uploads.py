@@ -13,19 +13,21 @@ from werkzeug.datastructures import FileStorage
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from config import publish_transcribe
+from config.celeryconfig import inference_queue
 from models.delivery.outbound import check_url
-from models.errors import BrokerUnavailable, InvalidRequest
+from models.errors import BrokerUnavailable, InvalidRequest, ModelNotServed
 from models.jobs import idempotency
 from models.jobs.operations import check_options, create_job, discard_job, get_job
 from models.jobs.record import Job
+from models.jobs.workers import served_models
 from models.runtime import Runtime
-from models.speech.engines import check_language, is_multilingual, model_path
+from models.speech.catalog import check_language, check_model, multilingual
 from models.speech import audio as audio_io
 from models.storage import SealedSpool, clean_filename
 
 log = logging.getLogger(__name__)
 
-FIELDS = ("language", "priority", "task", "callback_url", "word_timestamps", "prompt", "temperature")
+FIELDS = ("language", "priority", "task", "callback_url", "word_timestamps", "prompt", "temperature", "model")
 MAX_PROMPT = 1000
 TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off", "")
 
@@ -46,10 +48,12 @@ def parse_options(form: Mapping, settings, default_priority: str = "normal") -> 
     priority = (_text(form, "priority") or default_priority).strip().lower()
     task = (_text(form, "task") or "transcribe").strip().lower()
     check_options(language, priority, task)
+    model = check_model(settings, (_text(form, "model") or "").strip() or None).name
     language = language or settings.default_language
-    check_language(settings, language)
-    if task == "translate" and not is_multilingual(model_path(settings)):
-        raise InvalidRequest("task 'translate' needs a multilingual model; the configured model is English-only")
+    check_language(settings, language, model)
+    if task == "translate" and not multilingual(settings, model):
+        raise InvalidRequest(f"task 'translate' needs a multilingual model; {model!r} is English-only "
+                             "(GET /v1/models lists the models)")
     words = (_text(form, "word_timestamps") or "").strip().lower()
     if words not in TRUE + FALSE:
         raise InvalidRequest(f"word_timestamps must be true or false, not {words!r}")
@@ -69,7 +73,15 @@ def parse_options(form: Mapping, settings, default_priority: str = "normal") -> 
         if not 0.0 <= temperature <= 1.0:
             raise InvalidRequest(f"temperature must be a number from 0 to 1, not {raw_temperature!r}")
     return {"language": language, "priority": priority, "task": task, "callback_url": callback_url,
-            "word_timestamps": words in TRUE, "prompt": prompt, "temperature": temperature or None}
+            "word_timestamps": words in TRUE, "prompt": prompt, "temperature": temperature or None, "model": model}
+
+
+def check_served(rt: Runtime, model: str) -> None:
+    """A model other than the default needs a live inference worker to take its jobs."""
+    if model != rt.settings.default_model and model not in served_models(rt):
+        raise ModelNotServed(f"no inference worker serves the model {model!r} now; an operator starts one with "
+                             f"`celery -A tasks.worker worker -Q {inference_queue(rt.settings, model)}` "
+                             "(/readyz lists the models served)")
 
 
 def audio_limit(settings) -> float:
@@ -114,6 +126,7 @@ def submit_upload(rt: Runtime, celery: Celery, upload: FileStorage | None, form:
     """
     check_fields(form, files or {})
     options = parse_options(form, rt.settings, default_priority)
+    check_served(rt, options["model"])
     if admit is not None:
         admit(options["priority"])
     if upload is None or not upload.filename:
@@ -160,6 +173,7 @@ def submit_url(rt: Runtime, celery: Celery, body, idempotency_key: str | None = 
         raise InvalidRequest('send a JSON object such as {"audio_url": "https://example.com/call.mp3"}')
     check_fields(body, {}, source="audio_url")
     options = parse_options(body, rt.settings, default_priority)
+    check_served(rt, options["model"])
     if admit is not None:
         admit(options["priority"])
     url = body.get("audio_url")
