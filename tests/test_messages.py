@@ -88,3 +88,23 @@ def test_the_inference_task_fails_a_job_whose_message_is_malformed(database):
     assert job.status == "FAILED" and "'windows' is '0-10'" in job.error and job.attempts == 1
     nameless = infer.apply(args=[{"windows": []}])
     assert nameless.state == "REJECTED" and "without a job_id was dropped" in str(nameless.result)
+
+
+def test_a_message_for_a_model_this_deployment_does_not_serve_fails_its_job(database):
+    """A message made under another WHISPERQ_MODELS (a rolling change of the registry): the job
+    fails naming the models served, it is not retried."""
+    from models.errors import PermanentJobError
+    from models.jobs.operations import get_job
+    from models.jobs.record import Job, JobStatus, Stage, new_job_id
+    from tasks import infer
+    from tasks.app import runtime
+
+    rt = runtime()
+    job_id = new_job_id()
+    with rt.db.session() as session:
+        session.add(Job(id=job_id, audio_ref="audio/none.flac", priority="normal", attempts=1, model="large-v9",
+                        status=JobStatus.PROCESSING.value, stage=Stage.QUEUED.value))
+    result = infer.apply(args=[prepared(job_id=job_id, model="large-v9").to_message()], task_id=job_id)
+    assert result.failed() and isinstance(result.result, PermanentJobError)
+    job = get_job(rt, job_id)
+    assert job.status == "FAILED" and "model 'large-v9' is not served here; the models are: tiny.en, base" in job.error

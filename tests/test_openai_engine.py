@@ -233,5 +233,6 @@ def test_a_worker_with_this_engine_completes_a_job(checkpoint, own_inference):
     job_id = new_job_id()
     prepared = prepare_job(rt, job_id, str(CLIPS["fox.flac"]["path"]), {"language": "en"})
     result = inference.infer_job(rt, prepared, batcher)
-    assert isinstance(rt.built("engine"), OpenAIWhisperEngine) and rt.engine.path == checkpoint
+    assert rt.built("engine") == [rt.engine] and isinstance(rt.engine, OpenAIWhisperEngine)
+    assert rt.engine.path == checkpoint
     assert word_error_rate(CLIPS["fox.flac"]["text"], result["text"]) <= 0.2, result

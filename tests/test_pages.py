@@ -32,10 +32,23 @@ def test_form_offers_file_language_and_priority(client):
     assert 'id="error"' in page and 'role="alert"' in page and 'id="upload-progress"' in page
 
 
-def test_an_english_only_model_offers_english_alone(client):
-    """The bundled model is tiny.en: other languages would only be refused."""
-    language = re.search(r'<select name="language".*?</select>', client.get("/").get_data(as_text=True), re.S).group(0)
+def test_an_english_only_model_offers_english_alone(settings, database):
+    """Serving tiny.en alone, other languages would only be refused; with base beside it, they
+    are offered, and so is the choice of model."""
+    import dataclasses
+
+    from web import create_app
+
+    alone = dataclasses.replace(settings, models=settings.models[:1], default_model=settings.models[0].name)
+    page = create_app({"SETTINGS": alone, "TESTING": True}).test_client().get("/").get_data(as_text=True)
+    language = re.search(r'<select name="language".*?</select>', page, re.S).group(0)
     assert re.findall(r'<option value="(\w*)"', language) == ["", "en"]
+    assert 'name="model"' not in page
+    page = create_app({"SETTINGS": settings, "TESTING": True}).test_client().get("/").get_data(as_text=True)
+    language = re.search(r'<select name="language".*?</select>', page, re.S).group(0)
+    assert "de" in re.findall(r'<option value="(\w*)"', language)
+    models = re.search(r'<select name="model".*?</select>', page, re.S).group(0)
+    assert re.findall(r'<option value="([\w.]*)"( selected)?', models) == [("tiny.en", " selected"), ("base", "")]
 
 
 def test_pages_load_only_local_scripts_and_styles(client):

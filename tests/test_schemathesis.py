@@ -34,7 +34,7 @@ ADMIN = {"Authorization": "Bearer test-admin-token"}  # WHISPERQ_ADMIN_TOKEN in 
 
 
 @pytest.fixture()
-def api_schema(app, celery_app, request):
+def api_schema(settings, database, celery_app, request):
     # schemathesis 4.32's from_fixture renames the test item per operation through
     # `_nodeid`, which pytest 9 no longer has (it keeps the id in `_id`): give it one.
     if not hasattr(request.node, "_nodeid"):
@@ -42,6 +42,13 @@ def api_schema(app, celery_app, request):
     # Half the job ids are real, so the answers about real jobs (in every state) are
     # checked too, not only 404s. Each operation that changes a job gets jobs of its own:
     # the operations run one after another, and a deleted job stays deleted.
+    # One model: a second one no worker serves is refused with 503 by design (tests/test_model_choice.py).
+    import dataclasses
+
+    from web import create_app
+
+    one = dataclasses.replace(settings, models=settings.models[:1], default_model=settings.models[0].name)
+    app = create_app({"SETTINGS": one, "TESTING": True})
     jobs = real_jobs(app.extensions["whisperq"])
     config = schemathesis.Config.from_dict({
         **CONFIG,
