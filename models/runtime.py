@@ -2,8 +2,9 @@
 
 A Runtime holds the settings, the database, the audio storage and the keyring from the
 start; a model's engine and batcher are built on first use (only an inference worker uses
-them, and only for the models it is sent); the publisher (how the outbox sends webhook deliveries to the notification
-pool) is given by whoever owns a Celery app: ``web.create_app`` and ``tasks.app.runtime``.
+them, and only for the models it is sent); the publisher (how the outbox sends webhook
+deliveries to the notification pool) is given by whoever owns a Celery app:
+``web.create_app`` and ``tasks.app.runtime``.
 Building a Runtime installs the outbox's session hooks and makes its keyring the one the
 sealed columns use.
 
@@ -53,8 +54,8 @@ class Runtime:
         return RetryPolicy.for_jobs(self.settings)
 
     def engine_for(self, model: str | None = None) -> SpeechEngine:
-        """A served model's engine (the default's for None), loaded on first use (in its
-        batcher's thread) and kept: an inference process loads only the models it is sent."""
+        """A served model's engine (the default's for None), loaded on first use and kept: an
+        inference process loads only the models it is sent."""
         from models.speech.loader import load_engine
 
         spec = self.settings.model(model)
