@@ -5,8 +5,8 @@ Packages, lowest first; each may import config, the packages below it, and the f
 - ``models.security`` - the keyring, sealed columns and sealed files (encryption at rest).
   Imports config only.
 - foundation, at this level: ``errors`` (the error hierarchy), ``db`` (engine, sessions,
-  UTC columns), ``storage`` (audio by reference), ``runtime`` (the per-process wiring),
-  ``migrations`` (Alembic revisions). May import security.
+  UTC columns), ``storage`` (audio by reference), ``retry`` (the retry policy), ``compat``
+  (workarounds of libraries' internals), ``migrations`` (Alembic revisions). May import security.
 - ``models.speech`` - audio, windows, engines, the batcher, transcripts and their formats.
   Knows nothing of jobs.
 - ``models.jobs`` - the Job record and its state machine, store operations, idempotency,
@@ -17,6 +17,9 @@ Packages, lowest first; each may import config, the packages below it, and the f
 - ``models.pipeline`` - the two worker stages: preparing a job and running inference. May
   import speech, jobs and delivery.
 - ``models.maintenance`` - work over every store at once: retention and key rotation.
+- ``models.runtime`` - the per-process wiring (settings, database, storage, keyring, engines,
+  batchers, the outbox's publisher): may import everything; the rest import it only for
+  type annotations.
 
 ``models`` never imports ``tasks`` or ``web``; import-linter's contracts in setup.cfg enforce the order. This
 module is the package's public face: importing ``models`` declares every table on

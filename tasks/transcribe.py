@@ -60,10 +60,7 @@ class TranscribeTask(Task):
                              f"by the workers, not {audio!r}")
         tier = kwargs.get("priority") or "normal"
         check_options(kwargs.get("language"), tier, kwargs.get("task") or "transcribe")  # a ValueError
-        try:
-            self.app.conf.whisperq_settings.model(kwargs.get("model"))
-        except LookupError as exc:
-            raise ValueError(str(exc).strip('"')) from None
+        check_model(self.app.conf.whisperq_settings, kwargs.get("model"))  # InvalidRequest, a ValueError
         options.setdefault("priority", broker_priority(tier, self.app.conf.broker_url))
         return super().apply_async(args, kwargs, **options)
 

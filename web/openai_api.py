@@ -71,8 +71,8 @@ def _http_error(exc: HTTPException):
 
 @bp.get("/models")
 def models():
-    """OpenAI's model list, each entry with what made it: engine, version (the weights' hash),
-    languages, whether it is the default, and whether a live inference worker serves it."""
+    """OpenAI's model list, each entry with its engine, version (the weights' hash), languages,
+    whether it is the default, and whether a live inference worker serves it."""
     from models.jobs.workers import served_models
     from models.speech.catalog import describe
 
