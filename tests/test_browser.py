@@ -275,7 +275,9 @@ def test_the_job_page_follows_the_job_without_reloading(live_server, browser, sc
     wait_for(browser, lambda: status_of(browser) == "PROCESSING")
     assert by_id(browser, "status").text == "Transcribing" and not by_id(browser, "queue").is_displayed()
     assert by_id(browser, "progress").get_attribute("value") == "0.5"
-    assert re.fullmatch(r"Done in about (40|35) s", by_id(browser, "eta").text)
+    # Counted down from 40 s by the page itself: a loaded machine may show it a few polls late.
+    done_in = re.fullmatch(r"Done in about (\d+) s", by_id(browser, "eta").text)
+    assert done_in and 5 <= int(done_in.group(1)) <= 40, by_id(browser, "eta").text
     assert by_id(browser, "status-detail").text == "Recognising speech"
 
     scripted_job["job"].update(
