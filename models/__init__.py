@@ -39,9 +39,11 @@ from models.errors import (
 )
 from models.jobs import deadletter as _deadletter  # noqa: F401
 from models.jobs import idempotency as _idempotency  # noqa: F401
+from models.jobs import shadows as _shadows  # noqa: F401
 from models.jobs import workers as _workers  # noqa: F401
 from models.jobs.record import Job, JobStatus, Stage
 from models.runtime import Runtime, get_runtime
+from models.speech import swaps as _swaps  # noqa: F401
 from models.speech.segments import Segment, Transcript
 
 __all__ = [

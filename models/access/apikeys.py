@@ -74,6 +74,8 @@ class ApiKey(Base):
     previous_webhook_secret_token: Mapped[str | None] = mapped_column("previous_webhook_secret", Text)
     previous_webhook_secret_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
     webhook_secret_rotated_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # Training-data logging for every job of this key (models.jobs.dataset).
+    collect: Mapped[bool | None] = mapped_column(Boolean, default=False)
 
     webhook_secret = SealedAttribute("webhook_secret_token", "api_keys.webhook_secret")
     previous_webhook_secret = SealedAttribute("previous_webhook_secret_token", "api_keys.previous_webhook_secret")

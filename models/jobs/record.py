@@ -131,9 +131,21 @@ class Job(Base):
     model: Mapped[str | None] = mapped_column(String(48))
     model_version: Mapped[str | None] = mapped_column(String(80))
     decoding: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # The alias the job named when its model was chosen by weight (config.registry), and the
+    # candidate model that decodes it again in shadow (models.jobs.shadows), if any.
+    route: Mapped[str | None] = mapped_column(String(48))
+    shadow: Mapped[str | None] = mapped_column(String(48))
+    # The job this one re-runs (POST /v1/jobs/<id>/rerun): same audio, maybe another model.
+    rerun_of: Mapped[str | None] = mapped_column(String(36), index=True)
+    # Training-data logging (opt-in per key or per job): `whisperq dataset export` takes it;
+    # a client's correction is kept beside the original transcript (sealed like it).
+    collect: Mapped[bool | None] = mapped_column(default=False)
+    correction_token: Mapped[Any] = mapped_column("correction", JSON, nullable=True)
+    corrected_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
     result_text = SealedAttribute("result_text_token", "jobs.result_text")
     result_segments = SealedAttribute("result_segments_token", "jobs.result_segments", as_json=True)
+    correction = SealedAttribute("correction_token", "jobs.correction", as_json=True)
 
     @property
     def state(self) -> JobStatus:
