@@ -16,7 +16,8 @@ Packages, lowest first; each may import config, the packages below it, and the f
   audio by URL. May import jobs and access.
 - ``models.pipeline`` - the two worker stages: preparing a job and running inference. May
   import speech, jobs and delivery.
-- ``models.maintenance`` - work over every store at once: retention and key rotation.
+- ``models.maintenance`` - work over every store at once: retention, key rotation and the
+  training-data export.
 - ``models.runtime`` - the per-process wiring (settings, database, storage, keyring, engines,
   batchers, the outbox's publisher): may import everything; the rest import it only for
   type annotations.

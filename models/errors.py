@@ -52,6 +52,14 @@ class ResultPurged(WhisperqError):
     http_status = 410
 
 
+class TranscriptPurged(WhisperqError):
+    """A change to a transcript that retention deleted: nothing is left to change (reading
+    it is ResultPurged, 410)."""
+
+    code = "result_deleted"
+    http_status = 409
+
+
 class AudioPurged(WhisperqError):
     """Retention deleted the job's audio (WHISPERQ_AUDIO_RETENTION): it cannot run again."""
 

@@ -115,6 +115,13 @@ def test_real_responses_conform(app, client, document, api_schema):
         check("/v1/jobs/{job_id}/transcript", "get", f"/v1/jobs/{done}/transcript?format={fmt}&download=1", 200)
     check("/v1/jobs/{job_id}/transcript", "get", f"/v1/jobs/{waiting}/transcript", 409)
     check("/v1/jobs/{job_id}/transcript", "get", f"/v1/jobs/{done}/transcript?format=docx", 400)
+    check("/v1/jobs/{job_id}/transcript", "put", f"/v1/jobs/{done}/transcript", 200,
+          json={"text": "The quick brown fox jumps.", "segments": [{"start": 0, "end": 4.2, "text": "The quick…"}]})
+    check("/v1/jobs/{job_id}", "get", f"/v1/jobs/{done}", 200)  # with its correction
+    check("/v1/jobs/{job_id}/transcript", "put", f"/v1/jobs/{waiting}/transcript", 409, json={"text": "x"})
+    check("/v1/jobs/{job_id}/transcript", "put", f"/v1/jobs/{done}/transcript", 400, json={"text": 7})
+    check("/v1/jobs/{job_id}/transcript", "put", f"/v1/jobs/{done}/transcript", 415, data="x",
+          content_type="text/plain")
     check("/v1/jobs/{job_id}/cancel", "post", f"/v1/jobs/{done}/cancel", 409)
     check("/v1/jobs/{job_id}/cancel", "post", f"/v1/jobs/{waiting}/cancel", 200)
     check("/v1/jobs/{job_id}", "delete", f"/v1/jobs/{waiting}", 204)

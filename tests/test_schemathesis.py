@@ -57,7 +57,8 @@ def api_schema(settings, database, celery_app, request):
             {"include-operation-id": operation, "parameters": {"path.job_id": {"dictionary": name, "probability": 0.5}}}
             for operation, name in (("getJob", "read"), ("getTranscript", "read"), ("cancelJob", "cancel"),
                                     ("deleteJob", "delete"), ("getDeadLetter", "dead"),
-                                    ("replayDeadLetter", "replay"), ("purgeDeadLetter", "purge"))
+                                    ("replayDeadLetter", "replay"), ("purgeDeadLetter", "purge"),
+                                    ("correctTranscript", "correct"))
         ],
     })
     return schemathesis.openapi.from_wsgi("/openapi.json", app, config=config)
@@ -91,7 +92,8 @@ def real_jobs(rt) -> dict[str, list[str]]:
         return job_id
 
     return {"read": [completed(), *waiting()], "cancel": [completed(), *waiting()],
-            "delete": [completed(), *waiting()], "dead": dead(), "replay": dead(), "purge": dead()}
+            "delete": [completed(), *waiting()], "dead": dead(), "replay": dead(), "purge": dead(),
+            "correct": [completed(), completed(), *waiting()]}
 
 
 schema = schemathesis.pytest.from_fixture("api_schema")

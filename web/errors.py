@@ -42,7 +42,12 @@ def init_app(app: Flask) -> None:
     def _too_large(exc):
         from . import MAX_BODY_BYTES, MAX_FORM_PARTS
 
-        if request.mimetype != "multipart/form-data":
+        if request.endpoint == "api.correct":
+            from models.jobs.corrections import MAX_BYTES
+
+            message = (f"the correction is larger than {MAX_BYTES // (1024 * 1024)} MiB; send the text (and segments) "
+                       "of one transcript")
+        elif request.mimetype != "multipart/form-data":
             message = (f"the request body is larger than {MAX_BODY_BYTES // 1024} KiB; a JSON body carries an "
                        "audio_url and options, and audio goes as a multipart upload")
         elif request.content_length is not None and request.content_length <= app.config["MAX_CONTENT_LENGTH"]:

@@ -24,17 +24,20 @@ def _rt():
 @click.option("--tier", type=click.Choice(list(TIERS)), default="standard", show_default=True,
               help="premium: priority up to high; standard: up to normal; batch: low only.")
 @click.option("--admin", is_flag=True, help="Sees every job and reaches the admin API (dead letters).")
-def create(name: str, tier: str, admin: bool) -> None:
+@click.option("--collect", is_flag=True,
+              help="Every job of this key is training data (`whisperq dataset export`); `keys collect` changes it.")
+def create(name: str, tier: str, admin: bool, collect: bool) -> None:
     """Make a key and print it once: only its hash is stored."""
     from models.access.apikeys import create_key
     from models.errors import WhisperqError
 
     try:
-        record, token = create_key(_rt(), name, tier, admin=admin)
+        record, token = create_key(_rt(), name, tier, admin=admin, collect=collect)
     except WhisperqError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(token)
-    click.echo(f"key {record.id} ({record.name}, tier {record.tier}{', admin' if record.admin else ''}): "
+    click.echo(f"key {record.id} ({record.name}, tier {record.tier}{', admin' if record.admin else ''}"
+               f"{', collects training data' if record.collect else ''}): "
                "shown this once; keep it in a secret store", err=True)
     click.echo(f"webhook signing secret for this key's jobs: {record.webhook_secret}\n"
                "  (shown this once too; `whisperq keys rotate-webhook-secret` makes a new one)", err=True)
@@ -77,7 +80,8 @@ def list_(include_revoked: bool, as_json: bool) -> None:
         return
     for k in found:
         state = f"revoked {k['revoked_at']}" if k["revoked_at"] else f"last used {k['last_used_at'] or 'never'}"
-        click.echo(f"{k['id']}  {k['key']:<12} {k['tier']:<9}{' admin' if k['admin'] else '':<6} {k['name']}  ({state})")
+        click.echo(f"{k['id']}  {k['key']:<12} {k['tier']:<9}{' admin' if k['admin'] else '':<6}"
+                   f"{' collect' if k['collect'] else '':<8} {k['name']}  ({state})")
 
 
 @keys.command("revoke")
@@ -92,3 +96,20 @@ def revoke(key: str) -> None:
     except WhisperqError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(f"revoked {record.id} ({record.name})")
+
+
+@keys.command("collect")
+@click.argument("key")
+@click.argument("state", type=click.Choice(["on", "off"]))
+def collect(key: str, state: str) -> None:
+    """Turn training-data logging on or off for every job a key (by id or the start of the
+    key) submits from now on; a job may also ask for it with `collect=true`."""
+    from models.access.apikeys import set_collect
+    from models.errors import WhisperqError
+
+    try:
+        record = set_collect(_rt(), key, state == "on")
+    except WhisperqError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"key {record.id} ({record.name}): its new jobs are {'' if record.collect else 'not '}collected "
+               "as training data")

@@ -20,6 +20,10 @@ rotate-webhook-secret`, or ``POST /v1/webhook-secret`` with the key): one tenant
 cannot forge or verify another's webhooks. It is stored encrypted, bound to its key's row.
 After a rotation the old secret signs beside the new one for WEBHOOK_SECRET_OVERLAP, so a
 receiver can switch without losing a delivery.
+
+A key with `collect` on (`whisperq keys create --collect`, `whisperq keys collect KEY on`)
+makes every job it submits training data, as the job option `collect=true` makes one job
+(`whisperq dataset export`).
 """
 from __future__ import annotations
 
@@ -74,7 +78,7 @@ class ApiKey(Base):
     previous_webhook_secret_token: Mapped[str | None] = mapped_column("previous_webhook_secret", Text)
     previous_webhook_secret_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
     webhook_secret_rotated_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    # Training-data logging for every job of this key (models.jobs.dataset).
+    # Training-data logging for every job of this key (models.maintenance.dataset).
     collect: Mapped[bool | None] = mapped_column(Boolean, default=False)
 
     webhook_secret = SealedAttribute("webhook_secret_token", "api_keys.webhook_secret")
@@ -96,7 +100,7 @@ class ApiKey(Base):
         return {"id": self.id, "name": self.name, "tier": self.tier, "admin": bool(self.admin),
                 "key": self.shown + "…", "created_at": iso(self.created_at),
                 "last_used_at": iso(self.last_used_at), "revoked_at": iso(self.revoked_at),
-                "webhook_secret_rotated_at": iso(self.webhook_secret_rotated_at)}
+                "webhook_secret_rotated_at": iso(self.webhook_secret_rotated_at), "collect": bool(self.collect)}
 
 
 @dataclass(frozen=True)
@@ -148,9 +152,10 @@ def new_webhook_secret() -> str:
     return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
 
 
-def create_key(rt: Runtime, name: str, tier: str, admin: bool = False) -> tuple[ApiKey, str]:
+def create_key(rt: Runtime, name: str, tier: str, admin: bool = False, collect: bool = False) -> tuple[ApiKey, str]:
     """A new key; returns its record and the key itself, which is never stored. The
-    record's `webhook_secret` is readable until it leaves this call: show it then."""
+    record's `webhook_secret` is readable until it leaves this call: show it then.
+    `collect`: every job of the key is training data (`whisperq dataset export`)."""
     name = (name or "").strip()
     if not name or len(name) > 100 or not name.isprintable():
         raise InvalidRequest("the key's name must be 1 to 100 printable characters (who or what uses it)")
@@ -158,7 +163,7 @@ def create_key(rt: Runtime, name: str, tier: str, admin: bool = False) -> tuple[
         raise InvalidRequest(f"tier {tier!r} is not one of: {', '.join(TIERS)}")
     token = PREFIX + secrets.token_urlsafe(32)
     record = ApiKey(id=str(uuid.uuid4()), name=name, tier=tier, admin=admin, shown=token[:SHOWN],
-                    digest=digest(token), created_at=utcnow())
+                    digest=digest(token), created_at=utcnow(), collect=bool(collect))
     record.webhook_secret = new_webhook_secret()
     record.webhook_secret_rotated_at = record.created_at
     with rt.db.session() as session:
@@ -228,6 +233,26 @@ def rotate_webhook_secret(rt: Runtime, ident: str, overlap: timedelta = WEBHOOK_
         session.flush()
         session.expunge(key)
     return key, secret
+
+
+def set_collect(rt: Runtime, ident: str, on: bool) -> ApiKey:
+    """Turn training-data logging on or off for a key's jobs from now on (by id or the start
+    of the key); jobs made before keep what they were made with."""
+    found = find_key(rt, ident)
+    with rt.db.session() as session:
+        key = session.get(ApiKey, found.id)
+        key.collect = bool(on)
+        session.flush()
+        session.expunge(key)
+        return key
+
+
+def key_collects(rt: Runtime, owner: str | None) -> bool:
+    """Whether the key `owner` (a key id; None for anonymous use) has training-data logging on."""
+    if owner is None:
+        return False
+    with rt.db.session() as session:
+        return bool(session.scalar(select(ApiKey.collect).where(ApiKey.id == owner)))
 
 
 def webhook_secrets_for(rt: Runtime, owner: str | None) -> list[str]:

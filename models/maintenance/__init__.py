@@ -1,4 +1,5 @@
 """Work over every store at once, on a schedule or by an operator: ``retention`` (delete what
-finished jobs no longer need) and ``rotation`` (re-encrypt under the active key).
+finished jobs no longer need), ``rotation`` (re-encrypt under the active key) and ``dataset``
+(export the jobs collected as training data).
 
 May import every other package of models."""

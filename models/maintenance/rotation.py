@@ -56,14 +56,15 @@ def stored_files(rt: Runtime) -> Iterator[Path]:
 
 
 def _transcript_rows(rt: Runtime):
-    """(job id, the key ids of its transcript's values, whether all are bound to the row),
-    reading the raw tokens."""
+    """(job id, the key ids of its transcript's values and of a client's correction, whether
+    all are bound to the row), reading the raw tokens."""
     table = Job.__table__
-    query = select(table.c.id, type_coerce(table.c.result_text, Text), type_coerce(table.c.result_segments, JSON)).where(
-        or_(table.c.result_text.is_not(None), table.c.result_segments.is_not(None)))
+    query = select(table.c.id, type_coerce(table.c.result_text, Text), type_coerce(table.c.result_segments, JSON),
+                   type_coerce(table.c.correction, JSON)).where(
+        or_(table.c.result_text.is_not(None), table.c.result_segments.is_not(None), table.c.correction.is_not(None)))
     with rt.db.session() as session:
-        for job_id, text, segments in session.execute(query):
-            values = [v for v in (text, segments) if v is not None]
+        for job_id, text, segments, correction in session.execute(query):
+            values = [v for v in (text, segments, correction) if v is not None]
             kids = {value_key_id(v) or PLAIN for v in values}
             if kids:  # (a JSON null is no transcript)
                 yield job_id, kids, all(value_is_bound(v) for v in values)
@@ -124,7 +125,7 @@ def _reencrypt_rows(rt: Runtime, ids: list[str]) -> int:
     done = 0
     with rt.db.session(write=True) as session:
         for job in session.execute(select(Job).where(Job.id.in_(ids)).with_for_update()).scalars():
-            for name in ("result_text", "result_segments"):
+            for name in ("result_text", "result_segments", "correction"):
                 value = getattr(job, name)
                 if value is not None:  # sealed again: under the active key, bound to its row
                     setattr(job, name, value)
