@@ -122,6 +122,7 @@ def celery_config(settings: Settings) -> dict:
         task_routes={
             "whisperq.transcribe": {"queue": PREPARE_QUEUE, "routing_key": QUEUES[PREPARE_QUEUE]},
             "whisperq.infer": {"queue": INFERENCE_QUEUE, "routing_key": QUEUES[INFERENCE_QUEUE]},
+            "whisperq.shadow": {"queue": INFERENCE_QUEUE, "routing_key": QUEUES[INFERENCE_QUEUE]},
             "whisperq.sweep": {"queue": PREPARE_QUEUE, "routing_key": QUEUES[PREPARE_QUEUE]},
             "whisperq.retention": {"queue": PREPARE_QUEUE, "routing_key": QUEUES[PREPARE_QUEUE]},
             "whisperq.notify": {"queue": NOTIFY_QUEUE, "routing_key": QUEUES[NOTIFY_QUEUE]},

@@ -3,6 +3,8 @@ says what to set it to."""
 from __future__ import annotations
 
 import base64
+import os
+from pathlib import Path
 from typing import Mapping
 
 from .allow import AllowRule, parse_rule
@@ -191,3 +193,29 @@ class Env:
         if value.lower() not in LANGUAGES:
             raise ConfigError(f"{name}={value!r} is not a Whisper language code (such as en, de, fr)")
         return value.lower()
+
+
+def input_dirs(value: str | None, data_dir: Path) -> tuple[Path, ...]:
+    """WHISPERQ_INPUT_DIRS: where transcribe.delay(path) may read, absolute directories
+    separated by commas (default: the data dir's inbox/)."""
+    if value is None or not value.strip():
+        return (data_dir / "inbox",)
+    dirs = []
+    for part in value.replace(os.pathsep, ",").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if not os.path.isabs(part):
+            raise ConfigError(f"WHISPERQ_INPUT_DIRS: {part!r} is not an absolute path; list absolute directories, "
+                              "separated by commas")
+        dirs.append(Path(os.path.realpath(part)))
+    return tuple(dirs)
+
+
+def hosts(value: str | None) -> tuple[str, ...] | None:
+    """WHISPERQ_ALLOWED_HOSTS: the host names (no port) requests may be addressed to, comma
+    separated; `*` for any. None: the default (see Settings.served_hosts)."""
+    if value is None or not value.strip():
+        return None
+    hosts = tuple(h.strip().lower().strip("[]") for h in value.split(",") if h.strip())
+    return hosts or None

@@ -132,3 +132,99 @@ def _name_of(path: str) -> str:
     stem = stem[:-3] if stem.endswith(".pt") else stem
     name = re.sub(r"[^a-z0-9._-]", "-", stem.lower()).strip("-._")[:48]
     return name or "model"
+
+
+@dataclass(frozen=True)
+class Routes:
+    """Aliases that split traffic between models by weight (A/B), and shadow decoding.
+
+    WHISPERQ_ALIASES="default=tiny.en:90|base:10, accurate=base": a job naming the alias gets
+    one of its variants, chosen once (when the job is made) with the odds of the weights.
+    WHISPERQ_SHADOW="tiny.en=base:20": 20 % of tiny.en's jobs are decoded by base as well;
+    base's transcript is kept apart and compared (models.jobs.shadows), the client sees tiny.en's.
+    WHISPERQ_DEFAULT_MODEL may name an alias: jobs naming no model then go through it.
+    """
+    aliases: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = ()
+    shadows: tuple[tuple[str, str, int], ...] = ()  # (primary, candidate, percent)
+    default: str | None = None  # the alias for jobs that name no model
+
+    def __str__(self) -> str:
+        aliases = ", ".join(f"{a}=" + "|".join(f"{m}:{w}" for m, w in v) for a, v in self.aliases)
+        shadows = ", ".join(f"{p}={c}:{pct}" for p, c, pct in self.shadows)
+        return f"aliases: {aliases or '-'}; shadow: {shadows or '-'}" + (f"; default: {self.default}" if self.default else "")
+
+    def variants(self, name: str | None) -> tuple[tuple[str, int], ...] | None:
+        return dict(self.aliases).get(name or self.default or "")
+
+    def choose(self, specs: tuple[ModelSpec, ...], default: str, requested: str | None,
+               job_id: str) -> tuple[str, str | None, str | None]:
+        """(model, alias or None, shadow candidate or None) for a job: the same for the same job id."""
+        name = None if requested in (None, "", OPENAI_ALIAS) else requested
+        variants = self.variants(name)
+        if variants:
+            route = name or self.default
+            point, model = _fraction(job_id, "route") * sum(w for _, w in variants), variants[-1][0]
+            for candidate, weight in variants:
+                if point < weight:
+                    model = candidate
+                    break
+                point -= weight
+        else:
+            route, model = None, find_model(specs, default, name).name
+        shadow = next((c for p, c, pct in self.shadows if p == model and _fraction(job_id, "shadow") * 100 < pct), None)
+        return model, route, shadow
+
+
+def _fraction(job_id: str, purpose: str) -> float:
+    """A number in [0, 1) fixed by the job id: a job's draw is the same however often it is made."""
+    import hashlib
+
+    return int.from_bytes(hashlib.sha256(f"{purpose}:{job_id}".encode()).digest()[:8], "big") / 2**64
+
+
+def parse_routes(aliases: str | None, shadows: str | None, default: str | None,
+                 specs: tuple[ModelSpec, ...]) -> tuple[Routes, str]:
+    """The routes from WHISPERQ_ALIASES and WHISPERQ_SHADOW, and the default model (the
+    default alias's heaviest variant when WHISPERQ_DEFAULT_MODEL names an alias)."""
+    names = {s.name for s in specs}
+    parsed: list[tuple[str, tuple[tuple[str, int], ...]]] = []
+    for entry in (e.strip() for e in (aliases or "").split(",")):
+        if not entry:
+            continue
+        where = f"WHISPERQ_ALIASES entry {entry!r}"
+        alias, sep, rest = (s.strip() for s in entry.partition("="))
+        if not sep or not NAME.match(alias) or alias == OPENAI_ALIAS:
+            raise ConfigError(f"{where} is not ALIAS=MODEL:WEIGHT|MODEL:WEIGHT (e.g. default=tiny.en:90|base:10)")
+        if alias in names or alias in dict(parsed):
+            raise ConfigError(f"{where}: {alias!r} is already the name of a model or another alias")
+        variants = []
+        for part in (p.strip() for p in rest.split("|")):
+            model, _, weight = (s.strip() for s in part.partition(":"))
+            if model not in names:
+                raise ConfigError(f"{where}: {model!r} is not a model of WHISPERQ_MODELS ({', '.join(sorted(names))})")
+            if weight and not (weight.isdigit() and 0 < int(weight) <= 1000):
+                raise ConfigError(f"{where}: the weight {weight!r} of {model!r} must be a whole number from 1 to 1000")
+            if model in dict(variants):
+                raise ConfigError(f"{where}: {model!r} is named twice")
+            variants.append((model, int(weight or 1)))
+        parsed.append((alias, tuple(variants)))
+    pairs: list[tuple[str, str, int]] = []
+    for entry in (e.strip() for e in (shadows or "").split(",")):
+        if not entry:
+            continue
+        where = f"WHISPERQ_SHADOW entry {entry!r}"
+        primary, _, rest = (s.strip() for s in entry.partition("="))
+        candidate, _, share = (s.strip() for s in rest.partition(":"))
+        if primary not in names or candidate not in names or primary == candidate:
+            raise ConfigError(f"{where} is not PRIMARY=CANDIDATE:PERCENT with two different models of WHISPERQ_MODELS "
+                              f"(e.g. tiny.en=base:20)")
+        if not (share.isdigit() and 0 < int(share) <= 100):
+            raise ConfigError(f"{where}: the share {share!r} must be a percentage from 1 to 100")
+        if any(p == primary for p, _, _ in pairs):
+            raise ConfigError(f"{where}: {primary!r} has a shadow already")
+        pairs.append((primary, candidate, int(share)))
+    routes = Routes(tuple(parsed), tuple(pairs))
+    if default and routes.variants(default):
+        heaviest = max(routes.variants(default), key=lambda v: v[1])[0]
+        return Routes(routes.aliases, routes.shadows, default), heaviest
+    return routes, default_model(default, specs)

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Mapping
 
 from .allow import AllowRule
-from .env import ConfigError, Env
+from .env import ConfigError, Env, input_dirs as _input_dirs, hosts as _hosts
 from .files import generated_secret
 from .priorities import PRIORITIES
-from .registry import ModelSpec, default_model, find_model, parse_models
+from .registry import ModelSpec, Routes, find_model, parse_models, parse_routes
 
 ENGINES = ("faster-whisper", "openai-whisper")
 DEVICES = ("auto", "cpu", "cuda")
@@ -103,6 +103,7 @@ class Settings:
     max_audio_seconds_batch: float
     sync_waits_per_client: int
     allowed_hosts: tuple[str, ...] | None
+    routes: Routes = Routes()  # aliases (A/B by weight) and shadow decoding (config.registry)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides) -> "Settings":
@@ -194,7 +195,9 @@ class Settings:
         values["models"] = parse_models(
             env.str("WHISPERQ_MODELS", None), engine=values["engine"], compute_type=values["compute_type"],
             beam_size=values["beam_size"], model_path=values["model_path"], engines=ENGINES, compute_types=COMPUTE_TYPES)
-        values["default_model"] = default_model(env.str("WHISPERQ_DEFAULT_MODEL", None), values["models"])
+        values["routes"], values["default_model"] = parse_routes(
+            env.str("WHISPERQ_ALIASES", None), env.str("WHISPERQ_SHADOW", None), env.str("WHISPERQ_DEFAULT_MODEL", None),
+            values["models"])
         values.update(overrides)
         settings = cls(**values)
         if settings.model_path is not None and settings.engine == "openai-whisper":
@@ -216,6 +219,10 @@ class Settings:
     def model(self, name: str | None = None) -> ModelSpec:
         """A served model by name (None or OpenAI's whisper-1: the default); UnknownModel otherwise."""
         return find_model(self.models, self.default_model, name)
+
+    def choose(self, requested: str | None, job_id: str) -> tuple[str, str | None, str | None]:
+        """A job's model, alias and shadow candidate (Routes.choose): fixed by its id."""
+        return self.routes.choose(self.models, self.default_model, requested, job_id)
 
     def served_hosts(self) -> tuple[str, ...] | None:
         """The Host names requests may name (None: any). By default, loopback names when the
@@ -308,29 +315,3 @@ def _mask(text: str) -> str:
             creds = creds.split(":", 1)[0] + ":***"
         return f"{scheme}://{creds}@{host}"
     return text
-
-
-def _input_dirs(value: str | None, data_dir: Path) -> tuple[Path, ...]:
-    """WHISPERQ_INPUT_DIRS: where transcribe.delay(path) may read, absolute directories
-    separated by commas (default: the data dir's inbox/)."""
-    if value is None or not value.strip():
-        return (data_dir / "inbox",)
-    dirs = []
-    for part in value.replace(os.pathsep, ",").split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if not os.path.isabs(part):
-            raise ConfigError(f"WHISPERQ_INPUT_DIRS: {part!r} is not an absolute path; list absolute directories, "
-                              "separated by commas")
-        dirs.append(Path(os.path.realpath(part)))
-    return tuple(dirs)
-
-
-def _hosts(value: str | None) -> tuple[str, ...] | None:
-    """WHISPERQ_ALLOWED_HOSTS: the host names (no port) requests may be addressed to, comma
-    separated; `*` for any. None: the default (see Settings.served_hosts)."""
-    if value is None or not value.strip():
-        return None
-    hosts = tuple(h.strip().lower().strip("[]") for h in value.split(",") if h.strip())
-    return hosts or None

@@ -23,6 +23,7 @@ from models.retry import RetryPolicy
 from models.storage import LocalStorage
 
 if TYPE_CHECKING:
+    from config.registry import ModelSpec
     from models.security.crypto import Keyring
     from models.speech.batching import Batcher
     from models.speech.engines import SpeechEngine
@@ -35,7 +36,7 @@ class Runtime:
     db: Database = field(init=False)
     storage: LocalStorage = field(init=False)
     keyring: Keyring = field(init=False)
-    _parts: dict[tuple[str, str], Any] = field(init=False, default_factory=dict, repr=False)
+    _parts: dict[tuple[str, ...], Any] = field(init=False, default_factory=dict, repr=False)
     _lock: threading.RLock = field(init=False, default_factory=threading.RLock, repr=False)
 
     def __post_init__(self) -> None:
@@ -55,11 +56,29 @@ class Runtime:
 
     def engine_for(self, model: str | None = None) -> SpeechEngine:
         """A served model's engine (the default's for None), loaded on first use and kept: an
-        inference process loads only the models it is sent."""
+        inference process loads only the models it is sent.
+
+        The weights are the model's newest swap (models.speech.swaps), read every few seconds:
+        after a swap the next call loads the new weights and returns their engine from then
+        on; the engine before is let go here, and lives on only in the jobs that began on it."""
         from models.speech.loader import load_engine
 
-        spec = self.settings.model(model)
-        return self._part(("engine", spec.name), lambda: load_engine(self.settings, spec))
+        spec = self.active_spec(model)
+        key = ("engine", spec.name, spec.weights)
+        engine = self._parts.get(key)
+        if engine is None:
+            engine = self._part(key, lambda: load_engine(self.settings, spec))
+            with self._lock:
+                for old in [k for k in self._parts if k[:2] == key[:2] and k != key]:
+                    del self._parts[old]
+        return engine
+
+    def active_spec(self, model: str | None = None) -> ModelSpec:
+        """A model's registry entry with the weights it runs now (its newest swap, if any)."""
+        from models.speech.swaps import ActiveWeights
+
+        active = self._part(("swaps", ""), lambda: ActiveWeights(self.settings, self.db))
+        return active.spec(model)
 
     def batcher_for(self, model: str | None = None) -> Batcher:
         """The dynamic batcher a model's jobs submit their windows to (one per model)."""
@@ -78,9 +97,9 @@ class Runtime:
 
     def built(self, kind: str) -> list[Any]:
         """The parts of a kind ("engine", "batcher") built so far, without building any."""
-        return [part for (k, _name), part in list(self._parts.items()) if k == kind]
+        return [part for key, part in list(self._parts.items()) if key[0] == kind]
 
-    def _part(self, name: tuple[str, str], build: Callable[[], Any]) -> Any:
+    def _part(self, name: tuple[str, ...], build: Callable[[], Any]) -> Any:
         part = self._parts.get(name)
         if part is None:
             with self._lock:

@@ -95,6 +95,17 @@ class LocalStorage:
         os.replace(tmp, dest)
         return ref
 
+    def copy_to_spool(self, ref: str) -> Path:
+        """A stored (or caller's) file copied into the tmp folder, sealed anew, for another job
+        to adopt (a re-run): each job owns its audio, and deleting one leaves the other's."""
+        import shutil
+        import uuid
+
+        tmp = self.tmp_dir / f"rerun-{uuid.uuid4().hex}"
+        with self.open(ref) as src, self.writer(tmp) as out:
+            shutil.copyfileobj(src, out, 1 << 20)
+        return tmp
+
     def path(self, ref: str) -> Path:
         if os.path.isabs(ref):
             return Path(ref)

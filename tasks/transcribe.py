@@ -28,8 +28,9 @@ from models.jobs.operations import check_options, fail_job, get_job, schedule_re
 from models.pipeline.inference import infer_job
 from models.pipeline.messages import Finished, MalformedMessage, Prepared
 from models.pipeline.preparation import prepare_job
+from models.pipeline.shadowing import shadow_job, shadow_message
 from models.retry import Verdict, classify
-from models.speech.catalog import check_model
+from models.speech.catalog import check_model, route_models
 from tasks.app import runtime
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ class TranscribeTask(Task):
                              f"by the workers, not {audio!r}")
         tier = kwargs.get("priority") or "normal"
         check_options(kwargs.get("language"), tier, kwargs.get("task") or "transcribe")  # a ValueError
-        check_model(self.app.conf.whisperq_settings, kwargs.get("model"))  # InvalidRequest, a ValueError
+        route_models(self.app.conf.whisperq_settings, kwargs.get("model"))  # InvalidRequest, a ValueError
         options.setdefault("priority", broker_priority(tier, self.app.conf.broker_url))
         return super().apply_async(args, kwargs, **options)
 
@@ -103,6 +104,8 @@ def transcribe(self, audio: str, language: str | None = None, priority: str = "n
         return _after_failure(self, job_id, exc)
     if isinstance(prepared, Finished):
         return prepared.result
+    if prepared.shadow:
+        _send_shadow(self, prepared)
     tier = prepared.priority
     return self.replace(
         infer.s(prepared.to_message()).set(queue=inference_queue(self.app.conf.whisperq_settings, prepared.model),
@@ -135,6 +138,33 @@ def infer(self, message: dict) -> dict:
         return infer_job(rt, prepared, rt.batcher_for(prepared.model), worker=worker, worker_id=worker_id())
     except Exception as exc:
         return _after_failure(self, prepared.job_id, exc)
+
+
+def _send_shadow(task: Task, prepared: Prepared) -> None:
+    """The candidate's copy goes to its own queue at low priority; a failure to send it costs
+    the job nothing (the copy is deleted)."""
+    message = shadow_message(prepared)
+    try:
+        shadow.apply_async((message.to_message(),), queue=inference_queue(task.app.conf.whisperq_settings, message.model),
+                           priority=broker_priority("low", task.app.conf.broker_url), ignore_result=True)
+    except Exception:
+        log.warning("job %s: the shadow message for %s was not sent", prepared.job_id, message.model, exc_info=True)
+        runtime().storage.delete(message.samples_ref)
+
+
+@shared_task(name="whisperq.shadow", bind=True, acks_late=True, ignore_result=True)
+def shadow(self, message: dict) -> None:
+    """The inference pool decodes a job again with a candidate model, apart (models.pipeline.shadowing)."""
+    rt = runtime()
+    try:
+        prepared = Prepared.from_message(message)
+    except Exception as exc:
+        raise Reject(f"a malformed shadow message was dropped: {exc}", requeue=False) from None
+    try:
+        check_model(rt.settings, prepared.model)
+        shadow_job(rt, prepared)
+    except Exception:  # a shadow measures; it is never retried and never touches the job
+        log.warning("job %s: shadow decoding by %s failed; dropped", prepared.job_id, prepared.model, exc_info=True)
 
 
 @shared_task(name="whisperq.sweep", bind=True, ignore_result=True)

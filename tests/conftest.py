@@ -50,9 +50,10 @@ def pytest_configure(config) -> None:
     os.environ.setdefault("WHISPERQ_WEBHOOK_ALLOW", "127.0.0.0/8")
     os.environ.setdefault("WHISPERQ_FETCH_ALLOW", "127.0.0.0/8")
     os.environ.setdefault("WHISPERQ_WEBHOOK_RETRY_BASE_SECONDS", "0.3")
-    # Two models, as a deployment that offers a multilingual one besides the default: the
-    # suite's inference pool serves tiny.en; tests start a worker for base where they need one.
-    os.environ.setdefault("WHISPERQ_MODELS", "tiny.en=bundled:tiny.en, base=bundled:base")
+    # Models as a deployment that offers a multilingual one besides the default: the suite's
+    # inference pool serves tiny.en; tests start a worker for base where they need one. `next`
+    # (tiny.en's weights until a test hot-swaps it) is the model the hot-swap test changes.
+    os.environ.setdefault("WHISPERQ_MODELS", "tiny.en=bundled:tiny.en, base=bundled:base, next=bundled:tiny.en")
     if not os.environ.get("CELERY_BROKER_URL"):
         from config.embedded import EmbeddedRedis
 

@@ -119,7 +119,7 @@ def test_base_weights_that_are_not_the_expected_ones_are_refused(tmp_path, monke
 
 def test_the_models_are_listed_with_version_languages_and_workers(client, worker):
     data = {m["id"]: m for m in client.get("/v1/models").get_json()["data"]}
-    assert list(data) == ["whisper-1", "tiny.en", "base"]
+    assert list(data) == ["whisper-1", "tiny.en", "base", "next"]
     assert data["tiny.en"]["version"].startswith("sha256:") and len(data["tiny.en"]["version"]) == 71
     assert (data["tiny.en"]["multilingual"], data["tiny.en"]["languages"], data["tiny.en"]["default"]) == (False, ["en"], True)
     assert data["tiny.en"]["served"] is True  # the suite's inference pool

@@ -61,7 +61,7 @@ def test_an_invalid_file_raises_bad_request(openai_client):
 
 def test_models_lists_the_served_models(openai_client):
     """OpenAI's name first (the default model), then the suite's registry (conftest)."""
-    assert [m.id for m in openai_client.models.list()] == ["whisper-1", "tiny.en", "base"]
+    assert [m.id for m in openai_client.models.list()] == ["whisper-1", "tiny.en", "base", "next"]
 
 
 def test_past_the_wait_it_answers_202_with_the_job(client, settings, database, worker, celery_app):

@@ -40,8 +40,14 @@ def dead_letter(job_id: str):
 
 @bp.post("/dead-letters/<job_id>/replay")
 def replay_dead_letter(job_id: str):
-    job = replay(_rt(), current_app.extensions["celery"], job_id)
-    return jsonify({"job_id": job.id, "status": job.status}), 202
+    body = request.get_json(silent=True) if request.content_length else {}
+    if not isinstance(body, dict):
+        raise InvalidRequest('send nothing, or a JSON object such as {"model": "base"} to replay on another model')
+    model = (body or {}).get("model")
+    if model is not None and not isinstance(model, str):
+        raise InvalidRequest("model must be the name of a model or alias (GET /v1/models lists them)")
+    job = replay(_rt(), current_app.extensions["celery"], job_id, model=model or None)
+    return jsonify({"job_id": job.id, "status": job.status, "model": job.model}), 202
 
 
 @bp.delete("/dead-letters/<job_id>")

@@ -1,5 +1,5 @@
 """The JSON API: submit a job (upload or URL), list, read, cancel and delete jobs, and
-download transcripts."""
+download (and correct) transcripts."""
 from __future__ import annotations
 
 import base64
@@ -13,6 +13,7 @@ from flask import Blueprint, Response, current_app, jsonify, request, url_for
 from models.access import apikeys
 from models.delivery.notify import deliveries_of
 from models.errors import Forbidden, InvalidRequest, JobNotReady, ResultPurged, UnsupportedMediaType
+from models.jobs import corrections
 from models.jobs.eta import estimate, queue_position
 from models.jobs.operations import cancel_job, delete_job, get_job, list_jobs
 from models.jobs.record import Job, JobStatus, Stage
@@ -21,7 +22,7 @@ from models.speech.formats import FORMATS, MIME_TYPES, render
 
 from .admission import admit_priority, admit_submission
 from .auth import current, scope, scoped_idempotency_key
-from .uploads import submit_upload, submit_url
+from .uploads import submit_rerun, submit_upload, submit_url
 from .waits import JobWatch
 
 bp = Blueprint("api", __name__, url_prefix="/v1")
@@ -175,7 +176,7 @@ def job_state(rt: Runtime, job: Job) -> str:
     """A digest of the job itself as a client acts on it: status, stage, progress, attempts,
     errors, webhook deliveries (not its place in the queue, nor the estimates)."""
     state = [job.status, job.stage, job.progress, job.attempts, job.error, job.next_attempt_at, job.finished_at,
-             job.result_purged_at, job.audio_duration]
+             job.result_purged_at, job.audio_duration, job.corrected_at]
     if job.callback_url:
         state.append([(d["status"], len(d["attempts"])) for d in deliveries_of(rt, job.id)])
     return hashlib.sha256(json.dumps(state, default=str).encode()).hexdigest()[:24]
@@ -210,6 +211,23 @@ def cancel(job_id: str):
     return jsonify(job_body(job)), 200 if job.state is JobStatus.CANCELLED else 202
 
 
+@bp.post("/jobs/<job_id>/rerun")
+def rerun(job_id: str):
+    """The same audio again as a new job linked to this one, most often on another model."""
+    admit_submission()
+    who = current()
+    if request.content_length and request.mimetype != "application/json":
+        raise UnsupportedMediaType('send the options as JSON, such as {"model": "base"}, or no body at all')
+    try:
+        body = json.loads(request.get_data(cache=False) or b"{}")
+    except ValueError as exc:
+        raise InvalidRequest(f"the body is not valid JSON ({exc})") from None
+    job = submit_rerun(runtime(), current_app.extensions["celery"], job_id, body, owner=scope(), admit=admit_priority,
+                       default_priority=who.default_priority())
+    body = job_body(job, detail=False)
+    return jsonify(body), 202, {"Location": body["status_url"]}
+
+
 @bp.delete("/jobs/<job_id>")
 def remove(job_id: str):
     delete_job(runtime(), job_id, owner=scope())
@@ -238,3 +256,19 @@ def transcript(job_id: str):
     if request.args.get("download"):
         resp.headers["Content-Disposition"] = f'attachment; filename="{job_id}.{fmt}"'
     return resp
+
+
+@bp.put("/jobs/<job_id>/transcript")
+def correct(job_id: str):
+    """A client's correction of a COMPLETED job's transcript, kept beside the original
+    (models.jobs.corrections); the answer is the job, with both."""
+    if request.mimetype != "application/json":
+        raise UnsupportedMediaType(f"send the correction as JSON (Content-Type: application/json), such as "
+                                   f"{corrections.EXAMPLE} (got {request.mimetype or 'no Content-Type'})")
+    request.max_content_length = corrections.MAX_BYTES  # a long transcript: more than a submission's 64 KiB
+    try:
+        body = json.loads(request.get_data(cache=False) or b"null")
+    except ValueError as exc:
+        raise InvalidRequest(f"the body is not valid JSON ({exc})") from None
+    job = corrections.correct_transcript(runtime(), job_id, corrections.check_correction(body), owner=scope())
+    return jsonify(job_body(job))

@@ -276,7 +276,8 @@ def dlq_show(job_id: str) -> None:
 
 @dlq.command("replay")
 @click.argument("job_ids", nargs=-1, required=True)
-def dlq_replay(job_ids: tuple[str, ...]) -> None:
+@click.option("--model", default=None, help="Run them on this model (or alias) instead of the one they failed on.")
+def dlq_replay(job_ids: tuple[str, ...], model: str | None) -> None:
     """Queue dead-lettered jobs again, with their attempts reset."""
     from models.jobs.deadletter import replay
     from tasks.app import init_celery
@@ -286,7 +287,7 @@ def dlq_replay(job_ids: tuple[str, ...]) -> None:
     rt.publisher = lambda ids: publish_notify(celery, ids)
     for job_id in job_ids:
         try:
-            replay(rt, celery, job_id)
+            replay(rt, celery, job_id, model=model)
         except WhisperqError as exc:
             raise click.ClickException(str(exc)) from exc
         click.echo(f"{job_id} queued again")
@@ -311,3 +312,11 @@ cli.add_command(keys)
 from .cli_encryption import encryption  # noqa: E402
 
 cli.add_command(encryption)
+
+from .cli_dataset import dataset  # noqa: E402
+
+cli.add_command(dataset)
+
+from .cli_models import models  # noqa: E402
+
+cli.add_command(models)

@@ -39,7 +39,7 @@ ALIAS = "whisper-1"
 def model_names(settings) -> list[str]:
     """The models as clients may name them: OpenAI's `whisper-1` (the default model), and each
     served model's name (config.registry)."""
-    return [ALIAS, *(spec.name for spec in settings.models)]
+    return [ALIAS, *(spec.name for spec in settings.models), *(alias for alias, _ in settings.routes.aliases)]
 
 
 def openai_error(status: int, message: str, param: str | None = None, code: str | None = None,
@@ -79,7 +79,14 @@ def models():
     rt = current_app.extensions["whisperq"]
     served = served_models(rt)
     data = [dict(info.to_dict(), object="model", created=0, owned_by="whisperq", served=info.name in served)
-            for info in describe(rt.settings)]
+            for info in describe(rt.settings, rt.active_spec)]
+    routes = rt.settings.routes
+    for alias, variants in routes.aliases:  # A/B: each job draws one variant by weight
+        data.append({"id": alias, "object": "model", "created": 0, "owned_by": "whisperq", "default": alias == routes.default,
+                     "variants": [{"id": model, "weight": weight} for model, weight in variants],
+                     "served": all(m == rt.settings.default_model or m in served for m, _ in variants)})
+    for entry in data:
+        entry["shadow"] = next(({"candidate": c, "percent": pct} for p, c, pct in routes.shadows if p == entry["id"]), None)
     default = next(entry for entry in data if entry["default"])
     data.insert(0, dict(default, id=ALIAS, default=False, alias_of=default["id"]))
     return jsonify({"object": "list", "data": data})

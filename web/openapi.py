@@ -10,7 +10,7 @@ from flask import Blueprint, current_app, jsonify
 from models.jobs.record import JobStatus
 from models.speech.formats import FORMATS
 
-from .openapi_schemas import STRING, choice, ref, schemas
+from .openapi_schemas import STRING, choice, nullable, ref, schemas
 
 bp = Blueprint("openapi", __name__)
 
@@ -47,9 +47,11 @@ def errors(*codes: int, schema: str = "Error") -> dict:
         403: "`forbidden`: the key's tier (or anonymous use) may not ask for this priority; the Host is one this "
              "server does not serve; an anonymous change from another site (admin API: it is off).",
         404: "`not_found`: no such job, or the job belongs to another key.",
-        409: "The job is not in a state that allows this (`not_ready`, `idempotency_conflict`, `audio_deleted`).",
+        409: "The job is not in a state that allows this (`not_ready`, `idempotency_conflict`, `audio_deleted`, "
+             "`result_deleted`).",
         410: "`result_deleted`: retention deleted the transcript (WHISPERQ_RESULT_RETENTION).",
-        413: "`too_large`: over WHISPERQ_MAX_UPLOAD_MB, a JSON body over 64 KiB or more than 16 multipart parts; "
+        413: "`too_large`: over WHISPERQ_MAX_UPLOAD_MB, a JSON body over 64 KiB (a correction: 2 MiB) or more than "
+             "16 multipart parts; "
              "`audio_too_long`: over the audio length limit.",
         415: "`unsupported_media_type` (send multipart or JSON) or `unsupported_audio` (not decodable audio).",
         422: "`silent_audio`: decodable, but nothing louder than -60 dBFS in it.",
@@ -150,6 +152,14 @@ def paths() -> dict:
                         "202": ok("Cancel requested: the running job stops at its next window.", job),
                         **errors(401, 404, 409, 431)}),
         },
+        "/v1/jobs/{job_id}/rerun": {
+            "parameters": [JOB_ID],
+            "post": op("rerunJob", "Run a job's audio again as a new job linked to it (`rerun_of`), most often on "
+                       "another model, while the audio is kept",
+                       {"202": ok("The new job, queued.", job, headers=LOCATION),
+                        **errors(400, 401, 403, 404, 409, 415, 429, 431, 503)},
+                       requestBody={"required": False, "content": {JSON: {"schema": ref("Rerun")}}}),
+        },
         "/v1/jobs/{job_id}/transcript": {
             "parameters": [JOB_ID],
             "get": op(
@@ -163,6 +173,15 @@ def paths() -> dict:
                           "txt (the default), json, srt or vtt (any letter case)."),
                     query("download", STRING, "Any non-empty value: send it as a file to save."),
                 ],
+            ),
+            "put": op(
+                "correctTranscript", "Correct a COMPLETED job's transcript: kept beside the original, which stays",
+                {"200": ok("The job, with `correction` beside the original `result`.", job),
+                 **errors(400, 401, 404, 409, 413, 415, 431)},
+                requestBody={"required": True, "content": {JSON: {"schema": ref("CorrectionRequest")}}},
+                description="Replaces an earlier correction. 409 `not_ready` until the job is COMPLETED, "
+                            "`result_deleted` once retention deleted its transcript. A collected job is exported "
+                            "with the corrected text (`whisperq dataset export`). The body may be up to 2 MiB.",
             ),
         },
         "/v1/models": {
@@ -179,7 +198,13 @@ def paths() -> dict:
                               "languages": {"type": "array", "items": STRING},
                               "default": {"type": "boolean"},
                               "served": {"type": "boolean", "description": "A live inference worker serves it."},
-                              "alias_of": {"type": "string"}}}}}}),
+                              "alias_of": {"type": "string"},
+                              "variants": {"type": "array", "description": "An alias's models and their weights: "
+                                           "each job draws one.", "items": {"type": "object", "properties": {
+                                               "id": STRING, "weight": {"type": "integer"}}}},
+                              "shadow": {"type": "object", "nullable": True, "description": "The candidate that "
+                                         "decodes this share of the model's jobs again, apart.", "properties": {
+                                             "candidate": STRING, "percent": {"type": "integer"}}}}}}}}),
                        **errors(401, 431, schema="OpenAIError")}, tag="openai"),
         },
         "/v1/audio/transcriptions": {
@@ -205,10 +230,13 @@ def paths() -> dict:
         },
         "/v1/admin/dead-letters/{job_id}/replay": {
             "parameters": [JOB_ID],
-            "post": op("replayDeadLetter", "Queue a dead job again with its attempts reset",
+            "post": op("replayDeadLetter", "Queue a dead job again with its attempts reset, on another model if "
+                       "the body names one",
                        {"202": ok("Queued again.", {"type": "object", "required": ["job_id", "status"], "properties": {
-                           "job_id": STRING, "status": STRING}}),
-                        **errors(400, 401, 403, 404, 409, 431, 503)}, **admin),
+                           "job_id": STRING, "status": STRING, "model": nullable(STRING)}}),
+                        **errors(400, 401, 403, 404, 409, 431, 503)},
+                       requestBody={"required": False, "content": {JSON: {"schema": {
+                           "type": "object", "properties": {"model": nullable(STRING)}}}}}, **admin),
         },
         "/v1/admin/dead-letters": {
             "get": op("listDeadLetters", "Jobs that used up their attempts, newest first",

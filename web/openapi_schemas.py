@@ -3,6 +3,7 @@ the submission bodies, dead letters and the OpenAI-compatible bodies."""
 from __future__ import annotations
 
 from config import LANGUAGES, PRIORITIES
+from models.jobs.corrections import MAX_SEGMENT_TEXT, MAX_SEGMENTS, MAX_TEXT
 from models.jobs.record import JobStatus, Stage
 from models.speech.formats import FORMATS
 
@@ -54,6 +55,9 @@ def options(json_body: bool, models: list[str] | None = None) -> dict:
         "word_timestamps": maybe({"type": "boolean", "default": False}),
         "prompt": maybe({"type": "string", "maxLength": 1000, "description": "Whisper's initial prompt."}),
         "temperature": maybe({"type": "number", "minimum": 0, "maximum": 1}),
+        "collect": maybe({"type": "boolean", "default": False,
+                          "description": "Keep this job's audio and transcript as training data (`whisperq dataset "
+                                         "export`); a key may collect every job."}),
     }
 
 
@@ -107,8 +111,10 @@ def schemas(models: list[str]) -> dict:
                 "task": {"type": "string", "enum": ["transcribe", "translate"]},
                 "language": nullable(STRING),
                 "priority": {"type": "string", "enum": list(PRIORITIES)},
-                "model": nullable({"type": "string", "description": "The model asked for (null: made before "
-                                                                    "models had names)."}),
+                "model": nullable({"type": "string", "description": "The model the job runs on (null: made "
+                                                                    "before models had names)."}),
+                "route": nullable({"type": "string", "description": "The alias the model was drawn from."}),
+                "rerun_of": nullable({"type": "string", "description": "The job whose audio this one re-runs."}),
                 "filename": nullable(STRING),
                 "audio_duration": nullable({"type": "number"}),
                 "created_at": {"type": "string", "format": "date-time"},
@@ -122,6 +128,11 @@ def schemas(models: list[str]) -> dict:
                 "result": {"allOf": [ref("Transcript")], "nullable": True},
                 "audio_purged_at": TIME, "result_purged_at": TIME,
                 "notice": nullable({"type": "string", "description": "Why `result` is empty (retention)."}),
+                "collect": {"type": "boolean", "description": "Training data: the job asked for it, or its key "
+                                                              "collects every job."},
+                "correction": {"allOf": [ref("Correction")], "nullable": True,
+                               "description": "A client's correction (`PUT .../transcript`); `result` stays the "
+                                              "model's own."},
                 "queue_position": nullable({"type": "integer", "minimum": 0}),
                 "estimated_start_at": TIME, "estimated_finish_at": TIME,
                 "status_url": STRING, "cancel_url": STRING,
@@ -130,6 +141,28 @@ def schemas(models: list[str]) -> dict:
                 "webhook_deliveries": {"type": "array", "items": ref("WebhookDelivery"),
                                        "description": "Only on `GET /v1/jobs/{job_id}` of a job with a callback_url."},
             },
+        },
+        "CorrectedSegment": {
+            "type": "object", "required": ["start", "end", "text"], "additionalProperties": False,
+            "properties": {"start": {"type": "number", "minimum": 0}, "end": {"type": "number", "minimum": 0,
+                                                                              "description": "At most start; seconds."},
+                           "text": {"type": "string", "maxLength": MAX_SEGMENT_TEXT}},
+        },
+        # The limits on the whole text and the number of segments are in the descriptions, not
+        # maxLength/maxItems: a body past them may pass the 2 MiB a correction may have (413).
+        "CorrectionRequest": {
+            "type": "object", "required": ["text"], "additionalProperties": False,
+            "properties": {"text": {"type": "string", "minLength": 1,
+                                    "description": f"The corrected transcript: not blank, at most {MAX_TEXT} "
+                                                   "characters."},
+                           "segments": nullable({"type": "array", "items": ref("CorrectedSegment"),
+                                                 "description": "Optional: the corrected segments, in seconds; at "
+                                                                f"most {MAX_SEGMENTS}."})},
+        },
+        "Correction": {
+            "type": "object", "required": ["text", "segments", "corrected_at"],
+            "properties": {"text": STRING, "segments": nullable({"type": "array", "items": ref("CorrectedSegment")}),
+                           "corrected_at": TIME},
         },
         "JobList": {
             "type": "object", "required": ["jobs", "next_cursor", "next_url"],
@@ -146,6 +179,12 @@ def schemas(models: list[str]) -> dict:
             "properties": {"audio_url": {"type": "string", "format": "uri",
                                          "description": "A public http(s) URL the preparation pool fetches."},
                            **options(json_body=True, models=models)},
+        },
+        "Rerun": {
+            "type": "object", "additionalProperties": False,
+            "description": "Options over the original job's (language, task, priority, word_timestamps, prompt, "
+                           "temperature and model are kept unless given).",
+            "properties": options(json_body=True, models=models),
         },
         "DeadLetter": {
             "type": "object", "required": ["job_id", "error", "attempts", "failed_at"],

@@ -14,6 +14,7 @@ from werkzeug.exceptions import RequestEntityTooLarge
 
 from config import publish_transcribe
 from config.celeryconfig import inference_queue
+from models.access import apikeys
 from models.delivery.outbound import check_url
 from models.errors import BrokerUnavailable, InvalidRequest, ModelNotServed
 from models.jobs import idempotency
@@ -21,13 +22,14 @@ from models.jobs.operations import check_options, create_job, discard_job, get_j
 from models.jobs.record import Job
 from models.jobs.workers import served_models
 from models.runtime import Runtime
-from models.speech.catalog import check_language, check_model, multilingual
+from models.speech.catalog import check_language, multilingual, route_models
 from models.speech import audio as audio_io
 from models.storage import SealedSpool, clean_filename
 
 log = logging.getLogger(__name__)
 
-FIELDS = ("language", "priority", "task", "callback_url", "word_timestamps", "prompt", "temperature", "model")
+FIELDS = ("language", "priority", "task", "callback_url", "word_timestamps", "prompt", "temperature", "model",
+          "collect")
 MAX_PROMPT = 1000
 TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off", "")
 
@@ -48,15 +50,21 @@ def parse_options(form: Mapping, settings, default_priority: str = "normal") -> 
     priority = (_text(form, "priority") or default_priority).strip().lower()
     task = (_text(form, "task") or "transcribe").strip().lower()
     check_options(language, priority, task)
-    model = check_model(settings, (_text(form, "model") or "").strip() or None).name
+    model = (_text(form, "model") or "").strip() or None  # a model or an alias: chosen when the job is made
     language = language or settings.default_language
-    check_language(settings, language, model)
-    if task == "translate" and not multilingual(settings, model):
-        raise InvalidRequest(f"task 'translate' needs a multilingual model; {model!r} is English-only "
-                             "(GET /v1/models lists the models)")
+    for spec in route_models(settings, model):
+        check_language(settings, language, spec.name)
+        if task == "translate" and not multilingual(settings, spec.name):
+            raise InvalidRequest(f"task 'translate' needs a multilingual model; {spec.name!r}"
+                                 f"{f' (a variant of {model!r})' if model and model != spec.name else ''} is English-only "
+                                 "(GET /v1/models lists the models)")
     words = (_text(form, "word_timestamps") or "").strip().lower()
     if words not in TRUE + FALSE:
         raise InvalidRequest(f"word_timestamps must be true or false, not {words!r}")
+    collect = (_text(form, "collect") or "").strip().lower()
+    if collect not in TRUE + FALSE:
+        raise InvalidRequest(f"collect must be true (keep this job's audio and transcript as training data) or "
+                             f"false, not {collect!r}")
     callback_url = (_text(form, "callback_url") or "").strip() or None
     if callback_url is not None:
         callback_url = check_url(callback_url, settings, "callback_url")  # public addresses only
@@ -73,14 +81,26 @@ def parse_options(form: Mapping, settings, default_priority: str = "normal") -> 
         if not 0.0 <= temperature <= 1.0:
             raise InvalidRequest(f"temperature must be a number from 0 to 1, not {raw_temperature!r}")
     return {"language": language, "priority": priority, "task": task, "callback_url": callback_url,
-            "word_timestamps": words in TRUE, "prompt": prompt, "temperature": temperature or None, "model": model}
+            "word_timestamps": words in TRUE, "prompt": prompt, "temperature": temperature or None, "model": model,
+            "collect": collect in TRUE}
 
 
-def check_served(rt: Runtime, model: str) -> None:
-    """A model other than the default needs a live inference worker to take its jobs."""
-    if model != rt.settings.default_model and model not in served_models(rt):
-        raise ModelNotServed(f"no inference worker serves the model {model!r} now; an operator starts one with "
-                             f"`celery -A tasks.worker worker -Q {inference_queue(rt.settings, model)}` "
+def with_key_options(rt: Runtime, options: dict, owner: str | None) -> dict:
+    """The job's options with what its key adds: `collect` is on when the job asked for it
+    or its key collects every job (`whisperq keys collect`)."""
+    return {**options, "collect": options["collect"] or apikeys.key_collects(rt, owner)}
+
+
+def check_served(rt: Runtime, model: str | None) -> None:
+    """A model other than the default needs a live inference worker to take its jobs (each of
+    an alias's variants: any of them may be drawn)."""
+    unserved = [spec.name for spec in route_models(rt.settings, model) if spec.name != rt.settings.default_model]
+    unserved = [name for name in unserved if name not in served_models(rt)] if unserved else []
+    if unserved:
+        name = unserved[0]
+        raise ModelNotServed(f"no inference worker serves the model {name!r}"
+                             f"{f' (a variant of {model!r})' if model and model != name else ''} now; an operator "
+                             f"starts one with `celery -A tasks.worker worker -Q {inference_queue(rt.settings, name)}` "
                              "(/readyz lists the models served)")
 
 
@@ -156,7 +176,7 @@ def submit_upload(rt: Runtime, celery: Celery, upload: FileStorage | None, form:
             duration=info.duration,
             audio_format=info.format,
             owner=owner,
-            **options,
+            **with_key_options(rt, options, owner),
         )
         spooled.release()  # moved into the store
     except BaseException:
@@ -188,8 +208,54 @@ def submit_url(rt: Runtime, celery: Celery, body, idempotency_key: str | None = 
         if earlier is not None:
             return get_job(rt, earlier), False
     name = clean_filename(url.rsplit("/", 1)[-1].split("?", 1)[0]) or None
-    job = create_job(rt, None, filename=name, duration=None, audio_url=url, owner=owner, **options)
+    job = create_job(rt, None, filename=name, duration=None, audio_url=url, owner=owner,
+                     **with_key_options(rt, options, owner))
     return _enqueue(rt, celery, job, idempotency_key, fingerprint)
+
+
+RERUN_KEPT = ("language", "task", "priority", "word_timestamps", "prompt", "temperature", "collect")
+
+
+def submit_rerun(rt: Runtime, celery: Celery, job_id: str, body, owner, admit: Callable[[str], None] | None = None,
+                 default_priority: str = "normal") -> Job:
+    """A new job on the same audio as `job_id`, linked to it (`rerun_of`), with the options
+    of the body (JSON, the fields of POST /v1/jobs but the audio) over the original's: most
+    often another model. Its audio is a copy, so either job may be deleted alone."""
+    from models.errors import AudioPurged
+
+    if not isinstance(body, dict):
+        raise InvalidRequest('send a JSON object such as {"model": "base"} (or nothing, to run the same options again)')
+    unknown = sorted(set(body) - set(FIELDS))
+    if unknown:
+        raise InvalidRequest(f"unknown field(s) {', '.join(repr(u) for u in unknown)}; a re-run takes "
+                             f"{', '.join(repr(f) for f in FIELDS)}")
+    original = get_job(rt, job_id, owner=owner)
+    if original.deleted_at is not None or original.audio_purged_at is not None or not (original.audio_ref
+                                                                                       or original.audio_url):
+        raise AudioPurged(f"job {job_id}'s audio is no longer kept (deleted, or removed after "
+                          "WHISPERQ_AUDIO_RETENTION); it cannot be re-run: submit the audio again")
+    kept = {name: getattr(original, name) for name in RERUN_KEPT}
+    form = {"model": original.route or original.model, **{k: v for k, v in kept.items() if v is not None}, **body}
+    form = {k: (str(v).lower() if isinstance(v, bool) else v) for k, v in form.items()}
+    if form.get("temperature") is not None:
+        form["temperature"] = str(form["temperature"])
+    options = parse_options(form, rt.settings, default_priority)
+    check_served(rt, options["model"])
+    if admit is not None:
+        admit(options["priority"])
+    spooled = rt.storage.copy_to_spool(original.audio_ref) if original.audio_ref else None
+    try:
+        job = create_job(rt, spooled, filename=original.filename, duration=original.audio_duration,
+                         audio_format=original.audio_format, owner=original.owner, rerun_of=original.id,
+                         audio_url=None if spooled else original.audio_url,
+                         **with_key_options(rt, options, original.owner))
+    except BaseException:
+        if spooled is not None:
+            spooled.unlink(missing_ok=True)
+        raise
+    publish(rt, celery, job)
+    log.info("job %s re-runs job %s on %s", job.id, original.id, job.model)
+    return job
 
 
 def _enqueue(rt: Runtime, celery: Celery, job: Job, idempotency_key: str | None, fingerprint: str) -> tuple[Job, bool]:

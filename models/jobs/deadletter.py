@@ -77,8 +77,15 @@ def get_dead(rt: Runtime, job_id: str) -> dict[str, Any]:
         return dead.to_dict()
 
 
-def take_for_replay(rt: Runtime, job_id: str) -> Job:
-    """Reset a dead job to PENDING with its attempts cleared; the caller publishes it."""
+def take_for_replay(rt: Runtime, job_id: str, model: str | None = None) -> Job:
+    """Reset a dead job to PENDING with its attempts cleared, on another model (or alias) if
+    `model` names one; the caller publishes it."""
+    chosen = None
+    if model is not None:
+        try:
+            chosen = rt.settings.choose(model, job_id)
+        except LookupError as exc:  # config.registry.UnknownModel names the models
+            raise InvalidRequest(str(exc)) from None
     with rt.db.session(write=True) as session:  # retention may be purging it right now
         job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one_or_none()
         dead = session.get(DeadLetter, job_id)
@@ -92,18 +99,20 @@ def take_for_replay(rt: Runtime, job_id: str) -> Job:
         if job.audio_owned and job.audio_ref and not rt.storage.path(job.audio_ref).exists():
             raise InvalidRequest(f"job {job_id}'s audio has been deleted; it cannot be replayed")
         job.reset_for_replay()
+        if chosen is not None:
+            job.model, job.route, job.shadow = chosen
         session.delete(dead)
         session.flush()
         session.expunge(job)
         return job
 
 
-def replay(rt: Runtime, celery, job_id: str) -> Job:
-    """Queue a dead job again with its attempts reset; it is back in the dead letters if
-    publishing fails."""
+def replay(rt: Runtime, celery, job_id: str, model: str | None = None) -> Job:
+    """Queue a dead job again with its attempts reset (on `model` if given); it is back in the
+    dead letters if publishing fails."""
     from config import publish_transcribe
 
-    job = take_for_replay(rt, job_id)
+    job = take_for_replay(rt, job_id, model)
     try:
         publish_transcribe(celery, job)
     except Exception as exc:

@@ -27,6 +27,7 @@ _SHORT = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, float("inf
 _BATCH_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256, float("inf"))
 _BATCH_WAITS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, float("inf"))
 _RTF = (0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 5, float("inf"))
+_WER = (0, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, float("inf"))
 _NOTES = "whisperq_metrics"
 
 
@@ -52,6 +53,8 @@ class _Metrics:
                                 ["status"], registry=registry)
         self.retries = Counter("whisperq_job_retries", "Attempts sent back to the queue after a failure",
                                registry=registry)
+        self.shadow_wer = histogram("whisperq_shadow_wer", "Word error rate of a shadow model's transcript against "
+                                    "the primary's, per job (0: they agree word for word)", _WER, ["primary", "candidate"])
         self.purged = Counter("whisperq_retention_deleted", "What retention deleted (models.maintenance.retention), by kind",
                               ["kind"], registry=registry)
         # Every series from the start, so that rate() sees the first job too.
@@ -136,6 +139,16 @@ def observe_batch(record) -> None:
         m.batch_wait.observe(max(0.0, record.wait_ms / 1000))
     except Exception:
         log.warning("metrics: batch not recorded", exc_info=True)
+
+
+def observe_shadow(primary: str | None, candidate: str, wer: float) -> None:
+    """A shadow transcript was compared with its job's (models.jobs.shadows)."""
+    if not _enabled:
+        return
+    try:
+        _get().shadow_wer.labels(primary or "", candidate).observe(wer)
+    except Exception:
+        log.warning("metrics: shadow agreement not recorded", exc_info=True)
 
 
 def count_purged(counts: dict[str, int]) -> None:

@@ -22,7 +22,9 @@ from models.errors import (
     JobNotReady,
     PermanentJobError,
 )
+from models.jobs import metrics
 from models.jobs.record import Job, JobStatus, Stage, new_job_id, utcnow
+from models.jobs.shadows import forget_shadows, settle_for
 
 if TYPE_CHECKING:
     from models.runtime import Runtime
@@ -70,10 +72,17 @@ def create_job(
     temperature: float | None = None,
     owner: str | None = None,
     model: str | None = None,
+    collect: bool = False,
+    rerun_of: str | None = None,
+    job_id: str | None = None,
 ) -> Job:
     """Move a validated upload into storage and record its PENDING job (before publishing).
-    A job submitted by URL has no file yet: the preparation pool fetches it."""
-    job_id = new_job_id()
+    A job submitted by URL has no file yet: the preparation pool fetches it.
+
+    `model` may name an alias (config.registry): the job's model is chosen here, once, by
+    the alias's weights; a share of a model's jobs is marked for shadow decoding."""
+    job_id = job_id or new_job_id()
+    model, route, shadow = rt.settings.choose(model, job_id)
     ref = rt.storage.adopt(spooled, job_id) if spooled is not None else ""
     try:
         with rt.db.session() as session:
@@ -83,6 +92,7 @@ def create_job(
                 audio_duration=round(duration, 3) if duration is not None else None, attempts=0,
                 callback_url=callback_url, word_timestamps=word_timestamps, audio_url=audio_url,
                 prompt=prompt, temperature=temperature, owner=owner, audio_format=audio_format, model=model,
+                route=route, shadow=shadow, collect=bool(collect), rerun_of=rerun_of,
             )
             session.add(job)
     except BaseException:
@@ -131,7 +141,11 @@ def complete_job(rt: Runtime, job_id: str, data: dict[str, Any]) -> tuple[dict, 
         if stored.state.finished:
             raise PermanentJobError(f"the job is {stored.status}; its transcript was not stored")
         stored.complete(data["text"], data["language"], data["segments"], data["duration"], data.get("model"))
-        return stored.result(), True
+        settled = settle_for(session, stored) if stored.shadow else []  # a shadow transcript that came first
+        result = stored.result()
+    for primary, candidate, wer in settled:
+        metrics.observe_shadow(primary, candidate, wer)
+    return result, True
 
 
 def mark_held(rt: Runtime, job_id: str, worker_id: str | None) -> None:
@@ -259,7 +273,9 @@ def delete_job(rt: Runtime, job_id: str, owner=ANY) -> None:
         refs = [job.audio_ref] if job.audio_owned and job.audio_ref else []
         refs.append(f"prepared/{job_id[:2]}/{job_id}.npy")
         job.deleted_at = utcnow()
+        forget_shadows(session, [job_id])
         job.result_text = job.result_segments = job.result_language = None
+        job.correction_token = job.corrected_at = None  # a client's correction goes with the transcript
         job.filename = job.audio_url = job.callback_url = None
         job.audio_ref = ""
     for ref in refs:

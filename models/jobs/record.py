@@ -269,6 +269,8 @@ class Job(Base):
             "language": self.language,
             "priority": self.priority,
             "model": self.model,
+            "route": self.route,
+            "rerun_of": self.rerun_of,
             "filename": self.filename,
             "audio_duration": self.audio_duration,
             "created_at": iso(self.created_at),
@@ -286,4 +288,9 @@ class Job(Base):
             "audio_purged_at": iso(self.audio_purged_at),
             "result_purged_at": iso(self.result_purged_at),
             "notice": RESULT_PURGED if self.result_purged_at is not None else None,
+            "collect": bool(self.collect),
+            # A client's correction (models.jobs.corrections), kept beside the original `result`.
+            "correction": None if self.correction_token is None or self.result_purged_at is not None else {
+                **{k: (self.correction or {}).get(k) for k in ("text", "segments")},
+                "corrected_at": iso(self.corrected_at)},
         }

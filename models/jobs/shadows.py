@@ -72,7 +72,7 @@ def record_shadow(rt: Runtime, job_id: str, model: str, version: str | None, tex
         job = session.get(Job, job_id)
         if job is None or job.deleted_at is not None:
             return None
-        row = ShadowResult(job_id=job_id, model=model, model_version=version)
+        row = ShadowResult(id=str(uuid.uuid4()), job_id=job_id, model=model, model_version=version)
         row.text = text
         session.add(row)
         session.flush()

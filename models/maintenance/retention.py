@@ -5,10 +5,11 @@ longer need, on a schedule, so that audio and transcripts are not kept for good.
   WHISPERQ_AUDIO_RETENTION has passed, its stored upload and its prepared samples are
   deleted and the row records when (`audio_purged_at`). A file the caller owns
   (`transcribe.delay("/abs/path")`) is never touched; only the prepared copy goes.
-- Transcript: once WHISPERQ_RESULT_RETENTION has passed, the transcript and what the
-  client sent with it (file name, prompt, URLs) are cleared, with the job's webhook
-  deliveries, its dead letter and its result-backend entry; the row stays, so the job id
-  still answers, saying the transcript was deleted (`result_purged_at`).
+- Transcript: once WHISPERQ_RESULT_RETENTION has passed, the transcript, a client's
+  correction of it and what the client sent with it (file name, prompt, URLs) are
+  cleared, with the job's webhook deliveries, its dead letter and its result-backend
+  entry; the row stays, so the job id still answers, saying the transcript was deleted
+  (`result_purged_at`).
 - Leftovers: spooled uploads in tmp/ older than a day (a request that crashed), and
   files under audio/ and prepared/ older than an hour whose job does not exist, was
   deleted, or had its audio purged already (a crash between storing and recording).
@@ -32,6 +33,7 @@ from sqlalchemy import delete, func, select, update
 from models.delivery.notify import WebhookDelivery
 from models.jobs.deadletter import DeadLetter
 from models.jobs.record import Job, JobStatus, utcnow
+from models.jobs.shadows import forget_shadows
 
 if TYPE_CHECKING:
     from models.runtime import Runtime
@@ -136,7 +138,8 @@ def _purge_results(rt: Runtime, cutoff: datetime, now: datetime, batch: int, cou
                 session.execute(
                     update(Job).where(Job.id.in_(ids), Job.result_purged_at.is_(None))
                     .values(result_text_token=None, result_segments_token=None, result_language=None, filename=None,
-                            prompt=None, audio_url=None, callback_url=None, result_purged_at=now),
+                            prompt=None, audio_url=None, callback_url=None, correction_token=None, corrected_at=None,
+                            result_purged_at=now),
                     execution_options={"synchronize_session": False})
                 counts["webhook_deliveries_deleted"] += session.execute(
                     delete(WebhookDelivery).where(WebhookDelivery.job_id.in_(ids)),
@@ -144,6 +147,7 @@ def _purge_results(rt: Runtime, cutoff: datetime, now: datetime, batch: int, cou
                 counts["dead_letters_deleted"] += session.execute(
                     delete(DeadLetter).where(DeadLetter.job_id.in_(ids)),
                     execution_options={"synchronize_session": False}).rowcount or 0
+                forget_shadows(session, ids)  # transcripts too
             if theirs:  # the caller's own path goes with the transcript; an owned one with its audio
                 session.execute(update(Job).where(Job.id.in_(theirs)).values(audio_ref=""),
                                 execution_options={"synchronize_session": False})

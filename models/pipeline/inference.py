@@ -34,10 +34,11 @@ def build_batcher(rt: Runtime, model: str | None = None) -> Batcher:
     settings = rt.settings
 
     def run_batch(key, payloads):
-        language, task, words, prompt, temperature = key
+        # The engine is the one the windows' jobs began on (a hot swap: models.speech.swaps).
+        language, task, words, prompt, temperature, engine = key
         # Passed only when asked for: an engine without them still serves the rest.
         extra = {k: v for k, v in (("prompt", prompt), ("temperature", temperature)) if v}
-        return rt.engine_for(model).transcribe_batch([p[0] for p in payloads], [p[1] for p in payloads], language,
+        return engine.transcribe_batch([p[0] for p in payloads], [p[1] for p in payloads], language,
                                                      task, word_timestamps=words, **extra)
 
     return Batcher(run_batch, max_batch=batch_size(settings), max_wait=settings.batch_wait_ms / 1000,
@@ -115,7 +116,7 @@ def _infer(rt: Runtime, prepared: Prepared, batcher: Batcher, worker: str | None
         futures = [None] * len(chunks)
         for lang in dict.fromkeys(languages):  # windows share a batch only when decoded the same way
             mine = [n for n, found in enumerate(languages) if found == lang]
-            submitted = batcher.submit((lang,) + prepared.decoding, [chunks[n] for n in mine],
+            submitted = batcher.submit((lang,) + prepared.decoding + (engine,), [chunks[n] for n in mine],
                                        priority=prepared.priority, job_id=job_id)
             for n, future in zip(mine, submitted):
                 futures[n] = future

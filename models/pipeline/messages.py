@@ -42,6 +42,10 @@ class Prepared:
     prompt: str | None = None
     temperature: float = 0.0
     model: str | None = None  # a served model's name (config.registry); None: the default
+    # The candidate model that decodes the job again, apart (models.jobs.shadows), and its own
+    # copy of the samples; the inference task ignores both.
+    shadow: str | None = None
+    shadow_ref: str | None = None
 
     def to_message(self) -> dict[str, Any]:
         return {
@@ -57,6 +61,7 @@ class Prepared:
             "prompt": self.prompt,
             "temperature": self.temperature,
             "model": self.model,
+            **({"shadow": self.shadow, "shadow_prepared": self.shadow_ref} if self.shadow else {}),
         }
 
     @classmethod
@@ -99,6 +104,8 @@ class Prepared:
             prompt=field("prompt", (str,), None, optional=True) or None,
             temperature=float(field("temperature", (int, float), 0.0, optional=True) or 0.0),
             model=field("model", (str,), None, optional=True) or None,
+            shadow=field("shadow", (str,), None, optional=True) or None,
+            shadow_ref=field("shadow_prepared", (str,), None, optional=True) or None,
         )
 
     @property

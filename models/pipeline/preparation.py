@@ -23,6 +23,7 @@ from models.errors import (
 )
 from models.jobs.operations import TASKS, fail_job
 from models.jobs.record import Job, JobStatus, Stage, utcnow
+from models.jobs.workers import served_models
 from models.pipeline.messages import Finished, Prepared
 from models.speech.catalog import check_language
 from models.speech.windows import split_windows
@@ -53,10 +54,11 @@ def _claim(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any], wo
                 audio_ref, refusal = caller_file(audio_ref, rt.settings.input_dirs, rt.settings.data_dir), None
             except ValueError as exc:
                 audio_ref, refusal = str(audio_ref)[:4096], str(exc)
+            model, route, shadow = rt.settings.choose(options.get("model"), job_id)
             job = Job(
                 id=job_id, status=JobStatus.PENDING.value, task=options.get("task") or "transcribe",
                 language=options.get("language"), priority=options.get("priority") or "normal",
-                model=options.get("model"),
+                model=model, route=route, shadow=shadow,
                 audio_ref=audio_ref, audio_owned=False, filename=Path(audio_ref).name[:255] or None, attempts=0,
                 created_at=utcnow(),
             )
@@ -142,10 +144,13 @@ def prepare_job(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any
     if cancelled:
         rt.storage.delete(ref)
         raise JobCancelled(f"job {job_id} was cancelled while it was prepared")
+    shadow = job.shadow if job.shadow and job.shadow in served_models(rt) else None
+    shadow_ref = rt.storage.save_samples(f"{job_id}.shadow", samples) if shadow else None
     log.info("job %s prepared: %.1f s of audio in %d windows", job_id, duration, len(windows))
     return Prepared(job_id, ref, round(duration, 3), tuple(windows), language=job.language, task=job.task,
                     priority=job.priority, word_timestamps=bool(job.word_timestamps), prompt=job.prompt or None,
-                    temperature=float(job.temperature or 0.0), model=job.model or rt.settings.default_model)
+                    temperature=float(job.temperature or 0.0), model=job.model or rt.settings.default_model,
+                    shadow=shadow, shadow_ref=shadow_ref)
 
 
 def _decode_stored(rt: Runtime, ref: str, audio_format: str | None):

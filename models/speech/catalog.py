@@ -82,13 +82,15 @@ def version_of(spec: ModelSpec, data_dir: Path) -> str:
     return f"sha256:{file_sha256(weights_file(weights_path(spec, data_dir)), data_dir)}"
 
 
-def describe(settings: Settings) -> list[ModelInfo]:
-    """Every served model, for GET /v1/models (reads no weights but tiny ones: the hashes are kept)."""
+def describe(settings: Settings, active=None) -> list[ModelInfo]:
+    """Every served model, for GET /v1/models (reads no weights but tiny ones: the hashes are kept);
+    `active(name)` gives the spec with the weights a model runs now (after a hot swap)."""
     out = []
     for spec in settings.models:
+        spec = active(spec.name) if active is not None else spec
         multilingual = True if spec.bundled == "base" else is_multilingual(weights_path(spec, settings.data_dir))
         out.append(ModelInfo(spec.name, spec.engine, version_of(spec, settings.data_dir), multilingual,
-                             spec.name == settings.default_model))
+                             spec.name == settings.default_model and not settings.routes.default))
     return out
 
 
@@ -108,6 +110,22 @@ def check_model(settings: Settings, model: str | None) -> ModelSpec:
         return settings.model(model)
     except LookupError as exc:
         raise InvalidRequest(str(exc)) from None
+
+
+def route_models(settings: Settings, name: str | None) -> list[ModelSpec]:
+    """The models a job naming `name` may run on: an alias's variants (config.registry.Routes),
+    or the one model (the default route's or model's for None); InvalidRequest names them all."""
+    variants = settings.routes.variants(None if name == "whisper-1" else name)
+    if variants:
+        return [settings.model(model) for model, _weight in variants]
+    try:
+        return [settings.model(name)]
+    except LookupError:
+        aliases = [alias for alias, _ in settings.routes.aliases]
+        raise InvalidRequest(f"model {name!r} is not served here; the models are: "
+                             f"{', '.join(s.name for s in settings.models)}"
+                             + (f"; the aliases: {', '.join(aliases)}" if aliases else "")
+                             + " (GET /v1/models lists them)") from None
 
 
 def check_language(settings: Settings, language: str | None, model: str | None = None) -> None:
