@@ -42,15 +42,17 @@ class _Metrics:
                               "Queue wait until preparation starts (first attempt), by priority", _LONG, ["priority"])
         self.prepare = histogram("whisperq_job_prepare_seconds", "Preparation: fetch, decode, split", _SHORT)
         self.inference = histogram("whisperq_job_inference_seconds",
-                                   "Inference wall time per completed job, batcher wait included", _LONG)
+                                   "Inference wall time per completed job, batcher wait included, by model", _LONG,
+                                   ["model"])
         self.end_to_end = histogram("whisperq_job_end_to_end_seconds",
-                                    "Created to COMPLETED, by priority", _LONG, ["priority"])
-        self.rtf = histogram("whisperq_real_time_factor", "Inference wall time over audio duration per job", _RTF)
+                                    "Created to COMPLETED, by priority and model", _LONG, ["priority", "model"])
+        self.rtf = histogram("whisperq_real_time_factor", "Inference wall time over audio duration per job, by model",
+                             _RTF, ["model"])
         self.batch_size = histogram("whisperq_batch_size", "Windows per inference call", _BATCH_SIZES)
         self.batch_wait = histogram("whisperq_batch_wait_seconds",
                                     "Wait of a batch's oldest window before its inference call", _BATCH_WAITS)
-        self.finished = Counter("whisperq_jobs_finished", "Jobs that reached a final state in this worker",
-                                ["status"], registry=registry)
+        self.finished = Counter("whisperq_jobs_finished", "Jobs that reached a final state in this worker, by model",
+                                ["status", "model"], registry=registry)
         self.retries = Counter("whisperq_job_retries", "Attempts sent back to the queue after a failure",
                                registry=registry)
         self.shadow_wer = histogram("whisperq_shadow_wer", "Word error rate of a shadow model's transcript against "
@@ -60,10 +62,19 @@ class _Metrics:
         # Every series from the start, so that rate() sees the first job too.
         for tier in PRIORITIES:
             self.wait.labels(tier)
-            self.end_to_end.labels(tier)
-        for status in JobStatus:
-            if status.finished:
-                self.finished.labels(status.value)
+        self._models: set[str] = set()
+
+    def model(self, name: str | None) -> str:
+        """A model's label; its series are made the first time it is seen (from zero)."""
+        name = name or ""
+        if name not in self._models:
+            self._models.add(name)
+            for tier in PRIORITIES:
+                self.end_to_end.labels(tier, name)
+            for status in JobStatus:
+                if status.finished:
+                    self.finished.labels(status.value, name)
+        return name
 
 
 _lock = threading.Lock()
@@ -189,11 +200,12 @@ def _notes_for(job: Job) -> list[tuple]:
         elif new == JobStatus.PENDING.value and old == JobStatus.PROCESSING.value:
             notes.append(("retry",))
         elif JobStatus(new).finished:
-            notes.append(("finished", new))
+            notes.append(("finished", new, job.model))
             if new == JobStatus.COMPLETED.value:
                 infer = _seconds(job.finished_at, job.infer_started_at)
                 notes.append(("completed", priority, _seconds(job.finished_at, job.created_at), infer,
-                              infer / job.audio_duration if infer is not None and job.audio_duration else None))
+                              infer / job.audio_duration if infer is not None and job.audio_duration else None,
+                              job.model))
     if stage.added and _old(stage) == Stage.PREPARE and job.stage == Stage.QUEUED:
         notes.append(("prepared", _seconds(utcnow(), job.started_at)))
     return notes
@@ -227,17 +239,18 @@ def _after_commit(session) -> None:
             elif kind == "retry":
                 m.retries.inc()
             elif kind == "finished":
-                m.finished.labels(note[1]).inc()
+                m.finished.labels(note[1], m.model(note[2])).inc()
             elif kind == "prepared" and note[1] is not None:
                 m.prepare.observe(note[1])
             elif kind == "completed":
-                _, priority, total, infer, rtf = note
+                _, priority, total, infer, rtf, model = note
+                model = m.model(model)
                 if total is not None:
-                    m.end_to_end.labels(priority).observe(total)
+                    m.end_to_end.labels(priority, model).observe(total)
                 if infer is not None:
-                    m.inference.observe(infer)
+                    m.inference.labels(model).observe(infer)
                 if rtf is not None:
-                    m.rtf.observe(rtf)
+                    m.rtf.labels(model).observe(rtf)
     except Exception:
         log.warning("metrics: job observations dropped", exc_info=True)
 
