@@ -271,7 +271,7 @@ def delete_job(rt: Runtime, job_id: str, owner=ANY) -> None:
             else:
                 job.cancel_requested = True
         refs = [job.audio_ref] if job.audio_owned and job.audio_ref else []
-        refs.append(f"prepared/{job_id[:2]}/{job_id}.npy")
+        refs += [f"prepared/{job_id[:2]}/{job_id}.npy", f"prepared/{job_id[:2]}/{job_id}.shadow.npy"]
         job.deleted_at = utcnow()
         forget_shadows(session, [job_id])
         job.result_text = job.result_segments = job.result_language = None

@@ -120,7 +120,9 @@ def _purge_audio(rt: Runtime, cutoff: datetime, now: datetime, batch: int, count
             # Deleted under the rows' locks, before the commit: a crash in between leaves
             # the rows unmarked, and the next run deletes again (the files are gone: no-op).
             # A file the caller owns is never touched: only its prepared copy goes.
-            for ref in [r.audio_ref for r in ours] + [prepared_ref(r.id) for r in rows]:
+            shadows = [prepared_ref(f"{r.id}.shadow") for r in rows]  # a shadow's copy no worker took
+            prepared = [prepared_ref(r.id) for r in rows] + [ref for ref in shadows if rt.storage.path(ref).exists()]
+            for ref in [r.audio_ref for r in ours] + prepared:
                 _delete_file(rt, ref, counts)
         counts["audio_purged"] += len(rows)
         if len(rows) < batch:

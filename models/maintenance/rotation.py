@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 from sqlalchemy import JSON, Text, or_, select, type_coerce
 
 from models.jobs.record import Job
+from models.jobs.shadows import ShadowResult
 from models.security.crypto import DecryptionError, current_keyring, value_is_bound, value_key_id
 from models.security.sealed import EncryptedWriter, file_key_id, open_stored
 
@@ -80,7 +81,31 @@ def usage(rt: Runtime) -> Usage:
     for _job_id, kids, _bound in _transcript_rows(rt):
         for kid in kids:
             out.transcripts[kid] += 1
+    for _row_id, kid, _bound in _shadow_rows(rt):
+        out.transcripts[kid] += 1
     return out
+
+
+def _shadow_rows(rt: Runtime):
+    """(row id, key id, bound) of each shadow transcript (models.jobs.shadows)."""
+    table = ShadowResult.__table__
+    with rt.db.session() as session:
+        for row_id, token in session.execute(select(table.c.id, type_coerce(table.c.text, Text))
+                                             .where(table.c.text.is_not(None))):
+            yield row_id, value_key_id(token) or PLAIN, value_is_bound(token)
+
+
+def _rotate_shadows(rt: Runtime, active: str, report: RotationReport) -> None:
+    stale = [row_id for row_id, kid, bound in _shadow_rows(rt) if kid != active or not bound]
+    for start in range(0, len(stale), BATCH):
+        with rt.db.session(write=True) as session:
+            query = select(ShadowResult).where(ShadowResult.id.in_(stale[start:start + BATCH])).with_for_update()
+            for row in session.execute(query).scalars():
+                try:
+                    row.text = row.text  # sealed again under the active key
+                    report.transcripts_rewritten += 1
+                except DecryptionError as exc:
+                    report.failures.append(f"shadow transcript {row.id}: {exc}")
 
 
 def rotate(rt: Runtime, progress: Callable[[str], None] | None = None) -> RotationReport:
@@ -108,6 +133,7 @@ def rotate(rt: Runtime, progress: Callable[[str], None] | None = None) -> Rotati
             report.transcripts_current += 1
         else:
             stale.append(job_id)
+    _rotate_shadows(rt, active, report)
     for start in range(0, len(stale), BATCH):
         batch = stale[start:start + BATCH]
         try:
