@@ -101,3 +101,44 @@ def test_many_long_polls_share_one_reader(settings, tmp_path):
     for t in threads:
         t.join(10)
     assert len(woke) == 50  # the others at their time-out
+
+
+def test_a_job_waits_only_behind_jobs_of_its_model(settings, tmp_path):
+    """Each model has its own queue and workers: base's jobs are not ahead of a tiny.en job,
+    and a job's estimate counts only the workers that serve its model."""
+    from models.jobs import eta
+    from models.jobs.record import Job, new_job_id, utcnow
+    from models.jobs.workers import beat
+    from models.runtime import Runtime
+
+    rt = Runtime(dataclasses.replace(settings, database_url=f"sqlite:///{tmp_path / 'models.db'}"))
+    rt.db.upgrade()
+    now = utcnow()
+    with rt.db.session() as s:
+        jobs = [Job(id=new_job_id(), audio_ref="", status="PENDING", priority="normal", model=model,
+                    created_at=now - timedelta(seconds=60 - n), audio_duration=10.0)
+                for n, model in enumerate(["base", None, "tiny.en", "base", "base", "tiny.en"])]
+        s.add_all(jobs)
+        s.flush()
+        for job in jobs:
+            s.expunge(job)
+    eta._queues.clear()
+    eta._cache.clear()
+    assert [eta._ahead(rt, job)[:2] for job in jobs] == [(0, 0.0), (0, 0.0), (1, 10.0), (1, 10.0), (2, 20.0),
+                                                          (2, 20.0)]
+    assert eta.estimate(rt, jobs[0])["estimated_start_at"] is None  # no worker serves base yet
+    beat(rt, "w-tiny", "host", "inference", 8, now, ("tiny.en",))
+    eta._cache.clear()
+    assert eta.estimate(rt, jobs[0])["estimated_start_at"] is None
+    assert eta.estimate(rt, jobs[5])["estimated_start_at"] is not None
+    beat(rt, "w-base", "host", "inference", 8, now, ("base",))
+    eta._cache.clear()
+    assert eta.estimate(rt, jobs[4])["queue_position"] == 2 and eta.estimate(rt, jobs[4])["estimated_start_at"]
+    # a job newer than the snapshot is counted exactly, among its model's jobs
+    with rt.db.session() as s:
+        fresh = Job(id=new_job_id(), audio_ref="", status="PENDING", priority="high", model="base",
+                    created_at=utcnow(), audio_duration=4.0)
+        s.add(fresh)
+        s.flush()
+        s.expunge(fresh)
+    assert eta._ahead(rt, fresh)[0] == 0

@@ -8,6 +8,10 @@ together are not counted twice), per worker that ran them, times the inference w
 alive now. Audio not fetched yet counts as long as the recent jobs' average. Estimates
 are None while no inference worker is alive.
 
+Each model has its own queue and its own workers (config.registry): a job waits only behind
+jobs of its model, and drains at its model's measured speed times the live workers that
+serve that model.
+
 Reading a job's status costs no scan of the queue: each process keeps a snapshot of the
 waiting jobs (at most a second old) with running sums of their audio, and finds a job's
 place in it by bisection; only a job newer than the snapshot is counted by a query.
@@ -47,18 +51,29 @@ def _rank(priority):
 DEFAULT_DURATION = 60.0
 
 
-def measured_speed(rt: Runtime) -> tuple[float, float]:
+def _model(rt: Runtime, name: str | None) -> str:
+    """A job's model: a row made before models had names ran on the default one."""
+    return name or rt.settings.default_model
+
+
+def _of_model(rt: Runtime, model: str):
+    """SQL: the job runs on `model` (the default's rows may say None)."""
+    return func.coalesce(Job.model, rt.settings.default_model) == model
+
+
+def measured_speed(rt: Runtime, model: str | None = None) -> tuple[float, float]:
     """(audio seconds per wall second per inference worker, the recent jobs' mean audio
-    duration), cached briefly."""
+    duration) of a model (the default for None), cached briefly."""
+    model = _model(rt, model)
     with _cache_lock:
-        hit = _cache.get("speed")
+        hit = _cache.get(("speed", model))
         if hit and hit[0] > time.monotonic():
             return hit[1]
     with rt.db.session() as session:
         rows = session.execute(
             select(Job.infer_started_at, Job.finished_at, Job.audio_duration, Job.worker)
             .where(Job.status == JobStatus.COMPLETED.value, Job.infer_started_at.is_not(None),
-                   Job.audio_duration.is_not(None))
+                   Job.audio_duration.is_not(None), _of_model(rt, model))
             .order_by(Job.finished_at.desc()).limit(HISTORY)
         ).all()
     value = (DEFAULT_SPEED, DEFAULT_DURATION)
@@ -77,7 +92,7 @@ def measured_speed(rt: Runtime) -> tuple[float, float]:
         if busy > 0:
             value = (audio / busy / workers, audio / len(rows))
     with _cache_lock:
-        _cache["speed"] = (time.monotonic() + _CACHE_SECONDS, value)
+        _cache[("speed", model)] = (time.monotonic() + _CACHE_SECONDS, value)
     return value
 
 
@@ -87,8 +102,9 @@ def estimate(rt: Runtime, job: Job, now: datetime | None = None) -> dict[str, An
     out: dict[str, Any] = {"queue_position": None, "estimated_start_at": None, "estimated_finish_at": None}
     if job.state.finished:
         return out
-    workers = _inference_workers(rt)
-    speed, typical = measured_speed(rt)
+    model = _model(rt, job.model)
+    workers = _inference_workers(rt, model)
+    speed, typical = measured_speed(rt, model)
     capacity = speed * workers
     if job.state is JobStatus.PROCESSING and job.stage == Stage.INFER:
         out["queue_position"] = 0
@@ -117,22 +133,26 @@ def queue_position(rt: Runtime, job: Job) -> int | None:
     return int(_ahead(rt, job)[0])
 
 
-def _inference_workers(rt: Runtime) -> int:
-    """Inference workers alive now (their heartbeats), read at most once a second."""
+def _inference_workers(rt: Runtime, model: str) -> int:
+    """Inference workers alive now that serve the model (their heartbeats), read at most once
+    a second. A worker that names no models (started before models had names) serves the default."""
     key = ("workers", rt.settings.database_url)
     with _cache_lock:
         hit = _cache.get(key)
         if hit and hit[0] > time.monotonic():
-            return hit[1]
-    value = len(alive(rt, "inference"))
-    with _cache_lock:
-        _cache[key] = (time.monotonic() + QUEUE_SNAPSHOT_SECONDS, value)
-    return value
+            served = hit[1]
+        else:
+            hit = None
+    if hit is None:
+        served = [w["models"] or [rt.settings.default_model] for w in alive(rt, "inference")]
+        with _cache_lock:
+            _cache[key] = (time.monotonic() + QUEUE_SNAPSHOT_SECONDS, served)
+    return sum(model in models for models in served)
 
 
 class _Queue:
-    """The waiting jobs in the order they will be taken, with running sums of their audio:
-    a job's place and the work ahead of it by bisection, not a query per status read."""
+    """A model's waiting jobs in the order they will be taken, with running sums of their
+    audio: a job's place and the work ahead of it by bisection, not a query per status read."""
 
     def __init__(self, rows, in_progress: float, taken_at: datetime):
         self.keys = sorted((Priority.rank_of(p, Priority.LOW), created, job_id, duration)
@@ -151,7 +171,7 @@ class _Queue:
 
 
 QUEUE_SNAPSHOT_SECONDS = 1.0
-_queues: dict[str, _Queue] = {}
+_queues: dict[str, dict[str, _Queue]] = {}  # database -> model -> its queue
 _queues_lock = threading.Lock()
 
 
@@ -169,22 +189,32 @@ def _ahead(rt: Runtime, job: Job) -> tuple[int, float, int, float]:
     query a second per process, however many clients poll); a job newer than the
     snapshot is counted exactly, so a client's first answer is right."""
     waiting, running = _waiting()
+    model = _model(rt, job.model)
     with _queues_lock:
-        queue = _queues.get(rt.settings.database_url)
-    if queue is None or queue.expires < time.monotonic():
+        queues = _queues.get(rt.settings.database_url)
+    if queues is None or next(iter(queues.values())).expires < time.monotonic():
         with rt.db.session() as session:
             taken_at = utcnow()
-            rows = session.execute(select(Job.id, Job.priority, Job.created_at, Job.audio_duration).where(waiting)).all()
-            in_progress = session.execute(
-                select(func.coalesce(func.sum(Job.audio_duration - func.coalesce(Job.progress_seconds, 0.0)), 0.0))
-                .where(running)).scalar_one()
-        queue = _Queue(rows, float(in_progress), taken_at)
+            rows = session.execute(select(Job.id, Job.priority, Job.created_at, Job.audio_duration, Job.model)
+                                   .where(waiting)).all()
+            in_progress = dict(session.execute(
+                select(Job.model, func.coalesce(func.sum(Job.audio_duration - func.coalesce(Job.progress_seconds, 0.0)),
+                                                0.0)).where(running).group_by(Job.model)).all())
+        by_model: dict[str, list] = {}
+        for row in rows:
+            by_model.setdefault(_model(rt, row.model), []).append(row[:4])
+        left: dict[str, float] = {}
+        for name, seconds in in_progress.items():
+            left[_model(rt, name)] = left.get(_model(rt, name), 0.0) + float(seconds)
+        queues = {name: _Queue(by_model.get(name, []), left.get(name, 0.0), taken_at)
+                  for name in {*by_model, *left, rt.settings.default_model}}
         with _queues_lock:
-            _queues[rt.settings.database_url] = queue
+            _queues[rt.settings.database_url] = queues
+    queue = queues.get(model) or _Queue([], 0.0, next(iter(queues.values())).taken_at)
     if job.created_at < queue.taken_at - timedelta(milliseconds=50):
         return (*queue.ahead(job), queue.in_progress)
     mine = _rank(job.priority)
-    ahead = waiting & (Job.id != job.id) & (
+    ahead = waiting & _of_model(rt, model) & (Job.id != job.id) & (
         (_rank(Job.priority) < mine) | ((_rank(Job.priority) == mine) & (Job.created_at < job.created_at)))
     with rt.db.session() as session:
         count, audio, unknown = session.execute(
