@@ -48,7 +48,7 @@ def test_an_english_only_model_offers_english_alone(settings, database):
     language = re.search(r'<select name="language".*?</select>', page, re.S).group(0)
     assert "de" in re.findall(r'<option value="(\w*)"', language)
     models = re.search(r'<select name="model".*?</select>', page, re.S).group(0)
-    assert re.findall(r'<option value="([\w.]*)"( selected)?', models) == [("tiny.en", " selected"), ("base", "")]
+    assert re.findall(r'<option value="([\w.]*)"( selected)?', models) == [("tiny.en", " selected"), ("base", ""), ("next", "")]
 
 
 def test_pages_load_only_local_scripts_and_styles(client):

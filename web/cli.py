@@ -49,6 +49,11 @@ def run(procfile: str) -> None:
     # WHISPERQ_ALLOW_ANONYMOUS=false (and make keys with `whisperq keys create`) to need one.
     env.setdefault("WHISPERQ_ALLOW_ANONYMOUS", "true")
     Settings.from_env(env)  # the processes will read the same; fail here, not in three places
+    # One machine: its inference pool serves every model (each loaded on its first job). Across
+    # machines each pool takes the queues of the models it should hold (README "Models").
+    from config.celeryconfig import pool_of, queues_for
+
+    env.setdefault("WHISPERQ_INFERENCE_QUEUES", ",".join(q for q in queues_for(settings) if pool_of(q) == "inference"))
     from models.db import Database
 
     Database(settings.database_url).upgrade()  # once, before three processes race for it
