@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install bench bench-load bench-engines bench-encryption bench-accuracy bench-estimates clean
+.PHONY: run test install bench bench-load bench-engines bench-encryption bench-accuracy bench-estimates bench-shadow clean
 
 $(STAMP): setup.cfg pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "whisperq needs Python 3.11 or newer; set PYTHON=python3.11 (or newer)")'
@@ -35,6 +35,10 @@ bench-engines: $(STAMP)
 # word error rate on long recordings: faster-whisper's own pipelines beside the service
 bench-accuracy: $(STAMP)
 	$(BIN)/python bench/accuracy.py
+
+# how far base's transcripts are from tiny.en's (shadow decoding, whisperq models compare); needs .[base-model]
+bench-shadow: $(STAMP)
+	$(BIN)/python bench/shadow.py
 
 # how far the jobs' estimated finish times are from the real ones, on a burst
 bench-estimates: $(STAMP)

@@ -31,12 +31,13 @@ def stop(proc: subprocess.Popen, timeout: float = 90) -> None:
 
 
 @contextmanager
-def running_service(prefix: str = "whisperq-bench-") -> Iterator[tuple[subprocess.Popen, str, Path]]:
+def running_service(prefix: str = "whisperq-bench-", env_extra: dict[str, str] | None = None
+                    ) -> Iterator[tuple[subprocess.Popen, str, Path]]:
     """`whisperq run` on the embedded broker in a fresh data dir, ready: (process, base URL, data dir)."""
     tmp = Path(tempfile.mkdtemp(prefix=prefix))
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("CELERY_BROKER_URL", "DATABASE_URL")}
-    env.update(WHISPERQ_DATA_DIR=str(tmp), PORT=str(port), FLOWER_PORT=str(free_port()))
+    env.update(WHISPERQ_DATA_DIR=str(tmp), PORT=str(port), FLOWER_PORT=str(free_port()), **(env_extra or {}))
     proc = subprocess.Popen([str(Path(sys.executable).parent / "whisperq"), "run"], env=env,
                             stdout=(tmp / "run.log").open("w"), stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"

@@ -1,0 +1,87 @@
+"""Shadow agreement: how far base's transcripts are from tiny.en's on the evaluation set, as
+`whisperq models compare` reports it, and each model's own word error rate against the text.
+
+Starts `whisperq run` (one inference process serving both models) with every tiny.en job
+shadowed by base (WHISPERQ_SHADOW="tiny.en=base:100"), submits the recordings of
+bench/accuracy.py, waits for the jobs and their shadow transcripts, and prints both.
+Needs the base-model extra. `make bench-shadow`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import requests
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE.parent / "tests"), str(HERE)]
+
+from accuracy import evaluation_set  # noqa: E402
+from helpers import word_error_rate  # noqa: E402
+from service import running_service  # noqa: E402
+
+ENV = {"WHISPERQ_MODELS": "tiny.en=bundled:tiny.en, base=bundled:base", "WHISPERQ_SHADOW": "tiny.en=base:100"}
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        items = evaluation_set(Path(tmp))
+        with running_service("whisperq-shadow-", ENV) as (_proc, base, data):
+            jobs = {}
+            for name, item in items.items():
+                with open(item["path"], "rb") as fh:
+                    resp = requests.post(f"{base}/v1/jobs", files={"file": (Path(item["path"]).name, fh)},
+                                         data={"language": "en"}, timeout=60)
+                resp.raise_for_status()
+                jobs[name] = resp.json()["job_id"]
+            results = {}
+            deadline = time.monotonic() + 1800
+            while len(results) < len(jobs) and time.monotonic() < deadline:
+                for name, job_id in jobs.items():
+                    job = requests.get(f"{base}/v1/jobs/{job_id}", timeout=30).json()
+                    if job["status"] in ("COMPLETED", "FAILED"):
+                        results[name] = job
+                time.sleep(1.0)
+            env = dict(os.environ, WHISPERQ_DATA_DIR=str(data), **ENV)
+            env.pop("DATABASE_URL", None)
+            compare = ""
+            while time.monotonic() < deadline:  # the shadows run at low priority, after the jobs
+                compare = subprocess.run([str(Path(sys.executable).parent / "whisperq"), "models", "compare"],
+                                         env=env, capture_output=True, text=True, check=True).stdout
+                rows = [json.loads(line) for line in compare.splitlines() if line.startswith("{")]
+                if sum(r.get("jobs", 0) for r in rows) >= len(jobs) and not any("waiting_for_primary" in r for r in rows):
+                    break
+                time.sleep(2.0)
+            shadows = _shadows(env, jobs)
+    print(f"{'recording':24} {'tiny.en WER':>12} {'base WER':>9} {'base vs tiny.en':>16}")
+    for name, job in results.items():
+        text = items[name]["text"]
+        tiny = word_error_rate(text, job["result"]["text"]) if job["status"] == "COMPLETED" else float("nan")
+        shadow = shadows.get(jobs[name])
+        base_wer = word_error_rate(text, shadow[0]) if shadow else float("nan")
+        agreement = shadow[1] if shadow and shadow[1] is not None else float("nan")
+        print(f"{name:24} {tiny:12.3f} {base_wer:9.3f} {agreement:16.3f}")
+    print("\nwhisperq models compare:\n" + compare)
+
+
+def _shadows(env: dict, jobs: dict[str, str]) -> dict[str, tuple[str, float | None]]:
+    """job id -> (base's transcript, its WER against tiny.en's), read as an operator would."""
+    code = ("import json, sys\n"
+            "from models.runtime import get_runtime\n"
+            "from models.jobs.shadows import ShadowResult\n"
+            "rt = get_runtime()\n"
+            "with rt.db.session() as s:\n"
+            "    rows = s.query(ShadowResult).filter(ShadowResult.job_id.in_(json.loads(sys.argv[1]))).all()\n"
+            "    print(json.dumps({r.job_id: [r.text, r.wer] for r in rows}))\n")
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(list(jobs.values()))], env=env, capture_output=True,
+                         text=True, check=True, cwd=HERE.parent).stdout
+    return {k: tuple(v) for k, v in json.loads(out.strip().splitlines()[-1]).items()}
+
+
+if __name__ == "__main__":
+    main()
