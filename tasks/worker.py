@@ -53,8 +53,8 @@ def _ready(sender=None, **_kwargs) -> None:
     pool = worker_metrics.pool_name(app)
     slots = int(getattr(getattr(sender, "controller", None), "concurrency", 1) or 1)
     models = tuple(models_of(app.conf.whisperq_settings, consumed))
-    start_heartbeat(runtime, os.environ.get("WHISPERQ_WORKER_ID", sender.hostname), sender.hostname, pool, slots,
-                    models)
+    worker_id = os.environ.get("WHISPERQ_WORKER_ID", sender.hostname)
+    _heartbeat.update(id=worker_id, stop=start_heartbeat(runtime, worker_id, sender.hostname, pool, slots, models))
     if pool == "inference":
         from models.speech.engines import batch_size, parallel_batches, slots_needed
 
@@ -140,6 +140,24 @@ def _metrics_serve(sender=None, **_kwargs) -> None:
         worker_metrics.serve(sender)
     except Exception:
         logging.getLogger(__name__).exception("worker metrics not served")
+
+
+_heartbeat: dict = {}
+
+
+@worker_shutdown.connect
+def _heartbeat_gone(**_kwargs) -> None:
+    # A worker that stops says so at once: until its heartbeat aged out, the door would still
+    # take jobs for a model nobody serves any more.
+    from models.jobs.workers import forget
+
+    stop = _heartbeat.pop("stop", None)
+    if stop is not None:
+        stop.set()
+        try:
+            forget(runtime(), _heartbeat["id"])
+        except Exception:  # the database may be away; the heartbeat ages out
+            logging.getLogger(__name__).warning("heartbeat not withdrawn at shutdown", exc_info=True)
 
 
 @worker_shutdown.connect
