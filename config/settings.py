@@ -25,6 +25,7 @@ COMPUTE_TYPES = ("auto", "default", "int8", "int8_float16", "int8_float32", "int
 # Worker metrics ports: WHISPERQ_METRICS_PORT + 0..METRICS_PORT_SPAN-1 (see tasks.metrics).
 METRICS_PORT_SPAN = 100
 LOG_FORMATS = ("auto", "json", "text")
+STORAGES = ("local", "postgres")
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class Settings:
     broker_url: str | None
     result_backend: str | None
     database_url: str
+    storage: str  # where audio lives: local (the data dir) or postgres (large objects in DATABASE_URL)
     host: str
     port: int
     flower_port: int
@@ -116,6 +118,7 @@ class Settings:
             database_url=env.url(
                 "DATABASE_URL", f"sqlite:///{data_dir / 'whisperq.db'}", schemes=DATABASE_SCHEMES
             ),
+            storage=env.choice("WHISPERQ_STORAGE", "local", STORAGES),
             host=env.str("HOST", "127.0.0.1"),
             port=env.int("PORT", 8000, low=1, high=65535),
             flower_port=env.int("FLOWER_PORT", 5555, low=1, high=65535),
@@ -187,6 +190,11 @@ class Settings:
             raise ConfigError(
                 f"WHISPERQ_HIGH_RESERVE={values['high_reserve']} is the share of the queue budget kept for priority high; "
                 "set it to a number from 0 to less than 1"
+            )
+        if values["storage"] == "postgres" and not values["database_url"].startswith("postgres"):
+            raise ConfigError(
+                "WHISPERQ_STORAGE=postgres keeps audio in PostgreSQL large objects: set DATABASE_URL to a PostgreSQL "
+                "database (postgresql+psycopg://…), or WHISPERQ_STORAGE=local for the data dir"
             )
         if values["alert_failure_rate"] > 1:
             raise ConfigError(

@@ -5,7 +5,8 @@ Packages, lowest first; each may import config, the packages below it, and the f
 - ``models.security`` - the keyring, sealed columns and sealed files (encryption at rest).
   Imports config only.
 - foundation, at this level: ``errors`` (the error hierarchy), ``db`` (engine, sessions,
-  UTC columns), ``storage`` (audio by reference), ``retry`` (the retry policy), ``compat``
+  UTC columns), ``models.storage`` (audio by reference: the data dir or PostgreSQL large
+  objects; it may import db), ``retry`` (the retry policy), ``compat``
   (workarounds of libraries' internals), ``migrations`` (Alembic revisions). May import security.
 - ``models.speech`` - audio, windows, engines, the batcher, transcripts and their formats.
   Knows nothing of jobs.
@@ -46,6 +47,7 @@ from models.jobs.record import Job, JobStatus, Stage
 from models.runtime import Runtime, get_runtime
 from models.speech import swaps as _swaps  # noqa: F401
 from models.speech.segments import Segment, Transcript
+from models.storage import postgres as _stored_objects  # noqa: F401
 
 __all__ = [
     "Job", "JobStatus", "Stage", "Runtime", "get_runtime", "Segment", "Transcript", "WhisperqError",

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from config import Settings
 from models.db import Database
 from models.retry import RetryPolicy
-from models.storage import LocalStorage
+from models.storage import Storage, open_storage
 
 if TYPE_CHECKING:
     from config.registry import ModelSpec
@@ -34,7 +34,7 @@ class Runtime:
     settings: Settings
     publisher: Callable[[list[str]], None] | None = None  # sends new webhook deliveries; None: the sweeper does
     db: Database = field(init=False)
-    storage: LocalStorage = field(init=False)
+    storage: Storage = field(init=False)
     keyring: Keyring = field(init=False)
     _parts: dict[tuple[str, ...], Any] = field(init=False, default_factory=dict, repr=False)
     _lock: threading.RLock = field(init=False, default_factory=threading.RLock, repr=False)
@@ -46,7 +46,7 @@ class Runtime:
         self.keyring = keyring_for(self.settings)
         set_keyring(self.keyring)  # encryption at rest: the sealed columns and files read it
         self.db = Database(self.settings.database_url, session_info={"runtime": self})
-        self.storage = LocalStorage(self.settings.data_dir)
+        self.storage = open_storage(self.settings, self.db)
         install_outbox()
 
     @property

@@ -548,7 +548,7 @@ def test_rotation(private_rt, monkeypatch):
 
 
 def test_rotation_does_not_bring_back_a_file_deleted_meanwhile(tmp_path):
-    from models.maintenance.rotation import _Gone, _replace_if_unchanged
+    from models.storage.local import _Gone, _replace_if_unchanged
 
     dest, tmp = tmp_path / "audio.flac", tmp_path / ".audio.flac.part"
     dest.write_bytes(b"old")

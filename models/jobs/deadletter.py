@@ -96,7 +96,7 @@ def take_for_replay(rt: Runtime, job_id: str, model: str | None = None) -> Job:
                               "(WHISPERQ_AUDIO_RETENTION); it cannot be replayed: submit the audio again")
         job.audio_purged_at = None  # a caller's own file: purge its prepared copy again later
         # A job by URL whose audio was never fetched (audio_ref "") fetches it again.
-        if job.audio_owned and job.audio_ref and not rt.storage.path(job.audio_ref).exists():
+        if job.audio_owned and job.audio_ref and not rt.storage.exists(job.audio_ref):
             raise InvalidRequest(f"job {job_id}'s audio has been deleted; it cannot be replayed")
         job.reset_for_replay()
         if chosen is not None:

@@ -25,6 +25,7 @@ from models.errors import (
 from models.jobs import metrics
 from models.jobs.record import Job, JobStatus, Stage, new_job_id, utcnow
 from models.jobs.shadows import forget_shadows, settle_for
+from models.storage import prepared_ref
 
 if TYPE_CHECKING:
     from models.runtime import Runtime
@@ -83,9 +84,12 @@ def create_job(
     the alias's weights; a share of a model's jobs is marked for shadow decoding."""
     job_id = job_id or new_job_id()
     model, route, shadow = rt.settings.choose(model, job_id)
-    ref = rt.storage.adopt(spooled, job_id) if spooled is not None else ""
+    ref = ""
     try:
         with rt.db.session() as session:
+            # The audio goes into the store with the row: on PostgreSQL storage in this very
+            # transaction, so a job is never without its audio, nor audio without its job.
+            ref = rt.storage.adopt(spooled, job_id, session=session) if spooled is not None else ""
             job = Job(
                 id=job_id, status=JobStatus.PENDING.value, task=task, language=language, priority=priority,
                 audio_ref=ref, audio_owned=True, filename=filename,
@@ -253,7 +257,7 @@ def cancel_job(rt: Runtime, job_id: str, owner=ANY) -> Job:
         session.flush()
         session.expunge(job)
     if prepared:  # its inference message will find it CANCELLED
-        rt.storage.delete(f"prepared/{job_id[:2]}/{job_id}.npy")
+        rt.storage.delete(prepared_ref(job_id))
     log.info("job %s: cancel asked (%s)", job_id, job.status)
     return job
 
@@ -271,7 +275,7 @@ def delete_job(rt: Runtime, job_id: str, owner=ANY) -> None:
             else:
                 job.cancel_requested = True
         refs = [job.audio_ref] if job.audio_owned and job.audio_ref else []
-        refs += [f"prepared/{job_id[:2]}/{job_id}.npy", f"prepared/{job_id[:2]}/{job_id}.shadow.npy"]
+        refs += [prepared_ref(job_id), prepared_ref(f"{job_id}.shadow")]
         job.deleted_at = utcnow()
         forget_shadows(session, [job_id])
         job.result_text = job.result_segments = job.result_language = None

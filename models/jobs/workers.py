@@ -1,13 +1,18 @@
 """Worker heartbeats: each worker process says every few seconds that it is alive, which
-pool it serves (an inference worker: which models) and how many jobs it can hold. Estimates and `whisperq status` read them."""
+pool it serves (an inference worker: which models), how many jobs it can hold, and the host
+it runs on with that host's free disk (its data dir) and memory. Estimates, `/readyz`, the
+metrics and `whisperq status` read them: the database is what every host shares."""
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import socket
 import threading
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Integer, String, delete, select
+from sqlalchemy import BigInteger, Integer, String, delete, select
 from sqlalchemy.orm import Mapped, mapped_column
 
 from models.db import Base
@@ -34,17 +39,64 @@ class WorkerHeartbeat(Base):
     last_seen_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
     # An inference worker's models (the queues it consumes), comma-separated.
     models: Mapped[str | None] = mapped_column(String(255))
+    # The machine it runs on, and what that machine has left (revision 0004).
+    host: Mapped[str | None] = mapped_column(String(255))
+    disk_free_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    disk_total_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    memory_available_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    memory_total_bytes: Mapped[int | None] = mapped_column(BigInteger)
+
+
+def host_figures(data_dir) -> dict[str, int | str | None]:
+    """This host's name, the free and total bytes of the file system its data dir is on
+    (where spools and, on local storage, the audio go) and its available and total memory."""
+    figures: dict[str, int | str | None] = {"host": socket.gethostname()}
+    try:
+        disk = shutil.disk_usage(_existing(data_dir))
+        figures.update(disk_free_bytes=disk.free, disk_total_bytes=disk.total)
+    except OSError:
+        figures.update(disk_free_bytes=None, disk_total_bytes=None)
+    figures.update(_memory())
+    return figures
+
+
+def _existing(path):
+    from pathlib import Path
+
+    path = Path(path)
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    return path
+
+
+def _memory() -> dict[str, int | None]:
+    """MemAvailable and MemTotal from /proc/meminfo (Linux); the page counts elsewhere."""
+    try:
+        with open("/proc/meminfo") as fh:
+            info = {k: int(v.split()[0]) * 1024 for k, v in (line.split(":", 1) for line in fh if ":" in line)}
+        return {"memory_available_bytes": info.get("MemAvailable"), "memory_total_bytes": info.get("MemTotal")}
+    except (OSError, ValueError):
+        try:
+            page = os.sysconf("SC_PAGE_SIZE")
+            return {"memory_available_bytes": page * os.sysconf("SC_AVPHYS_PAGES"),
+                    "memory_total_bytes": page * os.sysconf("SC_PHYS_PAGES")}
+        except (ValueError, OSError, AttributeError):
+            return {"memory_available_bytes": None, "memory_total_bytes": None}
 
 
 def beat(rt: Runtime, worker_id: str, hostname: str, pool: str, slots: int, started_at: datetime,
          models: tuple[str, ...] = ()) -> None:
+    figures = host_figures(rt.settings.data_dir)
     with rt.db.session() as session:
         row = session.get(WorkerHeartbeat, worker_id)
         if row is None:
             session.add(WorkerHeartbeat(worker_id=worker_id, hostname=hostname, pool=pool, slots=slots,
-                                        started_at=started_at, last_seen_at=utcnow(), models=",".join(models) or None))
+                                        started_at=started_at, last_seen_at=utcnow(), models=",".join(models) or None,
+                                        **figures))
         else:
             row.last_seen_at = utcnow()
+            for name, value in figures.items():
+                setattr(row, name, value)
 
 
 def forget(rt: Runtime, worker_id: str) -> None:
@@ -60,7 +112,27 @@ def alive(rt: Runtime, pool: str | None = None, now: datetime | None = None) -> 
     with rt.db.session() as session:
         return [{"worker_id": w.worker_id, "hostname": w.hostname, "pool": w.pool, "slots": w.slots,
                  "started_at": w.started_at, "last_seen_at": w.last_seen_at,
-                 "models": w.models.split(",") if w.models else []} for w in session.scalars(query)]
+                 "models": w.models.split(",") if w.models else [],
+                 "host": w.host or w.hostname.rsplit("@", 1)[-1], "disk_free_bytes": w.disk_free_bytes,
+                 "disk_total_bytes": w.disk_total_bytes, "memory_available_bytes": w.memory_available_bytes,
+                 "memory_total_bytes": w.memory_total_bytes} for w in session.scalars(query)]
+
+
+def by_host(workers: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The live workers grouped by the host they run on: how many of each pool, their slots,
+    the models served there, and the host's newest free disk and memory figures."""
+    hosts: dict[str, dict[str, Any]] = {}
+    for w in sorted(workers, key=lambda w: w["last_seen_at"]):
+        host = hosts.setdefault(w["host"], {"workers": {}, "slots": {}, "models": set()})
+        host["workers"][w["pool"]] = host["workers"].get(w["pool"], 0) + 1
+        host["slots"][w["pool"]] = host["slots"].get(w["pool"], 0) + w["slots"]
+        host["models"].update(w["models"])
+        for name in ("disk_free_bytes", "disk_total_bytes", "memory_available_bytes", "memory_total_bytes"):
+            if w[name] is not None:
+                host[name] = w[name]  # the newest heartbeat's: they are sorted oldest first
+    for host in hosts.values():
+        host["models"] = sorted(host["models"])
+    return dict(sorted(hosts.items()))
 
 
 def served_models(rt: Runtime, now: datetime | None = None) -> set[str]:

@@ -34,6 +34,7 @@ from models.delivery.notify import WebhookDelivery
 from models.jobs.deadletter import DeadLetter
 from models.jobs.record import Job, JobStatus, utcnow
 from models.jobs.shadows import forget_shadows
+from models.storage import prepared_ref
 
 if TYPE_CHECKING:
     from models.runtime import Runtime
@@ -48,10 +49,6 @@ ORPHAN_AGE = timedelta(hours=1)
 FINISHED = tuple(s.value for s in JobStatus if s.finished)
 # `<id>.<ext>`, or `.<id>.<ext>.<random>.part` (a write cut short; see models.security.sealed).
 _JOB_FILE = re.compile(r"^\.?([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})(\..*)?$")
-
-
-def prepared_ref(job_id: str) -> str:
-    return f"prepared/{job_id[:2]}/{job_id}.npy"
 
 
 def run_retention(rt: Runtime, now: datetime | None = None, celery=None, batch: int = BATCH) -> dict[str, int]:
@@ -97,8 +94,7 @@ def _due(rt: Runtime, session, marker, cutoff: datetime, batch: int) -> list:
 
 def _delete_file(rt: Runtime, ref: str, counts: dict[str, int]) -> None:
     try:
-        path = rt.storage.path(ref)
-        existed = path.is_file()
+        existed = rt.storage.exists(ref)
         rt.storage.delete(ref)
         counts["files_deleted"] += existed
     except (OSError, ValueError) as exc:  # the orphan sweep tries again next run
@@ -121,7 +117,7 @@ def _purge_audio(rt: Runtime, cutoff: datetime, now: datetime, batch: int, count
             # the rows unmarked, and the next run deletes again (the files are gone: no-op).
             # A file the caller owns is never touched: only its prepared copy goes.
             shadows = [prepared_ref(f"{r.id}.shadow") for r in rows]  # a shadow's copy no worker took
-            prepared = [prepared_ref(r.id) for r in rows] + [ref for ref in shadows if rt.storage.path(ref).exists()]
+            prepared = [prepared_ref(r.id) for r in rows] + [ref for ref in shadows if rt.storage.exists(ref)]
             for ref in [r.audio_ref for r in ours] + prepared:
                 _delete_file(rt, ref, counts)
         counts["audio_purged"] += len(rows)
@@ -194,20 +190,15 @@ def _sweep_tmp(rt: Runtime, now: datetime, counts: dict[str, int]) -> None:
 def _stored_files(rt: Runtime, now: datetime) -> Iterator[tuple[str, str]]:
     """(job id, reference) of each file the service stored under audio/ and
     prepared/ (`<folder>/<id[:2]>/<id>.<ext>`) older than ORPHAN_AGE."""
-    for folder in ("audio", "prepared"):
-        base = rt.storage.root / folder
-        if not base.is_dir():
+    for stored in rt.storage.listing(("audio", "prepared"), parts=True):
+        parts = stored.ref.split("/")
+        if len(parts) != 3:
+            continue  # not a place the service writes to: not ours to judge
+        match = _JOB_FILE.match(parts[2])
+        if match is None or match.group(1)[:2] != parts[1]:
             continue
-        for shard in base.iterdir():
-            if not shard.is_dir() or shard.is_symlink():
-                continue
-            for path in shard.iterdir():
-                match = _JOB_FILE.match(path.name)
-                if match is None or match.group(1)[:2] != shard.name:
-                    continue  # not a name the service writes: not ours to judge
-                age = _age(path, now)
-                if age is not None and age > ORPHAN_AGE.total_seconds():
-                    yield match.group(1), f"{folder}/{shard.name}/{path.name}"
+        if now.timestamp() - stored.written_at > ORPHAN_AGE.total_seconds():
+            yield match.group(1), stored.ref
 
 
 def _sweep_orphans(rt: Runtime, now: datetime, batch: int, counts: dict[str, int]) -> None:
@@ -236,8 +227,7 @@ def _drop_orphans(rt: Runtime, files: list[tuple[str, str]], counts: dict[str, i
         if row is not None and row.audio_ref == ref:
             continue
         try:
-            path = rt.storage.path(ref)
-            if path.is_file():
+            if rt.storage.exists(ref):
                 rt.storage.delete(ref)
                 counts["orphans_deleted"] += 1
         except (OSError, ValueError):

@@ -1,18 +1,13 @@
 """Key rotation: what is stored under which key, and re-encrypting it under the active one.
 
-Safe while the service runs: a file is rewritten beside itself and swapped in atomically,
-only if it is still the file that was read (a job deleted meanwhile stays deleted); a
-transcript is rewritten in a transaction that locks its row.
+Safe while the service runs: a file is rewritten and swapped in atomically by its store
+(Storage.reseal), only if it is still the file that was read (a job deleted meanwhile stays
+deleted); a transcript is rewritten in a transaction that locks its row.
 """
 from __future__ import annotations
 
-import ctypes
-import errno
-import os
-import shutil
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from sqlalchemy import JSON, Text, or_, select, type_coerce
@@ -20,7 +15,6 @@ from sqlalchemy import JSON, Text, or_, select, type_coerce
 from models.jobs.record import Job
 from models.jobs.shadows import ShadowResult
 from models.security.crypto import DecryptionError, current_keyring, value_is_bound, value_key_id
-from models.security.sealed import EncryptedWriter, file_key_id, open_stored
 
 if TYPE_CHECKING:
     from models.runtime import Runtime
@@ -46,14 +40,10 @@ class RotationReport:
     failures: list[str] = field(default_factory=list)
 
 
-def stored_files(rt: Runtime) -> Iterator[Path]:
-    """Every finished file the store holds (not temporary parts, not the tmp folder)."""
-    for folder in FOLDERS:
-        base = rt.storage.root / folder
-        if base.is_dir():
-            for path in sorted(base.rglob("*")):
-                if path.is_file() and not path.name.startswith("."):
-                    yield path
+def stored_files(rt: Runtime) -> Iterator[str]:
+    """The reference of every finished file the store holds (not temporary parts, not tmp/)."""
+    for stored in rt.storage.listing(FOLDERS):
+        yield stored.ref
 
 
 def _transcript_rows(rt: Runtime):
@@ -73,9 +63,9 @@ def _transcript_rows(rt: Runtime):
 
 def usage(rt: Runtime) -> Usage:
     out = Usage()
-    for path in stored_files(rt):
+    for ref in stored_files(rt):
         try:
-            out.files[file_key_id(path) or PLAIN] += 1
+            out.files[rt.storage.key_id(ref) or PLAIN] += 1
         except (FileNotFoundError, DecryptionError):
             out.files["(unreadable)"] += 1
     for _job_id, kids, _bound in _transcript_rows(rt):
@@ -113,11 +103,11 @@ def rotate(rt: Runtime, progress: Callable[[str], None] | None = None) -> Rotati
     transcript written by an earlier version) not yet bound to its row."""
     report = RotationReport()
     active = current_keyring().active
-    for path in stored_files(rt):
+    for ref in stored_files(rt):
         try:
-            if file_key_id(path) == active:
+            if rt.storage.key_id(ref) == active:
                 report.files_current += 1
-            elif _rewrite(rt, path):
+            elif rt.storage.reseal(ref):
                 report.files_rewritten += 1
             else:
                 report.files_gone += 1
@@ -157,52 +147,3 @@ def _reencrypt_rows(rt: Runtime, ids: list[str]) -> int:
                     setattr(job, name, value)
             done += 1
     return done
-
-
-def _rewrite(rt: Runtime, path: Path) -> bool:
-    """Re-encrypt one file in place; False when it went away (or changed) meanwhile."""
-    ref = path.relative_to(rt.storage.root).as_posix()
-    inode = os.stat(path).st_ino
-
-    def swap_in(tmp: Path, dest: Path) -> None:
-        _replace_if_unchanged(tmp, dest, inode)
-
-    try:
-        with open_stored(path, what=f"stored file {ref}") as src, EncryptedWriter(path, commit=swap_in) as out:
-            shutil.copyfileobj(src, out, 1024 * 1024)
-    except _Gone:
-        return False
-    return True
-
-
-class _Gone(Exception):
-    pass
-
-
-_RENAME_EXCHANGE = 2
-_AT_FDCWD = -100
-try:
-    _renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-except (AttributeError, OSError):  # not Linux/glibc
-    _renameat2 = None
-
-
-def _replace_if_unchanged(tmp: Path, dest: Path, inode: int) -> None:
-    """Put `tmp` in place of `dest` only if `dest` is still the file that was read: on Linux
-    an atomic exchange (renameat2 RENAME_EXCHANGE fails if `dest` has been deleted), else a
-    check and a rename."""
-    try:
-        if os.stat(dest).st_ino != inode:
-            raise _Gone
-    except FileNotFoundError:
-        raise _Gone from None
-    if _renameat2 is not None:
-        if _renameat2(_AT_FDCWD, os.fsencode(tmp), _AT_FDCWD, os.fsencode(dest), _RENAME_EXCHANGE) == 0:
-            os.unlink(tmp)  # now the old file
-            return
-        code = ctypes.get_errno()
-        if code == errno.ENOENT:
-            raise _Gone
-        if code not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
-            raise OSError(code, os.strerror(code), str(dest))
-    os.replace(tmp, dest)

@@ -27,6 +27,7 @@ from models.jobs.workers import served_models
 from models.pipeline.messages import Finished, Prepared
 from models.speech.catalog import check_language
 from models.speech.windows import split_windows
+from models.security.sealed import open_stored
 from models.storage import caller_file
 
 if TYPE_CHECKING:
@@ -120,8 +121,7 @@ def prepare_job(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any
         check_language(rt.settings, job.language, job.model)
         if job.audio_url and not job.audio_ref:
             job.audio_ref = _fetch(rt, job)
-        path = rt.storage.path(job.audio_ref)
-        if not path.is_file():
+        if not rt.storage.exists(job.audio_ref):
             # Shared storage may not have caught up yet: worth another attempt.
             raise TransientJobError(f"the audio file {job.audio_ref!r} does not exist or is not readable by the worker")
         samples = _decode_stored(rt, job.audio_ref, job.audio_format)
@@ -178,7 +178,7 @@ def _fetch(rt: Runtime, job: Job) -> str:
     tmp = rt.storage.tmp_dir / f"fetch-{job.id}"
     try:
         fetch_audio(job.audio_url, tmp, rt.settings, create=rt.storage.writer)  # written encrypted
-        with rt.storage.open(f"tmp/{tmp.name}") as fh:
+        with open_stored(tmp, what="the fetched audio") as fh:
             info = audio_io.probe(fh, max_seconds=rt.settings.max_audio_seconds)
         ref = rt.storage.adopt(tmp, job.id)
     except (UnsupportedAudio, AudioTooLong) as exc:

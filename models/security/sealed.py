@@ -164,22 +164,48 @@ class EncryptedWriter:
             self.abort()
 
 
-class DecryptedFile(io.RawIOBase):
-    """Random-access reading of an encrypted file, one chunk decrypted (and cached) at a time."""
+class FileSource:
+    """Sealed bytes in a local file, read at an offset (what DecryptedFile reads from)."""
 
-    def __init__(self, path: str | Path, keyring: Keyring | None = None, what: str | None = None):
-        super().__init__()
-        self.name, self.mode = str(path), "rb"
-        self._what = what or f"file {path}"
+    def __init__(self, path: str | Path):
+        self.name = str(path)
         self._fh = open(path, "rb")
+        self.size = os.fstat(self._fh.fileno()).st_size
+
+    def read_at(self, offset: int, length: int) -> bytes:
+        return os.pread(self._fh.fileno(), length, offset)
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+_HEADER_MAX = len(MAGIC) + 1 + 32 + SALT_BYTES + PREFIX_BYTES
+
+
+def header_key_id(head: bytes, what: str) -> str | None:
+    """The key id in the first bytes of a sealed file; None for a plain one."""
+    header = _read_header(io.BytesIO(head[:_HEADER_MAX]), what)
+    return header[0] if header else None
+
+
+class DecryptedFile(io.RawIOBase):
+    """Random-access reading of an encrypted file, one chunk decrypted (and cached) at a time.
+    `path` is a local file, or a source with `name`, `size`, `read_at(offset, length)` and
+    `close()` (a large object in the database: models.storage.postgres)."""
+
+    def __init__(self, path, keyring: Keyring | None = None, what: str | None = None):
+        super().__init__()
+        self._src = path if hasattr(path, "read_at") else FileSource(path)
+        self.name, self.mode = self._src.name, "rb"
+        self._what = what or f"file {self.name}"
         try:
-            header = _read_header(self._fh, self._what)
+            header = _read_header(io.BytesIO(self._src.read_at(0, _HEADER_MAX)), self._what)
             if header is None:
                 raise DecryptionError(f"{self._what} is not encrypted (no {MAGIC.decode()} header)")
             key_id, salt, self._prefix, self._header = header
             self.key_id = key_id
             self._aead = AESGCM((keyring or current_keyring()).file_key(key_id, salt, self._what))
-            body = os.fstat(self._fh.fileno()).st_size - len(self._header)
+            body = self._src.size - len(self._header)
             if body < TAG_BYTES:
                 raise DecryptionError(f"{self._what} is truncated (no final chunk)")
             self._chunks = -(-body // _SEALED)
@@ -190,7 +216,7 @@ class DecryptedFile(io.RawIOBase):
             self._pos, self._cached = 0, (-1, b"")
             self._chunk(self._chunks - 1)  # fail at open on a truncated file or a wrong key
         except BaseException:
-            self._fh.close()
+            self._src.close()
             raise
 
     def _chunk(self, index: int) -> bytes:
@@ -198,7 +224,7 @@ class DecryptedFile(io.RawIOBase):
             return self._cached[1]
         last = index == self._chunks - 1
         length = self._last_len if last else _SEALED
-        sealed = os.pread(self._fh.fileno(), length, len(self._header) + index * _SEALED)
+        sealed = self._src.read_at(len(self._header) + index * _SEALED, length)
         if len(sealed) != length:
             raise DecryptionError(f"{self._what} changed size while it was read")
         try:
@@ -247,12 +273,12 @@ class DecryptedFile(io.RawIOBase):
 
     def close(self) -> None:
         if not self.closed:
-            self._fh.close()
+            self._src.close()
             self._cached = (-1, b"")
         super().close()
 
 
-def open_decrypted(path: str | Path, keyring: Keyring | None = None, what: str | None = None) -> io.BufferedReader:
+def open_decrypted(path, keyring: Keyring | None = None, what: str | None = None) -> io.BufferedReader:
     """A readable, seekable binary file of the plaintext (DecryptionError if it cannot be)."""
     return io.BufferedReader(DecryptedFile(path, keyring, what), buffer_size=CHUNK_BYTES)
 

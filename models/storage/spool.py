@@ -1,20 +1,14 @@
-"""Audio storage by reference: the message and the job row carry a reference, never bytes.
-
-What the store writes is encrypted at rest (models.security.crypto): uploads as they arrive, fetched
-audio and the prepared samples. A file the caller owns is read in place, as it is.
-"""
+"""What arrives before it is stored: an upload spooled and sealed as it comes in, the client's
+file name made safe, and a caller's own file (`transcribe.delay(path)`) checked."""
 from __future__ import annotations
 
 import hashlib
 import io
 import os
-import shutil
 import tempfile
 import unicodedata
 from pathlib import Path
 from typing import BinaryIO, Callable
-
-from config import private_dir
 
 from models.security.crypto import Keyring, current_keyring
 from models.security.sealed import EncryptedWriter, open_decrypted, open_stored
@@ -45,99 +39,6 @@ def caller_file(ref: str, input_dirs: tuple[Path, ...], data_dir: Path) -> str:
     if (store == real or store in real.parents) and (store / "inbox") not in real.parents:
         raise ValueError(f"{ref!r} is in the service's own data directory; only its inbox/ may be read this way")
     return str(real)
-
-
-class LocalStorage:
-    """Files under the data directory. References are paths relative to it.
-
-    An absolute reference is a file the caller owns (``transcribe.delay("/path")``): it is
-    read in place and never deleted.
-    """
-
-    def __init__(self, root: str | Path):
-        self.root = Path(root)
-
-    @property
-    def tmp_dir(self) -> Path:
-        path = self.root / "tmp"
-        if not path.is_dir():
-            private_dir(self.root)
-            path.mkdir(parents=True, exist_ok=True)
-        return path
-
-    def spool(self, stream: BinaryIO, limit: int | None = None,
-              too_large: Callable[[], BaseException] | None = None) -> "SealedSpool":
-        """Copy an upload, encrypted, to a temporary file on the same disk as the store."""
-        spool = SealedSpool(self.tmp_dir, limit, too_large)
-        try:
-            shutil.copyfileobj(stream, spool, length=1024 * 1024)
-            return spool.finish()
-        except BaseException:
-            spool.discard()
-            raise
-
-    def open(self, ref: str) -> BinaryIO:
-        """A stored file's plaintext (decrypted), or the caller's own file as it is."""
-        if not self.owns(ref):
-            return open(self.path(ref), "rb")
-        return open_stored(self.path(ref), what=f"stored file {ref}")
-
-    def writer(self, path: str | Path) -> EncryptedWriter:
-        """Write a file into the store encrypted (atomically: see EncryptedWriter)."""
-        return EncryptedWriter(path)
-
-    def adopt(self, tmp: Path, job_id: str) -> str:
-        """Move a spooled file into the store under the job's id alone (no client suffix:
-        FFmpeg must learn nothing from a name); returns its reference."""
-        ref = f"audio/{job_id[:2]}/{job_id}"
-        dest = self.root / ref
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(tmp, dest)
-        return ref
-
-    def copy_to_spool(self, ref: str) -> Path:
-        """A stored (or caller's) file copied into the tmp folder, sealed anew, for another job
-        to adopt (a re-run): each job owns its audio, and deleting one leaves the other's."""
-        import shutil
-        import uuid
-
-        tmp = self.tmp_dir / f"rerun-{uuid.uuid4().hex}"
-        with self.open(ref) as src, self.writer(tmp) as out:
-            shutil.copyfileobj(src, out, 1 << 20)
-        return tmp
-
-    def path(self, ref: str) -> Path:
-        if os.path.isabs(ref):
-            return Path(ref)
-        path = (self.root / ref).resolve()
-        if self.root.resolve() not in path.parents:
-            raise ValueError(f"storage reference {ref!r} points outside the data directory")
-        return path
-
-    def owns(self, ref: str) -> bool:
-        return not os.path.isabs(ref)
-
-    def delete(self, ref: str) -> None:
-        if self.owns(ref):
-            self.path(ref).unlink(missing_ok=True)
-
-    def save_samples(self, job_id: str, samples) -> str:
-        """Prepared audio (16 kHz mono) as 16-bit PCM in a .npy file; returns its reference."""
-        import numpy as np
-
-        ref = f"prepared/{job_id[:2]}/{job_id}.npy"
-        dest = self.root / ref
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        pcm = np.clip(np.round(samples * 32768.0), -32768, 32767).astype(np.int16)
-        with EncryptedWriter(dest) as fh:
-            np.save(fh, pcm)
-        return ref
-
-    def load_samples(self, ref: str):
-        import numpy as np
-
-        with self.open(ref) as fh:
-            return np.load(fh).astype(np.float32) / 32768.0
 
 
 class SealedSpool:

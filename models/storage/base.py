@@ -1,0 +1,156 @@
+"""The storage interface and what every backend shares.
+
+A reference is a relative name the service chose: `audio/<id[:2]>/<id>` for a job's audio,
+`prepared/<id[:2]>/<id>.npy` for its decoded samples. An absolute reference is a file the
+caller owns (`transcribe.delay("/path")`): read in place, as it is, and never deleted.
+Each host keeps its own tmp/ under its data dir for spools and fetches in progress.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator
+
+from config import private_dir
+
+from models.security.sealed import EncryptedWriter
+
+if TYPE_CHECKING:
+    from models.storage.spool import SealedSpool
+
+
+def prepared_ref(job_id: str) -> str:
+    """Where a job's decoded samples are kept (`<id>.shadow` for a shadow model's copy)."""
+    return f"prepared/{job_id[:2]}/{job_id}.npy"
+
+
+def audio_ref(job_id: str) -> str:
+    """Where a job's audio is kept: under its id alone (no client suffix: FFmpeg must learn
+    nothing from a name)."""
+    return f"audio/{job_id[:2]}/{job_id}"
+
+
+@dataclass(frozen=True)
+class StoredFile:
+    """One finished file in the store, for retention's orphan sweep and key rotation."""
+
+    ref: str
+    written_at: float  # when it was written (or moved into place), in seconds since the epoch
+
+
+class Storage:
+    """What the web, the pools and maintenance use; a backend supplies the methods marked
+    as such. `root` is this host's data dir (its tmp/ holds spools, whatever the backend)."""
+
+    kind = "abstract"
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    # -- this host's temporary files -------------------------------------------------------
+    @property
+    def tmp_dir(self) -> Path:
+        path = self.root / "tmp"
+        if not path.is_dir():
+            private_dir(self.root)
+            path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def spool(self, stream: BinaryIO, limit: int | None = None,
+              too_large: Callable[[], BaseException] | None = None) -> SealedSpool:
+        """Copy an upload, encrypted, to a temporary file on this host."""
+        from models.storage.spool import SealedSpool
+
+        spool = SealedSpool(self.tmp_dir, limit, too_large)
+        try:
+            shutil.copyfileobj(stream, spool, length=1024 * 1024)
+            return spool.finish()
+        except BaseException:
+            spool.discard()
+            raise
+
+    def writer(self, path: str | Path) -> EncryptedWriter:
+        """Seal a local file as it is written (atomically: see EncryptedWriter)."""
+        return EncryptedWriter(path)
+
+    def owns(self, ref: str) -> bool:
+        return not os.path.isabs(ref)
+
+    # -- the store: each backend ------------------------------------------------------------
+    def open(self, ref: str) -> BinaryIO:
+        """A stored file's plaintext (decrypted, seekable), or the caller's own file as it is."""
+        if not self.owns(ref):
+            return open(ref, "rb")
+        return self._open(ref)
+
+    def exists(self, ref: str) -> bool:
+        if not self.owns(ref):
+            return os.path.isfile(ref)
+        return self._exists(ref)
+
+    def adopt(self, tmp: Path, job_id: str, session=None) -> str:
+        """Move a sealed local file into the store as the job's audio; returns its reference.
+        Given the session that writes the job's row, a backend that can commits both at once."""
+        ref = audio_ref(job_id)
+        self.put(tmp, ref, session=session)
+        return ref
+
+    def put(self, tmp: Path, ref: str, session=None) -> None:
+        """Move the sealed local file `tmp` into the store under `ref` (replacing one there)."""
+        raise NotImplementedError
+
+    def _open(self, ref: str) -> BinaryIO:
+        raise NotImplementedError
+
+    def _exists(self, ref: str) -> bool:
+        raise NotImplementedError
+
+    def delete(self, ref: str) -> None:
+        """Remove a stored file (none there: nothing happens); a caller's own is never touched."""
+        raise NotImplementedError
+
+    def listing(self, folders: tuple[str, ...] = ("audio", "prepared"), parts: bool = False) -> Iterator[StoredFile]:
+        """Every finished file under these folders; with `parts`, also what a write cut short left."""
+        raise NotImplementedError
+
+    def key_id(self, ref: str) -> str | None:
+        """The key a stored file is sealed under; None for a plain file written before encryption."""
+        raise NotImplementedError
+
+    def reseal(self, ref: str) -> bool:
+        """Seal a stored file again under the active key, swapped in only if it is still the
+        file that was read; False when it went away (or changed) meanwhile."""
+        raise NotImplementedError
+
+    # -- shared ----------------------------------------------------------------------------
+    def save_samples(self, job_id: str, samples) -> str:
+        """Prepared audio (16 kHz mono) as 16-bit PCM in a .npy file; returns its reference."""
+        import numpy as np
+
+        ref = prepared_ref(job_id)
+        tmp = self.tmp_dir / f"samples-{uuid.uuid4().hex}"
+        pcm = np.clip(np.round(samples * 32768.0), -32768, 32767).astype(np.int16)
+        try:
+            with self.writer(tmp) as fh:
+                np.save(fh, pcm)
+            self.put(tmp, ref)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return ref
+
+    def load_samples(self, ref: str):
+        import numpy as np
+
+        with self.open(ref) as fh:
+            return np.load(fh).astype(np.float32) / 32768.0
+
+    def copy_to_spool(self, ref: str) -> Path:
+        """A stored (or caller's) file copied into this host's tmp folder, sealed anew, for
+        another job to adopt (a re-run): each job owns its audio, and deleting one leaves the other's."""
+        tmp = self.tmp_dir / f"rerun-{uuid.uuid4().hex}"
+        with self.open(ref) as src, self.writer(tmp) as out:
+            shutil.copyfileobj(src, out, 1 << 20)
+        return tmp

@@ -1,0 +1,177 @@
+"""Both storage backends (models.storage): the data dir and PostgreSQL large objects. Same
+bytes in and out, sealed at rest, gone with the job, and the job's row and its audio written
+together."""
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+import random
+import uuid
+
+import pytest
+from sqlalchemy import text
+
+from helpers import CLIPS, need_service
+
+from models.security.sealed import MAGIC
+
+TEST_POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/whisperq_test"
+
+
+@pytest.fixture(scope="module")
+def postgres_url(settings) -> str:
+    """The suite's PostgreSQL database, or the local test database beside SQLite runs."""
+    url = settings.database_url if settings.database_url.startswith("postgres") else \
+        os.environ.get("WHISPERQ_TEST_POSTGRES", TEST_POSTGRES)
+    from sqlalchemy import create_engine
+
+    try:
+        engine = create_engine(url)
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        engine.dispose()
+    except Exception as exc:
+        need_service(f"PostgreSQL at {url.rsplit('@', 1)[-1]} unreachable: {exc}")
+    return url
+
+
+@pytest.fixture(params=["local", "postgres"])
+def rt(request, settings, tmp_path):
+    """A runtime on each backend, with a data dir of its own."""
+    from models.runtime import Runtime
+
+    changes = {"data_dir": tmp_path / "data", "storage": request.param}
+    if request.param == "postgres":
+        changes["database_url"] = request.getfixturevalue("postgres_url")
+    elif not settings.database_url.startswith("postgres"):
+        changes["database_url"] = f"sqlite:///{tmp_path / 'data' / 'whisperq.db'}"
+    runtime = Runtime(dataclasses.replace(settings, **changes))
+    runtime.db.upgrade()
+    yield runtime
+    runtime.db.dispose()
+
+
+def large_objects(rt) -> set[int]:
+    with rt.db.engine.connect() as conn:
+        return set(conn.execute(text("SELECT oid FROM pg_largeobject_metadata")).scalars())
+
+
+def raw_bytes(rt, ref: str) -> bytes:
+    if rt.storage.kind == "postgres":
+        return rt.storage.raw(ref)
+    return rt.storage.path(ref).read_bytes()
+
+
+def spooled(rt, data: bytes):
+    return rt.storage.spool(io.BytesIO(data))
+
+
+def test_same_bytes_in_same_bytes_out_and_sealed_at_rest(rt):
+    data = random.Random(7).randbytes(3 * 1024 * 1024 + 12345)  # several 1 MiB blocks, a ragged end
+    spool = spooled(rt, data)
+    job_id = str(uuid.uuid4())
+    ref = rt.storage.adopt(spool.path, job_id)
+    spool.release()
+    assert rt.storage.exists(ref)
+    with rt.storage.open(ref) as fh:
+        assert fh.read() == data
+        for offset in (0, 1, 65535, 65536, 1024 * 1024 - 3, 2 * 1024 * 1024 + 77, len(data) - 5):
+            fh.seek(offset)
+            assert fh.read(4096) == data[offset:offset + 4096]
+        fh.seek(-10, io.SEEK_END)
+        assert fh.read() == data[-10:]
+    sealed = raw_bytes(rt, ref)
+    assert sealed.startswith(MAGIC) and data[1000:1064] not in sealed
+    assert rt.storage.key_id(ref) == "test"
+    assert list(rt.storage.tmp_dir.iterdir()) == []  # the spool went into the store
+    rt.storage.delete(ref)
+    assert not rt.storage.exists(ref)
+    with pytest.raises(FileNotFoundError):
+        rt.storage.open(ref)
+
+
+def test_samples_round_trip_and_are_replaced_in_place(rt):
+    import numpy as np
+
+    job_id = str(uuid.uuid4())
+    samples = np.linspace(-0.5, 0.5, 16000 * 3, dtype=np.float32)
+    ref = rt.storage.save_samples(job_id, samples)
+    assert np.allclose(rt.storage.load_samples(ref), samples, atol=1 / 32768)
+    before = large_objects(rt) if rt.storage.kind == "postgres" else set()
+    ref_again = rt.storage.save_samples(job_id, samples[:16000])  # a redelivered job prepares again
+    assert ref_again == ref and len(rt.storage.load_samples(ref)) == 16000
+    if rt.storage.kind == "postgres":
+        assert len(large_objects(rt)) == len(before)  # the first object was let go, not left behind
+    assert [f.ref for f in rt.storage.listing(("prepared",))] == [ref]
+    rt.storage.delete(ref)
+    assert list(rt.storage.listing(("prepared",))) == []
+
+
+def test_a_job_and_its_audio_are_written_together_and_deleted_together(rt):
+    from models.jobs.operations import create_job, delete_job
+
+    data = CLIPS["fox.flac"]["path"].read_bytes()
+    before = large_objects(rt) if rt.storage.kind == "postgres" else set()
+    job = create_job(rt, spooled=spooled(rt, data).path, filename="fox.flac", duration=4.3, audio_format="flac", language="en",
+                     priority="normal")
+    assert rt.storage.exists(job.audio_ref)
+    with rt.storage.open(job.audio_ref) as fh:
+        assert fh.read() == data
+    prepared = rt.storage.save_samples(job.id, __import__("numpy").zeros(1600, dtype="float32"))
+    delete_job(rt, job.id)
+    assert not rt.storage.exists(job.audio_ref) and not rt.storage.exists(prepared)
+    if rt.storage.kind == "postgres":
+        assert large_objects(rt) == before  # every large object of the job unlinked
+    else:
+        assert not any((rt.settings.data_dir / "audio").rglob("*.*"))
+
+
+def test_a_row_that_cannot_be_written_leaves_no_audio(rt, monkeypatch):
+    from models.jobs import operations
+
+    objects = large_objects(rt) if rt.storage.kind == "postgres" else set()
+
+    def refused(**_row):
+        raise RuntimeError("the row is refused")  # after the audio went into the store
+
+    monkeypatch.setattr(operations, "Job", refused)
+    with pytest.raises(RuntimeError, match="refused"):
+        operations.create_job(rt, spooled=spooled(rt, b"audio" * 1000).path, filename=None, duration=1.0,
+                              audio_format="wav", language="en", priority="normal")
+    if rt.storage.kind == "postgres":
+        assert large_objects(rt) == objects  # rolled back with the row
+    assert list(rt.storage.listing(("audio",))) == []
+
+
+def test_key_rotation_reseals_stored_files_on_either_backend(rt, monkeypatch):
+    from models.maintenance.rotation import rotate, usage
+    from models.security.crypto import Keyring, set_keyring
+
+    data = random.Random(3).randbytes(200_000)
+    job_id = str(uuid.uuid4())
+    spool = spooled(rt, data)
+    ref = rt.storage.adopt(spool.path, job_id)
+    spool.release()
+    old = rt.keyring
+    rotated = Keyring((("next", os.urandom(32)),) + old.keys)  # a new active key; the old one still reads
+    set_keyring(rotated)
+    try:
+        assert usage(rt).files.get("test", 0) >= 1
+        report = rotate(rt)
+        assert report.files_rewritten >= 1 and not report.failures
+        assert rt.storage.key_id(ref) == "next"
+        with rt.storage.open(ref) as fh:
+            assert fh.read() == data
+    finally:
+        set_keyring(old)
+        rt.storage.delete(ref)
+
+
+def test_postgres_storage_needs_a_postgres_database(tmp_path):
+    from config import ConfigError, Settings
+
+    with pytest.raises(ConfigError, match="WHISPERQ_STORAGE=postgres.*DATABASE_URL"):
+        Settings.from_env({"WHISPERQ_DATA_DIR": str(tmp_path), "WHISPERQ_STORAGE": "postgres"})
+    with pytest.raises(ConfigError, match="WHISPERQ_STORAGE"):
+        Settings.from_env({"WHISPERQ_DATA_DIR": str(tmp_path), "WHISPERQ_STORAGE": "s3"})
