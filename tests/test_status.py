@@ -32,3 +32,27 @@ def test_status_shows_workers_queues_and_dead_letters(client, runner, worker, ce
     assert report["queues"]["whisperq.prepare"]["oldest_seconds"] >= 0
     assert isinstance(report["dead_letters"], int)
     assert "whisperq.prepare" in text and "inference" in text and "dead letters" in text
+
+
+def test_workers_are_shown_by_host_with_its_disk_and_memory(client, runner, worker):
+    import socket
+
+    from web.cli import cli
+
+    host = socket.gethostname()
+    deadline = time.monotonic() + 30
+    while True:
+        hosts = json.loads(runner.invoke(cli, ["status", "--json"]).output)["hosts"]
+        if {"prepare", "inference", "notify"} <= set(hosts.get(host, {}).get("workers", {})) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    mine = hosts[host]
+    assert {"prepare", "inference", "notify"} <= set(mine["workers"]) and "tiny.en" in mine["models"]
+    assert 0 < mine["disk_free_bytes"] and 0 < mine["memory_available_bytes"]
+    assert f"host {host}" in runner.invoke(cli, ["status"]).output
+    ready = client.get("/readyz").get_json()
+    assert ready["hosts"][host]["workers"]["inference"] >= 1 and ready["hosts"][host]["disk"] == "ok", ready
+    metrics = client.get("/metrics").get_data(as_text=True)
+    assert f'whisperq_host_workers{{host="{host}",pool="inference"}}' in metrics
+    assert f'whisperq_host_disk_free_bytes{{host="{host}"}}' in metrics
+    assert f'whisperq_host_memory_available_bytes{{host="{host}"}}' in metrics

@@ -170,13 +170,17 @@ def _runtime():
     return rt
 
 
+def _mb(value) -> str:
+    return "?" if value is None else f"{value // (1024 * 1024):,} MB"
+
+
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def status(as_json: bool) -> None:
     """Workers (from their heartbeats), queues and their depths, the oldest waiting job,
     dead letters: what an operator looks at first."""
     from models.jobs.record import utcnow
-    from models.jobs.workers import alive
+    from models.jobs.workers import alive, by_host
     from tasks.app import celery_for
     from web.metrics import broker_depths, database_figures
 
@@ -190,9 +194,11 @@ def status(as_json: bool) -> None:
         depths, broker_error = {}, f"unreachable: {type(exc).__name__}: {exc}"
     report = {
         "broker": rt.settings.describe()["broker_url"] if broker_error is None else broker_error,
-        "workers": [{"pool": w["pool"], "hostname": w["hostname"], "slots": w["slots"],
+        "workers": [{"pool": w["pool"], "hostname": w["hostname"], "host": w["host"], "slots": w["slots"],
                      "up_seconds": round((now - w["started_at"]).total_seconds()),
                      "last_seen_seconds": round((now - w["last_seen_at"]).total_seconds(), 1)} for w in workers],
+        "hosts": {name: {k: h.get(k) for k in ("workers", "models", "disk_free_bytes", "memory_available_bytes")}
+                  for name, h in by_host(workers).items()},
         "queues": {},
         "jobs": figures["statuses"],
         "dead_letters": figures["dead_letters"],
@@ -207,7 +213,11 @@ def status(as_json: bool) -> None:
         click.echo(json.dumps(report, indent=2))
         return
     click.echo(f"broker        {report['broker']}")
-    click.echo(f"workers       {len(workers)} alive")
+    click.echo(f"workers       {len(workers)} alive on {len(report['hosts'])} host(s)")
+    for name, h in report["hosts"].items():
+        pools = ", ".join(f"{n} {pool}" for pool, n in sorted(h["workers"].items()))
+        click.echo(f"  host {name:<34} {pools}; disk {_mb(h['disk_free_bytes'])} free, "
+                   f"memory {_mb(h['memory_available_bytes'])} available")
     for w in report["workers"]:
         click.echo(f"  {w['pool']:<10} {w['hostname']:<40} {w['slots']:>3} slots  up {w['up_seconds']} s, "
                    f"seen {w['last_seen_seconds']} s ago")

@@ -43,8 +43,11 @@ def readyz():
     checks["disk"] = "ok" if free_mb >= rt.settings.disk_floor_mb else (
         f"{free_mb} MB free, under WHISPERQ_DISK_FLOOR_MB={rt.settings.disk_floor_mb}")
     served: dict[str, int] = {}
+    hosts: dict[str, dict] = {}
     if checks["database"] == "ok":
-        inference = alive(rt, "inference")
+        everyone = alive(rt)
+        hosts = _hosts(rt, everyone)
+        inference = [w for w in everyone if w["pool"] == "inference"]
         served = {spec.name: sum(spec.name in w["models"] for w in inference) for spec in rt.settings.models}
         workers = len(inference)
         if workers:
@@ -54,4 +57,21 @@ def readyz():
         else:
             checks["inference_workers"] = "none alive: no inference worker has sent a heartbeat in 30 s"
     ready = all(v == "ok" for v in checks.values())
-    return jsonify({"status": "ready" if ready else "not_ready", "checks": checks, "models": served}), 200 if ready else 503
+    return jsonify({"status": "ready" if ready else "not_ready", "checks": checks, "models": served,
+                    "hosts": hosts}), 200 if ready else 503
+
+
+def _hosts(rt, workers: list[dict]) -> dict[str, dict]:
+    """The workers of each host and that host's own disk and memory, from their heartbeats: a
+    worker host low on disk shows here (it does not make this web process unready)."""
+    from models.jobs.workers import by_host
+
+    floor = rt.settings.disk_floor_mb * 1024 * 1024
+    out = {}
+    for name, host in by_host(workers).items():
+        free = host.get("disk_free_bytes")
+        disk = "unknown" if free is None else "ok" if free >= floor else (
+            f"{free // (1024 * 1024)} MB free, under WHISPERQ_DISK_FLOOR_MB={rt.settings.disk_floor_mb}")
+        out[name] = {"workers": host["workers"], "models": host["models"], "disk": disk, "disk_free_bytes": free,
+                     "memory_available_bytes": host.get("memory_available_bytes")}
+    return out

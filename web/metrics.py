@@ -29,7 +29,7 @@ from config.priorities import REDIS_PRIORITY_STEPS, Priority
 from config.settings import PRIORITIES, Settings
 from models.jobs.deadletter import DeadLetter
 from models.jobs.record import Job, JobStatus, Stage, utcnow
-from models.jobs.workers import alive
+from models.jobs.workers import alive, by_host
 from models.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -200,7 +200,19 @@ class ClusterCollector:
                        "refused, the default model's wait)", labels=["model"])
         for spec in self.rt.settings.models:
             served.add_metric([spec.name], float(sum(spec.name in w["models"] for w in workers if w["pool"] == "inference")))
-        return [jobs, waiting, running, oldest, dead, count, slots, served]
+        per_host = Gauge("whisperq_host_workers", "Live worker processes on each host, by pool", labels=["host", "pool"])
+        disk = Gauge("whisperq_host_disk_free_bytes", "Free bytes on the file system of each worker host's data dir "
+                     "(from its workers' heartbeats)", labels=["host"])
+        memory = Gauge("whisperq_host_memory_available_bytes", "Available memory of each worker host (from its "
+                       "workers' heartbeats)", labels=["host"])
+        for name, host in by_host(workers).items():
+            for pool, n in host["workers"].items():
+                per_host.add_metric([name, pool], float(n))
+            if host.get("disk_free_bytes") is not None:
+                disk.add_metric([name], float(host["disk_free_bytes"]))
+            if host.get("memory_available_bytes") is not None:
+                memory.add_metric([name], float(host["memory_available_bytes"]))
+        return [jobs, waiting, running, oldest, dead, count, slots, served, per_host, disk, memory]
 
     def _disk(self, Gauge) -> list:
         from models.access.admission import free_bytes
