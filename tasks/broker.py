@@ -79,13 +79,14 @@ def still_lost(app, ids: set[str], pause: float = 2.0) -> set[str]:
     return {job_id for job_id in ids if job_id not in waiting and job_id not in held}
 
 
-def run_sweep(app, grace: timedelta | None = None):
-    """One sweeper pass against the live broker and workers (see models.jobs.sweeper)."""
+def run_sweep(app, grace: timedelta | None = None, rt=None):
+    """One sweeper pass against the live broker and workers (see models.jobs.sweeper), on
+    this process's runtime unless given another (one deployment's, among several)."""
     from models.delivery.notify import overdue
     from models.jobs.sweeper import GRACE, sweep
     from tasks.app import runtime
 
-    rt = runtime()
+    rt = rt or runtime()
     waiting = waiting_in_broker(app)  # read before holdings: messages move from queues to workers
     report = sweep(rt, holdings(app), lambda job: publish_transcribe(app, job),
                    grace=GRACE if grace is None else grace, waiting=waiting, confirm=lambda ids: still_lost(app, ids))

@@ -266,10 +266,11 @@ class Worker:
 
 
 def start_worker(celery_app, tmp: Path, name: str, queue: str, pool: str = "prefork", concurrency: int = 1,
-                 extra_env: dict | None = None) -> Worker:
+                 extra_env: dict | None = None, popen=subprocess.Popen) -> Worker:
+    """A worker process, answering pings. `popen` starts it elsewhere (tests/hosts.py: on a second host)."""
     log = tmp / f"{name}.log"
     env = dict(os.environ, **(extra_env or {}))
-    proc = subprocess.Popen(
+    proc = popen(
         [sys.executable, "-m", "celery", "-A", "tasks.worker", "worker", "--pool", pool, "--concurrency", str(concurrency),
          "--queues", queue, "--hostname", f"{name}@%h", "--without-mingle", "--without-gossip", "--loglevel", "INFO", "-E"],
         cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
@@ -301,15 +302,16 @@ def stop_worker(worker: Worker) -> None:
 class Pools:
     """The preparation and inference workers, as the Procfile runs them."""
 
-    def __init__(self, celery_app, tmp: Path, tag: str, env: dict | None = None):
+    def __init__(self, celery_app, tmp: Path, tag: str, env: dict | None = None, popen=subprocess.Popen):
         from config import NOTIFY_QUEUE, PREPARE_QUEUE
 
         self.celery_app, self.tmp, self.tag, self.restarts, self.env = celery_app, tmp, tag, 0, env
-        self.prepare = start_worker(celery_app, tmp, f"prepare-{tag}", PREPARE_QUEUE, extra_env=env)
+        self.popen = popen
+        self.prepare = start_worker(celery_app, tmp, f"prepare-{tag}", PREPARE_QUEUE, extra_env=env, popen=popen)
         try:
             self.inference = self._start_inference()
             self.notify = start_worker(celery_app, tmp, f"notify-{tag}", NOTIFY_QUEUE, pool="threads", concurrency=4,
-                                       extra_env=env)
+                                       extra_env=env, popen=popen)
         except BaseException:
             stop_worker(self.prepare)
             if hasattr(self, "inference"):
@@ -321,7 +323,7 @@ class Pools:
 
         name = f"inference-{self.tag}" + (f"-{self.restarts}" if self.restarts else "")
         return start_worker(self.celery_app, self.tmp, name, INFERENCE_QUEUE, pool="threads", concurrency=8,
-                            extra_env=self.env)
+                            extra_env=self.env, popen=self.popen)
 
     def kill_inference(self) -> None:
         """kill -9 the inference worker: no warm shutdown, no acks, no goodbyes."""
@@ -341,7 +343,7 @@ class Pools:
         self.stop()
         self.tag += "r"
         self.restarts = 0
-        self.__init__(self.celery_app, self.tmp, self.tag, self.env)
+        self.__init__(self.celery_app, self.tmp, self.tag, self.env, self.popen)
 
     def sweep(self, grace_seconds: float = 0.0):
         """One sweeper pass now, as beat would run it, without the start-up grace."""

@@ -44,7 +44,9 @@ def run(procfile: str) -> None:
             env["CELERY_BROKER_URL"] = broker.start()
         except RuntimeError as exc:
             raise click.ClickException(str(exc)) from exc
-        click.echo(f"embedded Redis broker on 127.0.0.1:{broker.port} (data in {broker.directory})")
+        click.echo(f"embedded Redis broker on 127.0.0.1:{broker.port} (data in {broker.directory}); it listens on "
+                   "loopback only: a single-host convenience. For workers on other machines set CELERY_BROKER_URL to "
+                   "a Redis or RabbitMQ they reach (README: Running on several machines)")
     # A single-user install: the upload page and the API work without a key. Set
     # WHISPERQ_ALLOW_ANONYMOUS=false (and make keys with `whisperq keys create`) to need one.
     env.setdefault("WHISPERQ_ALLOW_ANONYMOUS", "true")
