@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How many inference workers the queue needs, from the web app's /metrics.
 
-A plain alternative to KEDA (deploy/keda-scaledobject.yaml) for hosts without Kubernetes:
+A plain alternative to KEDA (deploy/k8s/keda-scaledobject.yaml) for hosts without Kubernetes:
 it reads /metrics, prints the decision as one JSON line, and with --exec runs a command
 with the count (`systemctl`, `docker compose up --scale`, `kubectl scale`, ...) when it
 differs from the workers alive. Once by default, or every --interval seconds.

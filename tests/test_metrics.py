@@ -458,8 +458,10 @@ def _exprs() -> dict[str, str]:
     for panel in dashboard["panels"]:
         for target in panel["targets"]:
             out[f"panel {panel['title']} {target['refId']}"] = target["expr"].replace("$worker_job", "whisperq-workers")
-    keda = yaml.safe_load((DEPLOY / "keda-scaledobject.yaml").read_text())
+    keda = yaml.safe_load((DEPLOY / "k8s" / "keda-scaledobject.yaml").read_text())
     out["keda"] = keda["spec"]["triggers"][0]["metadata"]["query"]
+    keda = yaml.safe_load((DEPLOY / "k8s" / "keda-prepare-scaledobject.yaml").read_text())
+    out["keda prepare"] = keda["spec"]["triggers"][0]["metadata"]["query"]
     return out
 
 
@@ -483,7 +485,7 @@ def test_deploy_files_use_the_metrics_that_exist(app):
     assert any("histogram_quantile" in t["expr"] for p in dashboard["panels"] for t in p["targets"])
     assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
 
-    keda = yaml.safe_load((DEPLOY / "keda-scaledobject.yaml").read_text())
+    keda = yaml.safe_load((DEPLOY / "k8s" / "keda-scaledobject.yaml").read_text())
     assert keda["apiVersion"] == "keda.sh/v1alpha1" and keda["kind"] == "ScaledObject"
     trigger = keda["spec"]["triggers"][0]
     assert trigger["type"] == "prometheus"
