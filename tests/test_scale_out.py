@@ -21,7 +21,7 @@ import pytest
 from sqlalchemy import select
 
 from conftest import Pools, _state, stop_worker
-from helpers import CLIPS, need_service
+from helpers import CLIPS, long_recording, need_service, write_wav
 from hosts import second_host
 
 pytestmark = [pytest.mark.integration, pytest.mark.hosts]
@@ -204,6 +204,22 @@ def test_jobs_sent_to_host_1_are_transcribed_on_host_2(cluster):
         assert hosts[cluster.host2.hostname]["disk_free_bytes"] > 0
         metrics = cluster.client.get("/metrics").get_data(as_text=True)
         assert f'whisperq_host_workers{{host="{cluster.host2.hostname}",pool="inference"}}' in metrics
+        # Estimates and cancellation across hosts: a job waits behind host 2's workers, and a
+        # cancel sent to host 1 stops it where host 2 runs it.
+        samples, _text = long_recording(repeats=6)
+        wav = write_wav(cluster.tmp / "long.wav", samples).read_bytes()
+        resp = cluster.client.post("/v1/jobs", data={"file": (io.BytesIO(wav), "long.wav"), "language": "en"},
+                                   content_type="multipart/form-data")
+        assert resp.status_code == 202, resp.get_json()
+        long_id = resp.get_json()["job_id"]
+        status = cluster.client.get(f"/v1/jobs/{long_id}").get_json()
+        assert status["estimated_finish_at"] is not None, status
+        deadline = time.monotonic() + 60
+        while cluster.jobs([long_id])[0].status == "PENDING" and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert cluster.client.post(f"/v1/jobs/{long_id}/cancel").status_code in (200, 202)
+        (cancelled,) = cluster.wait([long_id], timeout=120)
+        assert cancelled.status == "CANCELLED" and host_of(cancelled) == cluster.host2.hostname, cancelled.status
         # Deleted on host 1, gone for every host.
         assert cluster.client.delete(f"/v1/jobs/{ids[0]}").status_code in (200, 204)
         assert not cluster.rt.storage.exists(jobs[0].audio_ref)
