@@ -15,6 +15,7 @@ from sqlalchemy import text
 from helpers import CLIPS, need_service
 
 from models.security.sealed import MAGIC
+from models.storage.base import audio_ref
 
 TEST_POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/whisperq_test"
 
@@ -52,9 +53,18 @@ def rt(request, settings, tmp_path):
     runtime.db.dispose()
 
 
-def large_objects(rt) -> set[int]:
+def oids(rt, *refs: str) -> set[int]:
+    """The large objects that hold these references now."""
     with rt.db.engine.connect() as conn:
-        return set(conn.execute(text("SELECT oid FROM pg_largeobject_metadata")).scalars())
+        return set(conn.execute(text("SELECT oid FROM stored_objects WHERE ref = ANY(:refs)"),
+                                {"refs": list(refs)}).scalars())
+
+
+def existing(rt, objects: set[int]) -> set[int]:
+    """Which of these large objects the database still has (other tests may make others)."""
+    with rt.db.engine.connect() as conn:
+        return set(conn.execute(text("SELECT oid FROM pg_largeobject_metadata WHERE oid = ANY(:oids)"),
+                                {"oids": list(objects)}).scalars())
 
 
 def raw_bytes(rt, ref: str) -> bytes:
@@ -98,50 +108,60 @@ def test_samples_round_trip_and_are_replaced_in_place(rt):
     samples = np.linspace(-0.5, 0.5, 16000 * 3, dtype=np.float32)
     ref = rt.storage.save_samples(job_id, samples)
     assert np.allclose(rt.storage.load_samples(ref), samples, atol=1 / 32768)
-    before = large_objects(rt) if rt.storage.kind == "postgres" else set()
+    first = oids(rt, ref) if rt.storage.kind == "postgres" else set()
     ref_again = rt.storage.save_samples(job_id, samples[:16000])  # a redelivered job prepares again
     assert ref_again == ref and len(rt.storage.load_samples(ref)) == 16000
     if rt.storage.kind == "postgres":
-        assert len(large_objects(rt)) == len(before)  # the first object was let go, not left behind
-    assert [f.ref for f in rt.storage.listing(("prepared",))] == [ref]
+        assert first and existing(rt, first) == set()  # the first object was let go, not left behind
+    assert ref in {f.ref for f in rt.storage.listing(("prepared",))}
     rt.storage.delete(ref)
-    assert list(rt.storage.listing(("prepared",))) == []
+    assert ref not in {f.ref for f in rt.storage.listing(("prepared",))}
 
 
 def test_a_job_and_its_audio_are_written_together_and_deleted_together(rt):
     from models.jobs.operations import create_job, delete_job
 
     data = CLIPS["fox.flac"]["path"].read_bytes()
-    before = large_objects(rt) if rt.storage.kind == "postgres" else set()
     job = create_job(rt, spooled=spooled(rt, data).path, filename="fox.flac", duration=4.3, audio_format="flac", language="en",
                      priority="normal")
     assert rt.storage.exists(job.audio_ref)
     with rt.storage.open(job.audio_ref) as fh:
         assert fh.read() == data
     prepared = rt.storage.save_samples(job.id, __import__("numpy").zeros(1600, dtype="float32"))
+    held = oids(rt, job.audio_ref, prepared) if rt.storage.kind == "postgres" else set()
     delete_job(rt, job.id)
     assert not rt.storage.exists(job.audio_ref) and not rt.storage.exists(prepared)
     if rt.storage.kind == "postgres":
-        assert large_objects(rt) == before  # every large object of the job unlinked
+        assert len(held) == 2 and existing(rt, held) == set()  # every large object of the job unlinked
     else:
         assert not any((rt.settings.data_dir / "audio").rglob("*.*"))
 
 
 def test_a_row_that_cannot_be_written_leaves_no_audio(rt, monkeypatch):
     from models.jobs import operations
+    from models.storage import postgres
 
-    objects = large_objects(rt) if rt.storage.kind == "postgres" else set()
+    made: list[int] = []
+    upload = postgres._upload
+
+    def recorded(conn, tmp):
+        oid, size = upload(conn, tmp)
+        made.append(oid)
+        return oid, size
+
+    monkeypatch.setattr(postgres, "_upload", recorded)
 
     def refused(**_row):
         raise RuntimeError("the row is refused")  # after the audio went into the store
 
     monkeypatch.setattr(operations, "Job", refused)
+    job_id = str(uuid.uuid4())
     with pytest.raises(RuntimeError, match="refused"):
         operations.create_job(rt, spooled=spooled(rt, b"audio" * 1000).path, filename=None, duration=1.0,
-                              audio_format="wav", language="en", priority="normal")
+                              audio_format="wav", language="en", priority="normal", job_id=job_id)
     if rt.storage.kind == "postgres":
-        assert large_objects(rt) == objects  # rolled back with the row
-    assert list(rt.storage.listing(("audio",))) == []
+        assert made and existing(rt, set(made)) == set()  # rolled back with the row
+    assert not rt.storage.exists(audio_ref(job_id)) and list(rt.storage.tmp_dir.iterdir()) == []
 
 
 def test_key_rotation_reseals_stored_files_on_either_backend(rt, monkeypatch):
