@@ -40,3 +40,52 @@ def generated_secret(path: Path, make) -> str:
         finally:
             os.unlink(tmp)
     return path.read_text().strip()
+
+
+BROKER_FILE = "broker.url"
+
+
+def publish_broker(data_dir: Path, url: str) -> Path:
+    """Write the running stack's broker URL (it holds the embedded broker's password) into
+    the data dir, readable by its owner alone, for local callers of `transcribe.delay()`
+    and `whisperq env` to find; atomically, so a reader never sees half a URL."""
+    private_dir(Path(data_dir))
+    fd, tmp = tempfile.mkstemp(dir=data_dir, prefix=f".{BROKER_FILE}-")  # mode 0600
+    with os.fdopen(fd, "w") as out:
+        out.write(url + "\n")
+    os.replace(tmp, Path(data_dir) / BROKER_FILE)
+    return Path(data_dir) / BROKER_FILE
+
+
+def withdraw_broker(data_dir: Path, url: str) -> None:
+    """Remove the published URL when the stack that wrote it stops (not a newer stack's)."""
+    path = Path(data_dir) / BROKER_FILE
+    try:
+        if path.read_text().strip() == url:
+            path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def published_broker(data_dir: Path) -> str | None:
+    """The broker URL a stack running on this data dir published, if one is running: the
+    file is the owner's alone, and its embedded broker's lock is held. Else None."""
+    import fcntl
+
+    path = Path(data_dir) / BROKER_FILE
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    if st.st_uid != os.getuid() or st.st_mode & 0o077:
+        return None  # not written by us for us: not to be trusted with the jobs
+    try:
+        with open(Path(data_dir) / "redis" / "lock") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return path.read_text().strip() or None  # held: the stack runs
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    except OSError:
+        pass
+    return None  # left by a stack that stopped without withdrawing it

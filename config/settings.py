@@ -15,7 +15,7 @@ from typing import Mapping
 
 from .allow import AllowRule
 from .env import ConfigError, Env, input_dirs as _input_dirs, hosts as _hosts
-from .files import generated_secret
+from .files import generated_secret, published_broker
 from .priorities import PRIORITIES
 from .registry import ModelSpec, Routes, find_model, parse_models, parse_routes
 
@@ -105,6 +105,10 @@ class Settings:
     max_audio_seconds_batch: float
     sync_waits_per_client: int
     allowed_hosts: tuple[str, ...] | None
+    # Monthly audio quotas per tier, in hours (None: off; see models.access.quotas).
+    quota_hours_premium: float | None
+    quota_hours_standard: float | None
+    quota_hours_batch: float | None
     routes: Routes = Routes()  # aliases (A/B by weight) and shadow decoding (config.registry)
 
     @classmethod
@@ -113,7 +117,8 @@ class Settings:
         data_dir = Path(env.str("WHISPERQ_DATA_DIR", "./var")).expanduser().resolve()
         values = dict(
             data_dir=data_dir,
-            broker_url=env.url("CELERY_BROKER_URL", None, schemes=BROKER_SCHEMES),
+            # Unset: the broker a stack running on this data dir published (`whisperq run`'s embedded one).
+            broker_url=env.url("CELERY_BROKER_URL", None, schemes=BROKER_SCHEMES) or published_broker(data_dir),
             result_backend=env.str("CELERY_RESULT_BACKEND", None),
             database_url=env.url(
                 "DATABASE_URL", f"sqlite:///{data_dir / 'whisperq.db'}", schemes=DATABASE_SCHEMES
@@ -185,6 +190,9 @@ class Settings:
             sync_waits_per_client=env.int("WHISPERQ_SYNC_WAITS_PER_CLIENT", 1, low=0, high=10_000),
             anonymous_max_priority=env.choice("WHISPERQ_ANONYMOUS_MAX_PRIORITY", "normal", PRIORITIES),
             allowed_hosts=_hosts(env.str("WHISPERQ_ALLOWED_HOSTS", None)),
+            quota_hours_premium=env.hours("WHISPERQ_QUOTA_HOURS_PREMIUM"),
+            quota_hours_standard=env.hours("WHISPERQ_QUOTA_HOURS_STANDARD"),
+            quota_hours_batch=env.hours("WHISPERQ_QUOTA_HOURS_BATCH"),
         )
         if values["high_reserve"] >= 1:
             raise ConfigError(
@@ -268,8 +276,10 @@ class Settings:
     def celery_broker_url(self) -> str:
         if not self.broker_url:
             raise ConfigError(
-                "CELERY_BROKER_URL is not set: start the service with `make run` (which starts an "
-                "embedded Redis), or set it to redis://HOST:6379/0 or amqp://USER:PASS@HOST:5672//"
+                f"CELERY_BROKER_URL is not set and no service runs on the data dir {self.data_dir}: start the service "
+                "with `make run` (which starts an embedded Redis that local callers find by themselves), point "
+                "WHISPERQ_DATA_DIR at the running service's data dir, or set CELERY_BROKER_URL to "
+                "redis://HOST:6379/0 or amqp://USER:PASS@HOST:5672//"
             )
         return self.broker_url
 

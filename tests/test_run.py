@@ -121,6 +121,9 @@ def test_run_starts_the_whole_service_on_the_embedded_broker(tmp_path):
         # The broker's data is kept under the data dir.
         assert (tmp_path / "var" / "redis" / "appendonly.aof").exists() or (tmp_path / "var" / "redis" / "appendonlydir").exists()
 
+        # A program on this machine with no broker settings finds the running stack by itself.
+        delay_finds_the_running_stack(tmp_path / "var", tmp_path)
+
         # The pools run below the web's scheduling priority; a killed pool comes back by itself.
         survives_a_killed_pool(base, tmp_path / "var", proc, log)
 
@@ -147,7 +150,30 @@ def test_run_starts_the_whole_service_on_the_embedded_broker(tmp_path):
         requests.get(f"{base}/healthz", timeout=2)
     leftover = subprocess.run(["pgrep", "-f", str(tmp_path / "var" / "redis")], capture_output=True, text=True).stdout
     assert leftover.strip() == "", f"embedded redis still running: {leftover}"
+    assert not (tmp_path / "var" / "broker.url").exists()  # withdrawn with the stack
     assert code in (0, -15, 143), out[-3000:]
+
+
+def delay_finds_the_running_stack(data_dir: Path, cwd: Path) -> None:
+    """`transcribe.delay()` and `whisperq env` in other processes, with the data dir alone."""
+    import shlex
+
+    env = {k: v for k, v in os.environ.items() if k not in ("CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "DATABASE_URL")}
+    env["WHISPERQ_DATA_DIR"] = str(data_dir)
+    published = data_dir / "broker.url"
+    assert published.stat().st_mode & 0o777 == 0o600  # it holds the broker's password
+    exports = subprocess.run([str(Path(sys.executable).parent / "whisperq"), "env"], env=env, capture_output=True,
+                             text=True, timeout=60)
+    assert exports.returncode == 0, exports.stderr
+    assert f"export CELERY_BROKER_URL={shlex.quote(published.read_text().strip())}" in exports.stdout
+    program = ("import json, sys\nfrom tasks import transcribe\n"
+               "r = transcribe.delay(sys.argv[1], language='en', word_timestamps=True)\n"
+               "print(json.dumps(r.get(timeout=240)))")
+    out = subprocess.run([sys.executable, "-c", program, str(CLIPS["fox.flac"]["path"])], env=env, cwd=cwd,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "fox" in result["text"].lower() and result["segments"][0]["words"], result
 
 
 def job_trace(collector, job_id: str) -> set[tuple[str, str]] | None:

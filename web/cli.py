@@ -3,13 +3,12 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import sys
 from pathlib import Path
 
 import click
 
-from config import ConfigError, Settings, private_dir, publish_notify
+from config import ConfigError, Settings, publish_notify
 from models.errors import WhisperqError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,76 +24,6 @@ def _settings() -> Settings:
 @click.group()
 def cli() -> None:
     """whisperq: self-hosted speech to text on a Celery queue."""
-
-
-@cli.command()
-@click.option("--procfile", default=str(ROOT / "Procfile"), show_default=True, help="Procfile to run.")
-def run(procfile: str) -> None:
-    """Start web, worker and Flower; with no CELERY_BROKER_URL, an embedded Redis too."""
-    settings = _settings()
-    private_dir(settings.data_dir)
-    bindir = str(Path(sys.executable).parent)  # gunicorn, celery and supervisord live beside Python
-    env = dict(os.environ, WHISPERQ_DATA_DIR=str(settings.data_dir), PATH=bindir + os.pathsep + os.environ.get("PATH", ""))
-    broker = None
-    if not settings.broker_url:
-        from config.embedded import EmbeddedRedis
-
-        broker = EmbeddedRedis(settings.data_dir / "redis")
-        try:
-            env["CELERY_BROKER_URL"] = broker.start()
-        except RuntimeError as exc:
-            raise click.ClickException(str(exc)) from exc
-        click.echo(f"embedded Redis broker on 127.0.0.1:{broker.port} (data in {broker.directory}); it listens on "
-                   "loopback only: a single-host convenience. For workers on other machines set CELERY_BROKER_URL to "
-                   "a Redis or RabbitMQ they reach (README: Running on several machines)")
-    # A single-user install: the upload page and the API work without a key. Set
-    # WHISPERQ_ALLOW_ANONYMOUS=false (and make keys with `whisperq keys create`) to need one.
-    env.setdefault("WHISPERQ_ALLOW_ANONYMOUS", "true")
-    Settings.from_env(env)  # the processes will read the same; fail here, not in three places
-    # One machine: its inference pool serves every model (each loaded on its first job). Across
-    # machines each pool takes the queues of the models it should hold (README "Models").
-    from config.celeryconfig import pool_of, queues_for
-
-    env.setdefault("WHISPERQ_INFERENCE_QUEUES", ",".join(q for q in queues_for(settings) if pool_of(q) == "inference"))
-    from models.db import Database
-
-    Database(settings.database_url).upgrade()  # once, before three processes race for it
-    flower_login = ""
-    if not settings.flower_basic_auth:
-        # Flower shows every job's arguments and results: never leave it open, even on loopback.
-        password = secrets.token_urlsafe(12)
-        env["FLOWER_BASIC_AUTH"] = f"admin:{password}"
-        flower_login = f"  (user admin, password {password}; set FLOWER_BASIC_AUTH to choose)"
-    flower_host = settings.flower_address if settings.flower_address not in ("", "0.0.0.0", "::") else "127.0.0.1"
-    flower_host = f"[{flower_host}]" if ":" in flower_host else flower_host
-    env["PORT"] = str(settings.port)
-    click.echo(
-        f"\n  upload form  http://{settings.host}:{settings.port}/\n"
-        f"  API          http://{settings.host}:{settings.port}/v1/jobs\n"
-        f"  Flower       http://{flower_host}:{settings.flower_port}/{flower_login}\n"
-        f"  data         {settings.data_dir}  (logs in {settings.data_dir / 'logs'})\n"
-    )
-    from .supervise import run_supervised
-
-    try:
-        code = run_supervised(Path(procfile), ROOT, settings.data_dir, env)
-    finally:
-        if broker is not None:
-            broker.stop()  # after every process that used it
-    sys.exit(code)
-
-
-@cli.command()
-def flower() -> None:
-    """Start Flower (the Procfile's flower line) with auth and state under the data dir."""
-    from config.flower import flower_command
-
-    try:
-        argv, env = flower_command(_settings(), dict(os.environ))
-    except ConfigError as exc:
-        raise click.ClickException(str(exc)) from exc
-    sys.stdout.flush()
-    os.execve(argv[0], argv, env)  # Flower takes this process's place: the supervisor's signals reach it
 
 
 @cli.command("config")
@@ -337,3 +266,8 @@ cli.add_command(dataset)
 from .cli_models import models  # noqa: E402
 
 cli.add_command(models)
+
+from .cli_run import env, flower, run  # noqa: E402
+
+for _command in (run, flower, env):
+    cli.add_command(_command)
