@@ -24,13 +24,13 @@ from config import broker_priority, publish_transcribe
 from config.celeryconfig import inference_queue
 from models.errors import InvalidRequest, PermanentJobError, TransientJobError, WhisperqError
 from models.jobs.deadletter import bury
-from models.jobs.operations import check_options, fail_job, get_job, schedule_retry
+from models.jobs.operations import fail_job, get_job, schedule_retry
 from models.pipeline.inference import infer_job
 from models.pipeline.messages import Finished, MalformedMessage, Prepared
 from models.pipeline.preparation import prepare_job
 from models.pipeline.shadowing import shadow_job, shadow_message
 from models.retry import Verdict, classify
-from models.speech.catalog import check_model, route_models
+from models.speech.catalog import check_model
 from tasks.app import runtime
 
 log = logging.getLogger(__name__)
@@ -48,22 +48,63 @@ class JobDeadLettered(Reject):
         return str(self.reason)
 
 
+# transcribe()'s options after the audio, as the API names them (models.pipeline.options);
+# `owner` is set here from `api_key`, never by a caller.
+POSITIONAL = ("language", "priority", "task", "model")
+OPTIONS = ("language", "priority", "task", "model", "word_timestamps", "prompt", "temperature", "callback_url",
+           "collect")
+
+
 class TranscribeTask(Task):
-    """Checks the arguments and maps the priority tier on the publishing side."""
+    """Checks every option as the API does, before anything is queued (a bad one raises a
+    ValueError saying what to send; a bad key, PermissionError), resolves `api_key` to the
+    job's owner and its tier's priorities, and maps the priority tier on the publishing side."""
 
     def apply_async(self, args=None, kwargs=None, **options):
         args, kwargs = list(args or ()), dict(kwargs or {})
-        audio = args[0] if args else kwargs.get("audio")
+        if len(args) > 1 + len(POSITIONAL):
+            raise TypeError(f"transcribe takes the audio's path and at most {len(POSITIONAL)} more positional "
+                            f"arguments ({', '.join(POSITIONAL)}); pass the other options by name")
+        kwargs.update(zip(POSITIONAL, args[1:]))
+        audio = args[0] if args else kwargs.pop("audio", None)
         if not isinstance(audio, str) or not audio:
             raise TypeError("transcribe needs the audio file's path (a string) as its first argument")
         if not os.path.isabs(audio):
             raise ValueError(f"transcribe.delay() takes the absolute path of a file under WHISPERQ_INPUT_DIRS, readable "
                              f"by the workers, not {audio!r}")
-        tier = kwargs.get("priority") or "normal"
-        check_options(kwargs.get("language"), tier, kwargs.get("task") or "transcribe")  # a ValueError
-        route_models(self.app.conf.whisperq_settings, kwargs.get("model"))  # InvalidRequest, a ValueError
-        options.setdefault("priority", broker_priority(tier, self.app.conf.broker_url))
-        return super().apply_async(args, kwargs, **options)
+        checked = checked_options(self.app.conf.whisperq_settings, kwargs)
+        options.setdefault("priority", broker_priority(checked["priority"], self.app.conf.broker_url))
+        return super().apply_async((audio,), checked, **options)
+
+
+def checked_options(settings, given: dict) -> dict:
+    """The job's options from transcribe.delay()'s keywords, checked as the API checks them."""
+    from models.access.apikeys import ANONYMOUS, authenticate, key_collects
+    from models.pipeline.options import check_served, parse_options
+
+    given = dict(given)
+    key = given.pop("api_key", None)
+    unknown = sorted(set(given) - set(OPTIONS))
+    if unknown:
+        raise TypeError(f"transcribe got unknown option(s) {', '.join(unknown)}; the options are "
+                        f"{', '.join(OPTIONS)} and api_key (whose key owns the job)")
+    who = ANONYMOUS
+    if key is not None:
+        try:
+            who = authenticate(runtime(), key)
+        except WhisperqError as exc:
+            raise PermissionError(str(exc)) from None
+    checked = parse_options(given, settings, default_priority=who.default_priority())
+    if key is not None:
+        try:
+            who.check_priority(checked["priority"])
+        except WhisperqError as exc:
+            raise PermissionError(str(exc)) from None
+    if checked["model"] is not None and checked["model"] != settings.default_model:
+        check_served(runtime(), checked["model"])  # ModelNotServed, as the API's 503
+    checked["owner"] = who.owner
+    checked["collect"] = checked["collect"] or (who.owner is not None and key_collects(runtime(), who.owner))
+    return checked
 
 
 def _after_failure(task: Task, job_id: str, exc: BaseException):
@@ -94,10 +135,14 @@ def _ignores_result(task: Task) -> bool:
 @shared_task(name="whisperq.transcribe", bind=True, base=TranscribeTask, acks_late=True, reject_on_worker_lost=True,
              resultrepr_maxsize=0)
 def transcribe(self, audio: str, language: str | None = None, priority: str = "normal", task: str = "transcribe",
-               model: str | None = None) -> dict:
+               model: str | None = None, word_timestamps: bool = False, prompt: str | None = None,
+               temperature: float | None = None, callback_url: str | None = None, collect: bool = False,
+               owner: str | None = None) -> dict:
     job_id = self.request.id
     worker = self.request.hostname or socket.gethostname()
-    options = {"language": language, "priority": priority, "task": task, "model": model}
+    options = {"language": language, "priority": priority, "task": task, "model": model,
+               "word_timestamps": word_timestamps, "prompt": prompt, "temperature": temperature,
+               "callback_url": callback_url, "collect": collect, "owner": owner}
     try:
         prepared = prepare_job(runtime(), job_id, audio, options, worker=worker, worker_id=worker_id())
     except Exception as exc:

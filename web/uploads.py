@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import unicodedata
 from typing import Callable, Mapping
 
@@ -13,95 +14,23 @@ from werkzeug.datastructures import FileStorage
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from config import publish_transcribe
-from config.celeryconfig import inference_queue
-from models.access import apikeys
+from models.access import apikeys, quotas
 from models.delivery.outbound import check_url
-from models.errors import BrokerUnavailable, InvalidRequest, ModelNotServed
+from models.errors import BrokerUnavailable, InvalidRequest
 from models.jobs import idempotency
-from models.jobs.operations import check_options, create_job, discard_job, get_job
+from models.jobs.operations import create_job, discard_job, get_job
 from models.jobs.record import Job
-from models.jobs.workers import served_models
+from models.pipeline.options import FALSE, FIELDS, MAX_PROMPT, TRUE, check_served, parse_options  # noqa: F401 - the doors' options
 from models.runtime import Runtime
-from models.speech.catalog import check_language, multilingual, route_models
 from models.speech import audio as audio_io
-from models.storage import SealedSpool, clean_filename
+from models.storage import SealedSpool, caller_file, clean_filename
 
 log = logging.getLogger(__name__)
-
-FIELDS = ("language", "priority", "task", "callback_url", "word_timestamps", "prompt", "temperature", "model",
-          "collect")
-MAX_PROMPT = 1000
-TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off", "")
-
-
-def _text(form: Mapping, name: str) -> str | None:
-    value = form.get(name)
-    if value is None or isinstance(value, bool):
-        return value if value is None else str(value).lower()
-    if not isinstance(value, str):
-        raise InvalidRequest(f"field {name!r} must be a string")
-    return value
-
-
-def parse_options(form: Mapping, settings, default_priority: str = "normal") -> dict:
-    language = (_text(form, "language") or "").strip().lower() or None
-    if language == "auto":
-        language = None
-    priority = (_text(form, "priority") or default_priority).strip().lower()
-    task = (_text(form, "task") or "transcribe").strip().lower()
-    check_options(language, priority, task)
-    model = (_text(form, "model") or "").strip() or None  # a model or an alias: chosen when the job is made
-    language = language or settings.default_language
-    for spec in route_models(settings, model):
-        check_language(settings, language, spec.name)
-        if task == "translate" and not multilingual(settings, spec.name):
-            raise InvalidRequest(f"task 'translate' needs a multilingual model; {spec.name!r}"
-                                 f"{f' (a variant of {model!r})' if model and model != spec.name else ''} is English-only "
-                                 "(GET /v1/models lists the models)")
-    words = (_text(form, "word_timestamps") or "").strip().lower()
-    if words not in TRUE + FALSE:
-        raise InvalidRequest(f"word_timestamps must be true or false, not {words!r}")
-    collect = (_text(form, "collect") or "").strip().lower()
-    if collect not in TRUE + FALSE:
-        raise InvalidRequest(f"collect must be true (keep this job's audio and transcript as training data) or "
-                             f"false, not {collect!r}")
-    callback_url = (_text(form, "callback_url") or "").strip() or None
-    if callback_url is not None:
-        callback_url = check_url(callback_url, settings, "callback_url")  # public addresses only
-    prompt = (_text(form, "prompt") or "").strip() or None
-    if prompt is not None and len(prompt) > MAX_PROMPT:
-        raise InvalidRequest(f"prompt is {len(prompt)} characters; keep it to {MAX_PROMPT} (Whisper reads its last 224 tokens)")
-    raw_temperature = form.get("temperature")
-    temperature = None
-    if raw_temperature not in (None, ""):
-        try:
-            temperature = float(raw_temperature)
-        except (TypeError, ValueError):
-            temperature = -1.0
-        if not 0.0 <= temperature <= 1.0:
-            raise InvalidRequest(f"temperature must be a number from 0 to 1, not {raw_temperature!r}")
-    return {"language": language, "priority": priority, "task": task, "callback_url": callback_url,
-            "word_timestamps": words in TRUE, "prompt": prompt, "temperature": temperature or None, "model": model,
-            "collect": collect in TRUE}
-
 
 def with_key_options(rt: Runtime, options: dict, owner: str | None) -> dict:
     """The job's options with what its key adds: `collect` is on when the job asked for it
     or its key collects every job (`whisperq keys collect`)."""
     return {**options, "collect": options["collect"] or apikeys.key_collects(rt, owner)}
-
-
-def check_served(rt: Runtime, model: str | None) -> None:
-    """A model other than the default needs a live inference worker to take its jobs (each of
-    an alias's variants: any of them may be drawn)."""
-    unserved = [spec.name for spec in route_models(rt.settings, model) if spec.name != rt.settings.default_model]
-    unserved = [name for name in unserved if name not in served_models(rt)] if unserved else []
-    if unserved:
-        name = unserved[0]
-        raise ModelNotServed(f"no inference worker serves the model {name!r}"
-                             f"{f' (a variant of {model!r})' if model and model != name else ''} now; an operator "
-                             f"starts one with `celery -A tasks.worker worker -Q {inference_queue(rt.settings, name)}` "
-                             "(/readyz lists the models served)")
 
 
 def audio_limit(settings) -> float:
@@ -169,6 +98,7 @@ def submit_upload(rt: Runtime, celery: Celery, upload: FileStorage | None, form:
                 return get_job(rt, earlier), False
         with spooled.open() as fh:
             info = audio_io.probe(fh, max_seconds=audio_limit(rt.settings))
+        quotas.check(rt, owner, info.duration)  # before the audio is stored
         job = create_job(
             rt,
             spooled.path,
@@ -182,6 +112,7 @@ def submit_upload(rt: Runtime, celery: Celery, upload: FileStorage | None, form:
     except BaseException:
         spooled.discard()
         raise
+    quotas.confirm_or_withdraw(rt, job)  # with its own row in: no two racing uploads pass the quota
     return _enqueue(rt, celery, job, idempotency_key, fingerprint)
 
 
@@ -208,8 +139,48 @@ def submit_url(rt: Runtime, celery: Celery, body, idempotency_key: str | None = 
         if earlier is not None:
             return get_job(rt, earlier), False
     name = clean_filename(url.rsplit("/", 1)[-1].split("?", 1)[0]) or None
+    quotas.check(rt, owner, rt.settings.max_audio_seconds)  # its length is known once it is fetched
     job = create_job(rt, None, filename=name, duration=None, audio_url=url, owner=owner,
                      **with_key_options(rt, options, owner))
+    quotas.confirm_or_withdraw(rt, job)
+    return _enqueue(rt, celery, job, idempotency_key, fingerprint)
+
+
+def submit_path(rt: Runtime, celery: Celery, body, idempotency_key: str | None = None,
+                admit: Callable[[str], None] | None = None, owner: str | None = None,
+                default_priority: str = "normal") -> tuple[Job, bool]:
+    """A job on a file the caller put under WHISPERQ_INPUT_DIRS (`path`, as the MQTT bridge
+    takes it), read in place and never deleted: checked as an upload is, then as submit_url."""
+    if not isinstance(body, dict):
+        raise InvalidRequest('send a JSON object such as {"path": "/srv/inbox/call.flac"}')
+    check_fields(body, {}, source="path")
+    options = parse_options(body, rt.settings, default_priority)
+    check_served(rt, options["model"])
+    if admit is not None:
+        admit(options["priority"])
+    given = body.get("path")
+    if not isinstance(given, str) or not os.path.isabs(given.strip()):
+        raise InvalidRequest("path must be the absolute path of an audio file under WHISPERQ_INPUT_DIRS "
+                             f"({', '.join(str(d) for d in rt.settings.input_dirs)}), as the service's workers see it")
+    try:
+        path = caller_file(given.strip(), rt.settings.input_dirs, rt.settings.data_dir)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from None
+    if not os.path.isfile(path) or not os.access(path, os.R_OK):
+        raise InvalidRequest(f"there is no file the service can read at path {given.strip()!r}; check the path and "
+                             "that the file is readable by the service")
+    if idempotency_key is not None:
+        check_idempotency_key(idempotency_key)
+    fingerprint = hashlib.sha256(json.dumps([path, options], sort_keys=True).encode()).hexdigest()
+    if idempotency_key is not None:
+        earlier = idempotency.lookup(rt, idempotency_key, fingerprint)
+        if earlier is not None:
+            return get_job(rt, earlier), False
+    info = audio_io.probe(path, max_seconds=audio_limit(rt.settings))
+    quotas.check(rt, owner, info.duration)
+    job = create_job(rt, None, caller_file=path, filename=clean_filename(os.path.basename(path)),
+                     duration=info.duration, audio_format=info.format, owner=owner, **with_key_options(rt, options, owner))
+    quotas.confirm_or_withdraw(rt, job)
     return _enqueue(rt, celery, job, idempotency_key, fingerprint)
 
 
@@ -243,6 +214,8 @@ def submit_rerun(rt: Runtime, celery: Celery, job_id: str, body, owner, admit: C
     check_served(rt, options["model"])
     if admit is not None:
         admit(options["priority"])
+    # A re-run is billed to the original's key, like the original (models.access.usage).
+    quotas.check(rt, original.owner, quotas.held_by(rt, original) if original.audio_ref else rt.settings.max_audio_seconds)
     spooled = rt.storage.copy_to_spool(original.audio_ref) if original.audio_ref else None
     try:
         job = create_job(rt, spooled, filename=original.filename, duration=original.audio_duration,
@@ -253,6 +226,7 @@ def submit_rerun(rt: Runtime, celery: Celery, job_id: str, body, owner, admit: C
         if spooled is not None:
             spooled.unlink(missing_ok=True)
         raise
+    quotas.confirm_or_withdraw(rt, job)
     publish(rt, celery, job)
     log.info("job %s re-runs job %s on %s", job.id, original.id, job.model)
     return job

@@ -59,7 +59,10 @@ def _claim(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any], wo
             job = Job(
                 id=job_id, status=JobStatus.PENDING.value, task=options.get("task") or "transcribe",
                 language=options.get("language"), priority=options.get("priority") or "normal",
-                model=model, route=route, shadow=shadow,
+                model=model, route=route, shadow=shadow, word_timestamps=bool(options.get("word_timestamps")),
+                prompt=options.get("prompt"), temperature=options.get("temperature"),
+                callback_url=options.get("callback_url"), owner=options.get("owner"),
+                collect=bool(options.get("collect")),
                 audio_ref=audio_ref, audio_owned=False, filename=Path(audio_ref).name[:255] or None, attempts=0,
                 created_at=utcnow(),
             )

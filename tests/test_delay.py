@@ -1,0 +1,93 @@
+"""`transcribe.delay()` takes every option the API takes, checked the same way before anything
+is queued, and gives back the same result as the API's JSON."""
+import json
+import time
+
+import pytest
+
+from helpers import CLIPS, Receiver
+
+pytestmark = pytest.mark.integration
+
+FOX = str(CLIPS["fox.flac"]["path"])
+
+
+def _row(app, job_id: str):
+    from models.jobs.operations import get_job
+
+    return get_job(app.extensions["whisperq"], job_id)
+
+
+def test_every_option_reaches_the_job_and_the_result_is_the_apis(app, client, worker):
+    from tasks import transcribe
+
+    r = transcribe.delay(FOX, language="en", priority="low", word_timestamps=True, prompt="The quick brown fox.",
+                         temperature=0.2, task="transcribe", model="tiny.en")
+    result = r.get(timeout=180)
+    job = _row(app, r.id)
+    assert (job.language, job.priority, job.prompt, job.temperature, job.word_timestamps, job.model) == \
+        ("en", "low", "The quick brown fox.", 0.2, True, "tiny.en")
+    assert all(seg["words"] for seg in result["segments"]) and "fox" in result["text"].lower()
+    assert result["model"]["name"] == "tiny.en" and result["model"]["temperature"] == 0.2
+    assert client.get(f"/v1/jobs/{r.id}").get_json()["result"] == result
+    assert client.get(f"/v1/jobs/{r.id}/transcript?format=json").get_json() == result
+
+
+def test_a_callback_url_gets_the_signed_webhook(app, worker):
+    from tasks import transcribe
+
+    with Receiver({"/hook": (200, {}, b"ok")}) as receiver:
+        r = transcribe.delay(FOX, language="en", callback_url=receiver.url("/hook"))
+        r.get(timeout=180)
+        deadline = time.monotonic() + 60
+        while not receiver.requests and time.monotonic() < deadline:
+            time.sleep(0.2)
+    assert receiver.requests, "no webhook came"
+    method, _path, headers, body = receiver.requests[0]
+    event = json.loads(body)
+    assert method == "POST" and event["data"]["job_id"] == r.id and event["type"] == "job.completed", event
+    assert headers["webhook-signature"].startswith("v1,")
+    assert _row(app, r.id).callback_url == receiver.url("/hook")
+
+
+def test_an_api_key_owns_the_job_and_its_tier_bounds_the_priority(app, client, worker, published):
+    from models.access.apikeys import create_key
+    from tasks import transcribe
+
+    rt = app.extensions["whisperq"]
+    record, key = create_key(rt, "delay-batch", "batch")
+    _other, other = create_key(rt, "delay-other", "standard")
+    with pytest.raises(PermissionError, match="tier \\(batch\\) may ask for priority low"):
+        transcribe.delay(FOX, api_key=key, priority="high")
+    with pytest.raises(PermissionError, match="unknown API key"):
+        transcribe.delay(FOX, api_key="wq_not-a-key")
+    assert published == []
+    r = transcribe.delay(FOX, api_key=key, language="en")
+    r.get(timeout=180)
+    job = _row(app, r.id)
+    assert job.owner == record.id and job.priority == "low"  # the tier's own when none is asked
+    mine = client.get(f"/v1/jobs/{r.id}", headers={"Authorization": f"Bearer {key}"})
+    theirs = client.get(f"/v1/jobs/{r.id}", headers={"Authorization": f"Bearer {other}"})
+    assert mine.status_code == 200 and theirs.status_code == 404
+
+
+@pytest.mark.parametrize("options, error, words", [
+    ({"temperature": 5}, ValueError, "temperature must be a number from 0 to 1"),
+    ({"temperature": "hot"}, ValueError, "temperature must be a number from 0 to 1"),
+    ({"prompt": "x" * 1001}, ValueError, "keep it to 1000"),
+    ({"prompt": 42}, ValueError, "'prompt' must be a string"),
+    ({"word_timestamps": "maybe"}, ValueError, "word_timestamps must be true or false"),
+    ({"language": "klingon"}, ValueError, "not a Whisper language code"),
+    ({"task": "translate"}, ValueError, "needs a multilingual model"),
+    ({"model": "nope"}, ValueError, "nope"),
+    ({"callback_url": "ftp://example.com/hook"}, ValueError, "callback_url"),
+    ({"callback_url": "http://10.1.2.3/hook"}, ValueError, "callback_url"),
+    ({"speed": "fast"}, TypeError, "unknown option\\(s\\) speed"),
+    ({"owner": "someone"}, TypeError, "api_key"),
+])
+def test_a_bad_option_is_refused_before_anything_is_queued(published, options, error, words):
+    from tasks import transcribe
+
+    with pytest.raises(error, match=words):
+        transcribe.delay(FOX, **options)
+    assert published == []
