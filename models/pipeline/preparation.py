@@ -25,6 +25,7 @@ from models.jobs.operations import TASKS, fail_job
 from models.jobs.record import Job, JobStatus, Stage, utcnow
 from models.jobs.workers import served_models
 from models.pipeline.messages import Finished, Prepared
+from models.pipeline.options import FIELDS, parse_options
 from models.speech.catalog import check_language
 from models.speech.windows import split_windows
 from models.security.sealed import open_stored
@@ -53,8 +54,16 @@ def _claim(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any], wo
             # is not the caller's file to give fails at once, for good, saying why.
             try:
                 audio_ref, refusal = caller_file(audio_ref, rt.settings.input_dirs, rt.settings.data_dir), None
+                # A message written by any producer (docs/messages): its options are checked here too.
+                options = {**options, **parse_options(
+                    {k: v for k, v in options.items() if k in FIELDS and v is not None}, rt.settings,
+                    default_priority=options.get("priority") or "normal")}
+                if options.get("owner") is not None and not _is_key(rt, options["owner"]):
+                    raise InvalidRequest(f"owner {str(options['owner'])[:80]!r} is not the id of an API key "
+                                         "(`whisperq keys list`); leave it out, or give transcribe.delay() api_key=")
             except ValueError as exc:
                 audio_ref, refusal = str(audio_ref)[:4096], str(exc)
+                options = {}  # the refused job is shown with the defaults, not what was refused
             model, route, shadow = rt.settings.choose(options.get("model"), job_id)
             job = Job(
                 id=job_id, status=JobStatus.PENDING.value, task=options.get("task") or "transcribe",
@@ -68,7 +77,7 @@ def _claim(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any], wo
             )
             if refusal is not None:
                 job.status, job.error, job.finished_at = JobStatus.FAILED.value, refusal, utcnow()
-                log.warning("job %s: refused its audio path: %s", job_id, refusal)
+                log.warning("job %s: refused: %s", job_id, refusal)
             session.add(job)
         if job.state is JobStatus.COMPLETED:
             log.info("job %s already COMPLETED; duplicate delivery ignored", job_id)
@@ -103,6 +112,15 @@ def _claim(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any], wo
         session.flush()
         session.expunge(job)
         return job
+
+
+def _is_key(rt: Runtime, key_id) -> bool:
+    from models.access.apikeys import ApiKey
+
+    if not isinstance(key_id, str):
+        return False
+    with rt.db.session() as session:
+        return session.get(ApiKey, key_id) is not None
 
 
 def prepare_job(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any] | None = None,
