@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install bench bench-load bench-engines bench-encryption bench-accuracy bench-estimates bench-shadow clean
+.PHONY: run test install bench bench-load bench-engines bench-encryption bench-accuracy bench-estimates bench-shadow bench-scale clean
 
 $(STAMP): setup.cfg pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "whisperq needs Python 3.11 or newer; set PYTHON=python3.11 (or newer)")'
@@ -43,6 +43,10 @@ bench-shadow: $(STAMP)
 # how far the jobs' estimated finish times are from the real ones, on a burst
 bench-estimates: $(STAMP)
 	$(BIN)/python bench/estimates.py
+
+# one inference host vs two (network namespaces of tests/hosts.py, one core each), the same burst; needs root
+bench-scale: $(STAMP)
+	$(BIN)/python bench/scale.py
 
 # plain vs encrypted files: write, read, and decoding a clip
 bench-encryption: $(STAMP)
