@@ -176,6 +176,20 @@ class Env:
                               "(such as 3600, 90m, 7d), or to off")
         return seconds
 
+    def hours(self, name: str) -> float | None:
+        """A number of hours above 0, or off (unset, 'off', 'none'): a quota."""
+        value = self.raw(name)
+        if value is None or value.lower() in ("off", "none"):
+            return None
+        try:
+            number = float(value)
+        except ValueError:
+            number = -1.0
+        if not 0 < number < float("inf"):
+            raise ConfigError(f"{name}={value!r} is not a number of hours; set it to a number above 0 (such as 10 "
+                              "or 0.5), or to off")
+        return number
+
     def encryption_keys(self, name: str) -> str | None:
         value = self.raw(name)
         if value is None:

@@ -72,17 +72,31 @@ class TranscribeTask(Task):
         if not os.path.isabs(audio):
             raise ValueError(f"transcribe.delay() takes the absolute path of a file under WHISPERQ_INPUT_DIRS, readable "
                              f"by the workers, not {audio!r}")
-        checked = checked_options(self.app.conf.whisperq_settings, kwargs)
+        checked = checked_options(self.app.conf.whisperq_settings, {**kwargs, "_audio": audio})
         options.setdefault("priority", broker_priority(checked["priority"], self.app.conf.broker_url))
         return super().apply_async((audio,), checked, **options)
 
 
+def _length(path: str | None) -> float | None:
+    """The audio's length from its header where this process can read the file (the workers
+    read it later, so it may not be here); None where not."""
+    from models.speech import audio as audio_io
+
+    try:
+        with open(path, "rb") as fh:
+            return audio_io.probe(fh).duration
+    except Exception:  # unreadable here, or not audio: the worker says which
+        return None
+
+
 def checked_options(settings, given: dict) -> dict:
     """The job's options from transcribe.delay()'s keywords, checked as the API checks them."""
+    from models.access import quotas
     from models.access.apikeys import ANONYMOUS, authenticate, key_collects
     from models.pipeline.options import check_served, parse_options
 
     given = dict(given)
+    audio = given.pop("_audio", None)
     key = given.pop("api_key", None)
     unknown = sorted(set(given) - set(OPTIONS))
     if unknown:
@@ -102,6 +116,11 @@ def checked_options(settings, given: dict) -> dict:
             raise PermissionError(str(exc)) from None
     if checked["model"] is not None and checked["model"] != settings.default_model:
         check_served(runtime(), checked["model"])  # ModelNotServed, as the API's 503
+    if who.owner is not None:  # the key's monthly quota, as at the API's door (QuotaExceeded is a WhisperqError)
+        try:
+            quotas.check(runtime(), who.owner, _length(audio), tier=who.tier)
+        except WhisperqError as exc:
+            raise PermissionError(str(exc)) from None
     checked["owner"] = who.owner
     checked["collect"] = checked["collect"] or (who.owner is not None and key_collects(runtime(), who.owner))
     return checked

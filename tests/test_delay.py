@@ -91,3 +91,20 @@ def test_a_bad_option_is_refused_before_anything_is_queued(published, options, e
     with pytest.raises(error, match=words):
         transcribe.delay(FOX, **options)
     assert published == []
+
+
+def test_a_key_whose_quota_has_no_room_is_refused_before_anything_is_queued(app, published, monkeypatch):
+    import dataclasses
+    import sys
+
+    from models.access.apikeys import create_key
+    from models.runtime import Runtime
+    from tasks import transcribe
+
+    rt = app.extensions["whisperq"]
+    _record, key = create_key(rt, "delay-quota", "batch")
+    tight = Runtime(dataclasses.replace(rt.settings, quota_hours_batch=0.0001))  # 0.36 s a month
+    monkeypatch.setattr(sys.modules["tasks.transcribe"], "runtime", lambda: tight)  # the module, not the task
+    with pytest.raises(PermissionError, match="quota"):
+        transcribe.delay(FOX, api_key=key)
+    assert published == []

@@ -28,7 +28,11 @@ CONFIG = {
     "phases": {"stateful": {"enabled": False}},
     # Schema-valid is not enough to be accepted: random bytes are not audio, a made-up host
     # does not resolve, a cursor is opaque. Every other check runs.
-    "checks": {"positive_data_acceptance": {"enabled": False}},
+    "checks": {"positive_data_acceptance": {"enabled": False},
+               # Invalid data may also be refused as too large: more than 16 multipart parts is 413
+               # before any field is read (web/__init__.py MAX_FORM_PARTS), which is a rejection too.
+               "negative_data_rejection": {"expected-statuses": [400, 401, 403, 404, 405, 406, 409, 413, 415, 422,
+                                                                 428, 429, "5xx"]}},
 }
 ADMIN = {"Authorization": "Bearer test-admin-token"}  # WHISPERQ_ADMIN_TOKEN in tests/conftest.py
 

@@ -1,11 +1,13 @@
-"""Admission at the front door (see models.access.admission): disk floor, per-client rate, and
-the queue budget, checked before an upload is read, then again once its priority is known."""
+"""Admission at the front door (see models.access.admission): disk floor, per-client rate, the
+queue budget and the key's monthly quota (models.access.quotas), checked before an upload is
+read, then again once its priority (and, in web.uploads, its audio's length) is known."""
 from __future__ import annotations
 
 import logging
 
 from flask import current_app, g, request
 
+from models.access import quotas
 from models.access.admission import RateLimited, check_disk, check_queue, rate_limiter
 
 log = logging.getLogger(__name__)
@@ -44,7 +46,7 @@ def _limiter():
 
 def admit_submission() -> None:
     """Before the body is read: refuse when the disk is low, the client is over its rate,
-    or the queue is past even the high-priority budget."""
+    the queue is past even the high-priority budget, or the key's monthly quota is spent."""
     rt = current_app.extensions["whisperq"]
     check_disk(rt)
     limiter = _limiter()
@@ -56,6 +58,9 @@ def admit_submission() -> None:
         except Exception as exc:  # Redis away: serve rather than refuse everyone
             log.warning("rate limit not checked: %s", exc)
     check_queue(rt, "high")
+    who = g.get("principal")
+    if who is not None and request.headers.get("Idempotency-Key") is None:  # a retry gets its job back, not 429
+        quotas.check(rt, who.owner, tier=who.tier)
 
 
 def admit_priority(priority: str) -> None:

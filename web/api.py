@@ -91,6 +91,14 @@ def rotate_webhook_secret():
     return jsonify(body), 200, {"Cache-Control": "no-store"}
 
 
+@bp.get("/usage")
+def usage():
+    """Audio seconds and jobs per UTC day: the calling key's own (an admin's: any key's, or all)."""
+    from .usage import usage as view
+
+    return view()
+
+
 @bp.get("/jobs")
 def index():
     status = request.args.get("status")

@@ -16,9 +16,9 @@ def wants_json() -> bool:
     return request.path.startswith("/v1/") or request.accept_mimetypes.best == "application/json"
 
 
-def error_response(status: int, code: str, message: str, headers: dict | None = None):
+def error_response(status: int, code: str, message: str, headers: dict | None = None, details: dict | None = None):
     if wants_json():
-        resp = make_response(jsonify({"error": {"code": code, "message": message}}), status)
+        resp = make_response(jsonify({"error": {"code": code, "message": message, **(details or {})}}), status)
     else:
         resp = make_response(render_template("error.html", status=status, message=message), status)
     resp.headers.update(headers or {})
@@ -36,7 +36,7 @@ def init_app(app: Flask) -> None:
             headers["Retry-After"] = str(int(retry_after))
         elif exc.http_status == 503:
             headers["Retry-After"] = "5"
-        return error_response(exc.http_status, exc.code, str(exc), headers)
+        return error_response(exc.http_status, exc.code, str(exc), headers, getattr(exc, "details", None))
 
     @app.errorhandler(RequestEntityTooLarge)
     def _too_large(exc):

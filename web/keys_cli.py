@@ -1,4 +1,5 @@
-"""`whisperq keys`: create, list and revoke API keys (see models.access.apikeys)."""
+"""`whisperq keys`: create, list and revoke API keys, and show what they used (see
+models.access.apikeys and models.access.usage)."""
 from __future__ import annotations
 
 import json
@@ -113,3 +114,45 @@ def collect(key: str, state: str) -> None:
         raise click.ClickException(str(exc)) from exc
     click.echo(f"key {record.id} ({record.name}): its new jobs are {'' if record.collect else 'not '}collected "
                "as training data")
+
+
+@keys.command("usage")
+@click.argument("key", required=False)
+@click.option("--from", "first", metavar="YYYY-MM-DD", help="First UTC day (default: the first of this month).")
+@click.option("--to", "last", metavar="YYYY-MM-DD", help="Last UTC day, included (default: today).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (as GET /v1/usage answers) instead of a table.")
+def usage(key: str | None, first: str | None, last: str | None, as_json: bool) -> None:
+    """Audio seconds and jobs per UTC day of one key (by id or the start of the key) or of
+    every key, and this month's quota; what counts is in models/access/usage.py."""
+    from models.access.apikeys import find_key
+    from models.access.statements import report
+    from models.access.usage import ALL
+    from models.errors import WhisperqError
+    from models.jobs.record import utcnow
+
+    from .usage import days_asked
+
+    rt = _rt()
+    try:
+        days = days_asked({k: v for k, v in (("from", first), ("to", last)) if v}, utcnow().date())
+        found = report(rt, *days, owner=find_key(rt, key).id if key else ALL)
+    except WhisperqError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        click.echo(json.dumps(found, indent=2))
+        return
+    click.echo(f"usage from {found['from']} to {found['to']} (UTC days; billed: completed jobs, and what cancelled "
+               "ones transcribed)")
+    for entry in found["keys"]:
+        total, quota = entry["total"], entry["quota"]
+        click.echo(f"\n{entry['key_id'] or '(no key)'}  {entry['name']}  {entry['tier'] or ''}"
+                   f"{'  revoked' if entry['revoked'] else ''}")
+        for row in entry["days"] + [dict(total, date="total")]:
+            click.echo(f"  {row['date']:<10}  {row['jobs']:>6} jobs  {row['audio_seconds']:>12.3f} s"
+                       f"  {row['in_flight_jobs']:>4} in flight ({row['in_flight_audio_seconds']:.3f} s)"
+                       f"  {row['unbilled_jobs']:>4} not billed")
+        if quota:
+            click.echo(f"  quota {quota['month']}: {quota['used_audio_seconds']:.3f} s used + "
+                       f"{quota['in_flight_audio_seconds']:.3f} s in flight of {quota['audio_seconds']:.0f} s "
+                       f"({quota['audio_hours']:g} h, tier {quota['tier']}); {quota['remaining_audio_seconds']:.3f} s "
+                       f"left; resets {quota['resets_at']}")

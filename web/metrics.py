@@ -8,6 +8,11 @@ are cached for two seconds: several scrapers, or gunicorn's processes, cost the 
 and the database little. Latencies, batches and the real-time factor are observed in
 the workers and served on their own ports (tasks.metrics).
 
+Usage: this month's (UTC) billed audio seconds, billed jobs, audio held by jobs in flight and
+the quota of each API key (models.access.usage), labelled by the key's id: one series per
+key and metric, which is fine for the tens or hundreds of keys operators make by hand (with
+thousands, drop them with a relabel rule and read GET /v1/usage instead).
+
 Queue depth: on Redis each queue is one list per priority step, counted directly
 (`priority` = high, normal, low). RabbitMQ gives one count per queue (`priority="all"`);
 the split by tier is then `whisperq_jobs_waiting`, from the database. `sum by (queue)`
@@ -152,7 +157,8 @@ class ClusterCollector:
 
         out: list = []
         up = Gauge("whisperq_metrics_source_up", "Whether /metrics could read this source", labels=["source"])
-        for source, read in (("broker", self._broker), ("database", self._database), ("disk", self._disk)):
+        for source, read in (("broker", self._broker), ("database", self._database), ("disk", self._disk),
+                             ("usage", self._usage)):
             try:
                 out.extend(read(Gauge))
                 up.add_metric([source], 1.0)
@@ -213,6 +219,34 @@ class ClusterCollector:
             if host.get("memory_available_bytes") is not None:
                 memory.add_metric([name], float(host["memory_available_bytes"]))
         return [jobs, waiting, running, oldest, dead, count, slots, served, per_host, disk, memory]
+
+    def _usage(self, Gauge) -> list:
+        from models.access.apikeys import list_keys
+        from models.access.quotas import quota_of
+        from models.access.usage import Figures, by_key_this_month
+
+        found = by_key_this_month(self.rt)
+        keys = {k.id: k for k in list_keys(self.rt, include_revoked=True)}
+        owners = {k for k in found} | {k.id for k in keys.values() if k.revoked_at is None}
+        labels = ["key", "name", "tier"]
+        audio = Gauge("whisperq_usage_audio_seconds", "Audio seconds billed this month (UTC) per API key: completed "
+                      "jobs, and what cancelled ones transcribed (key=\"anonymous\": jobs without a key)", labels=labels)
+        jobs = Gauge("whisperq_usage_jobs", "Jobs billed this month (UTC) per API key", labels=labels)
+        held = Gauge("whisperq_usage_in_flight_audio_seconds", "Audio seconds of each API key's jobs in flight, "
+                     "held against its quota", labels=labels)
+        quota = Gauge("whisperq_quota_audio_seconds", "Each API key's monthly audio quota (keys whose tier has one)",
+                      labels=labels)
+        for owner in sorted(owners, key=lambda o: o or ""):
+            key = keys.get(owner)
+            names = [owner or "anonymous", key.name if key else "", key.tier if key else ""]
+            figures = found.get(owner, Figures())
+            audio.add_metric(names, figures.audio_seconds)
+            jobs.add_metric(names, float(figures.jobs))
+            held.add_metric(names, figures.in_flight_audio_seconds)
+            limit = quota_of(self.rt, owner, tier=key.tier) if key else None
+            if limit is not None:
+                quota.add_metric(names, limit.seconds)
+        return [audio, jobs, held, quota]
 
     def _disk(self, Gauge) -> list:
         from models.access.admission import free_bytes

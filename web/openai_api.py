@@ -43,10 +43,11 @@ def model_names(settings) -> list[str]:
 
 
 def openai_error(status: int, message: str, param: str | None = None, code: str | None = None,
-                 headers: dict | None = None):
+                 headers: dict | None = None, details: dict | None = None):
     kind = {401: "authentication_error", 429: "rate_limit_error", 503: "server_error", 500: "server_error"}.get(
         status, "invalid_request_error")
-    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    kind = "insufficient_quota" if code == "quota_exceeded" else kind  # as OpenAI names a spent quota
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code, **(details or {})}}
     return jsonify(body), status, headers or {}
 
 
@@ -61,7 +62,8 @@ def _service_error(exc: WhisperqError):
     if isinstance(exc, (UnsupportedAudio, InvalidRequest)) and not isinstance(exc, AudioTooLong):
         status = 400  # OpenAI answers a file it cannot read with 400 invalid_request_error
     param = "file" if isinstance(exc, UnsupportedAudio) else None
-    return openai_error(status, str(exc), param=param, code=exc.code, headers=headers)
+    return openai_error(status, str(exc), param=param, code=exc.code, headers=headers,
+                        details=getattr(exc, "details", None))
 
 
 @bp.errorhandler(HTTPException)

@@ -46,7 +46,7 @@ def errors(*codes: int, schema: str = "Error") -> dict:
         401: "`unauthorized`: no API key where one is needed, or an unknown or revoked key.",
         403: "`forbidden`: the key's tier (or anonymous use) may not ask for this priority; the Host is one this "
              "server does not serve; an anonymous change from another site (admin API: it is off).",
-        404: "`not_found`: no such job, or the job belongs to another key.",
+        404: "`not_found`: no such job or key, or the job (the usage) belongs to another key.",
         409: "The job is not in a state that allows this (`not_ready`, `idempotency_conflict`, `audio_deleted`, "
              "`result_deleted`).",
         410: "`result_deleted`: retention deleted the transcript (WHISPERQ_RESULT_RETENTION).",
@@ -55,7 +55,8 @@ def errors(*codes: int, schema: str = "Error") -> dict:
              "`audio_too_long`: over the audio length limit.",
         415: "`unsupported_media_type` (send multipart or JSON) or `unsupported_audio` (not decodable audio).",
         422: "`silent_audio`: decodable, but nothing louder than -60 dBFS in it.",
-        429: "`rate_limited` (this client) or `queue_full` (the queue's budget for this priority is used up).",
+        429: "`rate_limited` (this client), `queue_full` (the queue's budget for this priority is used up) or "
+             "`quota_exceeded` (the key's monthly audio quota: `quota` says how much is used and when it resets).",
         431: "`headers_too_large`: the request headers total more than 16 KiB.",
         503: "`broker_unavailable` or `disk_full`: nothing was stored; try again after Retry-After.",
     }
@@ -124,6 +125,17 @@ def paths() -> dict:
                     query("cursor", STRING, "next_cursor from the previous page."),
                 ],
             ),
+        },
+        "/v1/usage": {
+            "get": op("getUsage", "Audio seconds and jobs per UTC day: the calling key's (an admin's: any key's, or "
+                      "every key's), with this month's quota",
+                      {"200": ok("Usage per key, day by day.", ref("Usage")), **errors(400, 401, 404, 431)},
+                      tag="usage", parameters=[
+                          query("from", {"type": "string", "format": "date"}, "First UTC day (default: the first "
+                                "of this month)."),
+                          query("to", {"type": "string", "format": "date"}, "Last UTC day, included (default: today)."),
+                          query("key", STRING, "Admins: one key, by id or the start of the key (default: every key)."
+                                " Other keys may name only themselves.")]),
         },
         "/v1/webhook-secret": {
             "post": op("rotateWebhookSecret", "A new webhook signing secret for the calling API key (shown once)",
@@ -284,7 +296,7 @@ def document(models: list[str]) -> dict:
                            "web page's own calls carry its session cookie and an `X-CSRF-Token` header instead "
                            "of a key.",
         },
-        "tags": [{"name": "jobs"}, {"name": "openai"}, {"name": "admin"}, {"name": "operations"}],
+        "tags": [{"name": "jobs"}, {"name": "usage"}, {"name": "openai"}, {"name": "admin"}, {"name": "operations"}],
         "security": KEY_OR_ANONYMOUS,
         "paths": paths(),
         "components": {

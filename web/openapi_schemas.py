@@ -61,14 +61,57 @@ def options(json_body: bool, models: list[str] | None = None) -> dict:
     }
 
 
+def usage_schemas() -> dict:
+    """GET /v1/usage (models.access.usage says what counts) and a key's quota standing."""
+    seconds, count = {"type": "number", "minimum": 0}, {"type": "integer", "minimum": 0}
+    figures = {"jobs": count, "audio_seconds": seconds, "in_flight_jobs": count, "in_flight_audio_seconds": seconds,
+               "unbilled_jobs": count}
+    return {
+        "UsageFigures": {
+            "type": "object", "required": list(figures), "properties": figures,
+            "description": "Billed: COMPLETED jobs (their whole audio) and CANCELLED ones that had begun (the audio "
+                           "transcribed). In flight: PENDING and PROCESSING, held against the quota. Not billed: "
+                           "FAILED, EXPIRED, cancelled before they ran. Deleted jobs still count.",
+        },
+        "Quota": {
+            "type": "object", "required": ["tier", "audio_hours", "audio_seconds", "month", "used_audio_seconds",
+                                           "in_flight_audio_seconds", "remaining_audio_seconds", "resets_at"],
+            "properties": {"tier": STRING, "audio_hours": {"type": "number"}, "audio_seconds": seconds,
+                           "month": {"type": "string", "description": "YYYY-MM (UTC)."},
+                           "used_audio_seconds": seconds, "in_flight_audio_seconds": seconds,
+                           "remaining_audio_seconds": seconds, "requested_audio_seconds": nullable(seconds),
+                           "resets_at": {"type": "string", "format": "date-time",
+                                         "description": "The first of next month, 00:00 UTC."}},
+        },
+        "Usage": {
+            "type": "object", "required": ["from", "to", "keys"],
+            "properties": {"from": {"type": "string", "format": "date"}, "to": {"type": "string", "format": "date"},
+                           "keys": {"type": "array", "items": {
+                               "type": "object", "required": ["key_id", "name", "tier", "total", "days", "quota"],
+                               "properties": {
+                                   "key_id": nullable({"type": "string", "description": "null: jobs without a key."}),
+                                   "name": STRING, "tier": nullable(STRING), "revoked": {"type": "boolean"},
+                                   "total": ref("UsageFigures"),
+                                   "days": {"type": "array", "description": "Days with jobs, oldest first.", "items": {
+                                       "allOf": [ref("UsageFigures"), {"type": "object", "required": ["date"],
+                                                 "properties": {"date": {"type": "string", "format": "date"}}}]}},
+                                   "quota": {"allOf": [ref("Quota")], "nullable": True,
+                                             "description": "This month's, where the key's tier has a quota."}}}}},
+        },
+    }
+
+
 def schemas(models: list[str]) -> dict:
     return {
         "Error": {
             "type": "object", "required": ["error"],
             "properties": {"error": {"type": "object", "required": ["code", "message"], "properties": {
                 "code": {"type": "string", "description": "Stable, machine-readable, e.g. `invalid_request`."},
-                "message": {"type": "string", "description": "What is wrong and how to fix it."}}}},
+                "message": {"type": "string", "description": "What is wrong and how to fix it."},
+                "quota": {"allOf": [ref("Quota")], "description": "With `quota_exceeded`: the quota, what is used, "
+                          "what this submission needed, and when it resets."}}}},
         },
+        **usage_schemas(),
         "OpenAIError": {
             "type": "object", "required": ["error"],
             "description": "OpenAI's error shape (`type`, `param`); errors met before the endpoint is reached "

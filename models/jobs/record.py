@@ -172,6 +172,7 @@ class Job(Base):
         self.stage = None
         self.worker_id = None
         self.next_attempt_at = when
+        self.progress_seconds = None  # nothing of the failed attempt was kept (and nothing of it is billed)
 
     def waiting_since(self) -> datetime:
         return self.queued_at or self.created_at
@@ -190,6 +191,7 @@ class Job(Base):
         self.stage = None
         self.worker_id = None
         self.next_attempt_at = None
+        self.progress_seconds = None
 
     def complete(self, text: str, language: str | None, segments: list[dict[str, Any]], duration: float | None,
                  made_by: dict[str, Any] | None = None) -> None:
