@@ -29,6 +29,7 @@ module is the package's public face: importing ``models`` declares every table o
 """
 from models.access import apikeys as _apikeys  # noqa: F401 - declares its tables
 from models.delivery import notify as _notify  # noqa: F401
+from models.delivery import mqtt_replies as _mqtt_replies  # noqa: F401
 from models.errors import (
     AudioTooLong,
     BrokerUnavailable,

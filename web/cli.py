@@ -31,6 +31,14 @@ def show_config() -> None:
     """Print the settings in force (passwords masked); fails on a bad value."""
     for key, value in _settings().describe().items():
         click.echo(f"{key:20} {value}")
+    from config.mqtt import MqttSettings, configured
+
+    if configured():  # the MQTT bridge's own (README "MQTT")
+        try:
+            for key, value in MqttSettings.from_env().describe().items():
+                click.echo(f"{'mqtt_' + key:20} {value}")
+        except ConfigError as exc:
+            raise click.ClickException(f"configuration error: {exc}") from exc
 
 
 @cli.command("init-db")
@@ -271,3 +279,7 @@ from .cli_run import env, flower, run  # noqa: E402
 
 for _command in (run, flower, env):
     cli.add_command(_command)
+
+from .cli_mqtt import mqtt  # noqa: E402
+
+cli.add_command(mqtt)

@@ -9,7 +9,8 @@ running) and up to STOP_WAIT seconds before it is killed.
 Each process logs to `$WHISPERQ_DATA_DIR/logs/<name>.log` (rotated at 10 MB, 3 kept), and
 `whisperq run` prints every line to its own output prefixed with the process's name, as a
 Procfile runner does. `supervisorctl -c $WHISPERQ_DATA_DIR/supervisord.conf status` shows
-the processes; `... restart inference` restarts one.
+the processes; `... restart inference` restarts one. An optional line (OPTIONAL: the MQTT
+bridge) runs only where its setting is given, and is left out, saying so, elsewhere.
 """
 from __future__ import annotations
 
@@ -22,8 +23,14 @@ import threading
 import time
 from pathlib import Path
 
+from config.mqtt import URL_VARIABLE as MQTT_URL
+
 STOP_WAIT = 60  # seconds a process gets to drain after SIGTERM
 _LINE = re.compile(r"^([A-Za-z0-9_-]+):\s*(.+)$")
+# Procfile lines that run only where their setting is given: without a broker to connect to the
+# MQTT bridge has nothing to do, and a process that exits at once is restarted until
+# supervisord gives up on it (FATAL), which would look like a failure of the stack.
+OPTIONAL = {"mqtt": MQTT_URL}
 
 
 def procfile_processes(procfile: Path) -> list[tuple[str, str]]:
@@ -36,6 +43,15 @@ def procfile_processes(procfile: Path) -> list[tuple[str, str]]:
                 raise ValueError(f"{procfile}: {line!r} is not NAME: COMMAND")
             out.append((match.group(1), match.group(2)))
     return out
+
+
+def wanted(processes: list[tuple[str, str]], env: dict) -> tuple[list[tuple[str, str]], list[str]]:
+    """The processes to run with this environment, and the optional ones left out (OPTIONAL)."""
+    run, left_out = [], []
+    for name, command in processes:
+        setting = OPTIONAL.get(name)
+        (left_out if setting is not None and not (env.get(setting) or "").strip() else run).append((name, command))
+    return run, [name for name, _ in left_out]
 
 
 def config_text(processes: list[tuple[str, str]], root: Path, data_dir: Path) -> str:
@@ -108,7 +124,9 @@ class Follower(threading.Thread):
 
 def run_supervised(procfile: Path, root: Path, data_dir: Path, env: dict) -> int:
     """Run the Procfile under supervisord until it is stopped; its exit status."""
-    processes = procfile_processes(procfile)
+    processes, left_out = wanted(procfile_processes(procfile), env)
+    for name in left_out:
+        print(f"{name}: not started ({OPTIONAL[name]} is not set)", flush=True)
     logs = data_dir / "logs"
     logs.mkdir(mode=0o700, exist_ok=True)
     for stale in logs.glob("*.log"):  # this run's lines only (rotated backups stay)

@@ -215,7 +215,8 @@ def submit_rerun(rt: Runtime, celery: Celery, job_id: str, body, owner, admit: C
     if admit is not None:
         admit(options["priority"])
     # A re-run is billed to the original's key, like the original (models.access.usage).
-    quotas.check(rt, original.owner, quotas.held_by(rt, original) if original.audio_ref else rt.settings.max_audio_seconds)
+    length = original.audio_duration
+    quotas.check(rt, original.owner, length if length is not None else rt.settings.max_audio_seconds)
     spooled = rt.storage.copy_to_spool(original.audio_ref) if original.audio_ref else None
     try:
         job = create_job(rt, spooled, filename=original.filename, duration=original.audio_duration,

@@ -76,9 +76,11 @@ def create_job(
     collect: bool = False,
     rerun_of: str | None = None,
     job_id: str | None = None,
+    caller_file: str | None = None,
 ) -> Job:
     """Move a validated upload into storage and record its PENDING job (before publishing).
-    A job submitted by URL has no file yet: the preparation pool fetches it.
+    A job submitted by URL has no file yet: the preparation pool fetches it. A `caller_file`
+    (a checked path under WHISPERQ_INPUT_DIRS) is read in place and never deleted.
 
     `model` may name an alias (config.registry): the job's model is chosen here, once, by
     the alias's weights; a share of a model's jobs is marked for shadow decoding."""
@@ -92,7 +94,7 @@ def create_job(
             ref = rt.storage.adopt(spooled, job_id, session=session) if spooled is not None else ""
             job = Job(
                 id=job_id, status=JobStatus.PENDING.value, task=task, language=language, priority=priority,
-                audio_ref=ref, audio_owned=True, filename=filename,
+                audio_ref=ref or caller_file or "", audio_owned=caller_file is None, filename=filename,
                 audio_duration=round(duration, 3) if duration is not None else None, attempts=0,
                 callback_url=callback_url, word_timestamps=word_timestamps, audio_url=audio_url,
                 prompt=prompt, temperature=temperature, owner=owner, audio_format=audio_format, model=model,
@@ -182,6 +184,7 @@ def begin_inference(rt: Runtime, job_id: str, worker: str | None, worker_id: str
         if job.state.finished:
             raise PermanentJobError(job.error or f"the job is {job.status}")
         if job.cancel_requested:
+            job.progress_seconds = None  # a lost attempt's: no partial transcript was kept, none is billed
             job.cancel()
             return job.result() or {"job_id": job_id, "cancelled": True}
         if job.stage == Stage.INFER:
