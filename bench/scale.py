@@ -43,7 +43,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -432,7 +431,7 @@ def main() -> None:
     for a, b, r in zip(runs[0::2], runs[1::2], pair_ratios):
         print(f"- pair {a['pair']}: (1) {a['audio_s_per_s']:.1f}, (2) {b['audio_s_per_s']:.1f} audio-s/s: {r:.2f}×; "
               f"jobs by host in (2): " + ", ".join(f"{k} {v}" for k, v in b["split"].items())
-              + f" (in (1): " + ", ".join(f"{k} {v}" for k, v in a["split"].items()) + ")")
+              + " (in (1): " + ", ".join(f"{k} {v}" for k, v in a["split"].items()) + ")")
     for r in runs:
         if r["failed"]:
             print(f"- pair {r['pair']} ({r['way']}): {len(r['failed'])} jobs did not complete: {r['failed'][:3]}")

@@ -2,13 +2,12 @@
 against its JSON schema) written with a plain broker client, redis-py or pika."""
 import base64
 import json
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from helpers import CLIPS, ROOT
+from helpers import CLIPS, ROOT, wait_for_job
 
 pytestmark = pytest.mark.integration
 
@@ -72,21 +71,11 @@ def send(settings, msg: dict, priority: str = "normal") -> None:
         pytest.skip(f"no plain client for a {url.split('://')[0]} broker")
 
 
-def wait(client, job_id: str, timeout: float = 180) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        resp = client.get(f"/v1/jobs/{job_id}")
-        if resp.status_code == 200 and resp.get_json()["status"] in ("COMPLETED", "FAILED"):
-            return resp.get_json()
-        time.sleep(0.5)
-    raise AssertionError(f"job {job_id} did not finish: {client.get(f'/v1/jobs/{job_id}').get_json()}")
-
-
 def test_a_job_written_by_a_plain_broker_client_completes(client, worker, settings):
     job_id = str(uuid.uuid4())
     send(settings, message(job_id, str(CLIPS["fox.flac"]["path"]), language="en", priority="high",
                            word_timestamps=True, prompt="A fox.", temperature=0.0), priority="high")
-    job = wait(client, job_id)
+    job = wait_for_job(client, job_id, timeout=180)
     assert job["status"] == "COMPLETED", job
     assert job["priority"] == "high" and "fox" in job["result"]["text"].lower()
     assert job["result"]["segments"][0]["words"]
@@ -97,7 +86,7 @@ def test_a_bad_option_in_a_plain_message_fails_the_job_saying_why(client, worker
     msg = message(job_id, str(CLIPS["fox.flac"]["path"]), language="en")
     msg["body"][1]["temperature"] = 7  # what the schema refuses; a producer may still send it
     send(settings, msg)
-    job = wait(client, job_id)
+    job = wait_for_job(client, job_id, timeout=180)
     assert job["status"] == "FAILED" and "temperature must be a number from 0 to 1" in job["error"], job
     assert job["attempts"] in (0, 1)  # refused at once, never retried
 

@@ -116,17 +116,24 @@ def submit_upload(rt: Runtime, celery: Celery, upload: FileStorage | None, form:
     return _enqueue(rt, celery, job, idempotency_key, fingerprint)
 
 
-def submit_url(rt: Runtime, celery: Celery, body, idempotency_key: str | None = None,
-               admit: Callable[[str], None] | None = None, owner: str | None = None,
-               default_priority: str = "normal") -> tuple[Job, bool]:
-    """A job whose audio the preparation pool fetches from `audio_url` (JSON body)."""
+def _json_options(rt: Runtime, body, source: str, example: str, admit: Callable[[str], None] | None,
+                  default_priority: str) -> dict:
+    """A JSON submission's options, checked, its model served and its priority admitted."""
     if not isinstance(body, dict):
-        raise InvalidRequest('send a JSON object such as {"audio_url": "https://example.com/call.mp3"}')
-    check_fields(body, {}, source="audio_url")
+        raise InvalidRequest(f'send a JSON object such as {{"{source}": "{example}"}}')
+    check_fields(body, {}, source=source)
     options = parse_options(body, rt.settings, default_priority)
     check_served(rt, options["model"])
     if admit is not None:
         admit(options["priority"])
+    return options
+
+
+def submit_url(rt: Runtime, celery: Celery, body, idempotency_key: str | None = None,
+               admit: Callable[[str], None] | None = None, owner: str | None = None,
+               default_priority: str = "normal") -> tuple[Job, bool]:
+    """A job whose audio the preparation pool fetches from `audio_url` (JSON body)."""
+    options = _json_options(rt, body, "audio_url", "https://example.com/call.mp3", admit, default_priority)
     url = body.get("audio_url")
     if not isinstance(url, str) or not url.strip():
         raise InvalidRequest("audio_url is missing: give the http(s) URL of the audio, or upload the file as multipart")
@@ -151,13 +158,7 @@ def submit_path(rt: Runtime, celery: Celery, body, idempotency_key: str | None =
                 default_priority: str = "normal") -> tuple[Job, bool]:
     """A job on a file the caller put under WHISPERQ_INPUT_DIRS (`path`, as the MQTT bridge
     takes it), read in place and never deleted: checked as an upload is, then as submit_url."""
-    if not isinstance(body, dict):
-        raise InvalidRequest('send a JSON object such as {"path": "/srv/inbox/call.flac"}')
-    check_fields(body, {}, source="path")
-    options = parse_options(body, rt.settings, default_priority)
-    check_served(rt, options["model"])
-    if admit is not None:
-        admit(options["priority"])
+    options = _json_options(rt, body, "path", "/srv/inbox/call.flac", admit, default_priority)
     given = body.get("path")
     if not isinstance(given, str) or not os.path.isabs(given.strip()):
         raise InvalidRequest("path must be the absolute path of an audio file under WHISPERQ_INPUT_DIRS "

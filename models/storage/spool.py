@@ -8,10 +8,11 @@ import os
 import tempfile
 import unicodedata
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import Callable
 
 from models.security.crypto import Keyring, current_keyring
-from models.security.sealed import EncryptedWriter, open_decrypted, open_stored
+from models.security.sealed import EncryptedWriter, open_decrypted
+
 
 def clean_filename(name: str | None) -> str | None:
     """The client's file name, safe to store and show: no directories, no control characters."""
