@@ -249,7 +249,7 @@ class Bench:
         self.nodes: dict[str, str] = {}
         for label, cpus in (("A", "0"), ("B", "1")):
             # Host 1's temp dirs (its data dir among them) are not there for host 2.
-            host = self.stack.enter_context(SecondHost(hide=[tempfile.gettempdir()]))
+            host = self.stack.enter_context(SecondHost(hide=[self.tmp]))
             self.hosts[label] = host
             env = host.env(self.env)  # broker and database through the forwarders, its own data dir
             if INFERENCE_NICE:

@@ -28,6 +28,12 @@ _state: dict = {}
 
 
 def pytest_configure(config) -> None:
+    # Every temporary file of the run (tmp_path, the workers' too: TMPDIR is inherited) goes in a
+    # directory of its own, never a parent of the checkout: a second host (tests/hosts.py) hides
+    # it whole, wherever the checkout is (a clone in /tmp included).
+    own = tempfile.mkdtemp(prefix="whisperq-tmp-")
+    os.environ["TMPDIR"] = tempfile.tempdir = own
+    _state["own_tmp"] = own
     tmp = Path(tempfile.mkdtemp(prefix="whisperq-test-"))
     _state["tmp"] = tmp
     os.environ["WHISPERQ_DATA_DIR"] = str(tmp / "data")
@@ -67,6 +73,7 @@ def pytest_unconfigure(config) -> None:
     if broker is not None:
         broker.stop()
     shutil.rmtree(_state.pop("tmp", ""), ignore_errors=True)
+    shutil.rmtree(_state.pop("own_tmp", ""), ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
