@@ -52,6 +52,7 @@ class Settings:
     beam_size: int
     cpu_threads: int
     max_upload_mb: int
+    max_batch_items: int
     max_audio_seconds: float
     default_language: str | None
     batch_size: int
@@ -138,6 +139,7 @@ class Settings:
             beam_size=env.int("WHISPERQ_BEAM_SIZE", 5, low=1, high=20),
             cpu_threads=env.int("WHISPERQ_CPU_THREADS", 0, low=0, high=1024),
             max_upload_mb=env.int("WHISPERQ_MAX_UPLOAD_MB", 200, low=1, high=10_000),
+            max_batch_items=env.int("WHISPERQ_MAX_BATCH_ITEMS", 100, low=1, high=10_000),
             max_audio_seconds=env.float("WHISPERQ_MAX_AUDIO_SECONDS", 4 * 3600.0, low=1.0),
             default_language=env.language("WHISPERQ_DEFAULT_LANGUAGE", None),
             batch_size=env.int("WHISPERQ_BATCH_SIZE", 0, low=0, high=256),  # 0: by device (models.speech.engines)

@@ -40,6 +40,7 @@ from models.errors import (
     UnsupportedAudio,
     WhisperqError,
 )
+from models.jobs import batches as _batches  # noqa: F401
 from models.jobs import deadletter as _deadletter  # noqa: F401
 from models.jobs import idempotency as _idempotency  # noqa: F401
 from models.jobs import shadows as _shadows  # noqa: F401

@@ -42,11 +42,12 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.extensions["celery"] = celery = init_celery(settings)  # the process's one Celery app
     runtime.publisher = lambda ids: publish_notify(celery, ids)  # the outbox's webhook deliveries
 
-    from . import admin, admission, api, auth, errors, health, metrics, openai_api, openapi, pages, security
+    from . import admin, admission, api, auth, batches, errors, health, metrics, openai_api, openapi, pages, security
 
     errors.init_app(app)
     auth.init_app(app)
     app.register_blueprint(api.bp)
+    app.register_blueprint(batches.bp)
     app.register_blueprint(openai_api.bp)
     app.after_request(admission.add_rate_headers)
     app.register_blueprint(admin.bp)

@@ -8,7 +8,7 @@ import logging
 from flask import current_app, g, request
 
 from models.access import quotas
-from models.access.admission import RateLimited, check_disk, check_queue, rate_limiter
+from models.access.admission import Backlog, RateLimited, check_disk, check_queue, rate_limiter
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,18 @@ def admit_priority(priority: str) -> None:
     who.check_priority(priority)
     if priority != "high" or who.owner is not None:
         check_queue(current_app.extensions["whisperq"], priority, owner=who.owner)
+
+
+def admit_batch(priority: str, jobs: int, seconds_each: float) -> None:
+    """A batch of `jobs` (each counted at `seconds_each` until its length is known): its
+    priority as for one job, and the queue budget and the key's share with all its jobs in.
+    The whole batch gets in, or none of it."""
+    from .auth import current
+
+    who = current()
+    who.check_priority(priority)
+    ahead = Backlog(jobs - 1, (jobs - 1) * seconds_each)
+    check_queue(current_app.extensions["whisperq"], priority, owner=who.owner, ahead=ahead)
 
 
 def add_rate_headers(response):

@@ -30,7 +30,7 @@ from models.errors import Forbidden, Unauthorized
 
 # Blueprints whose requests act for someone; the rest (health, metrics, static files,
 # the API description) answer everyone or check their own token.
-_ACTING = ("api", "openai", "pages", "admin")
+_ACTING = ("api", "batches", "openai", "pages", "admin")
 _OPEN_PAGES = ("pages.login", "pages.logout")
 _UNSAFE = ("POST", "PUT", "PATCH", "DELETE")
 CSRF_FIELD = "csrf_token"

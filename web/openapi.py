@@ -10,6 +10,7 @@ from flask import Blueprint, current_app, jsonify
 from models.jobs.record import JobStatus
 from models.speech.formats import FORMATS
 
+from .openapi_batches import batch_paths, batch_schemas
 from .openapi_schemas import STRING, choice, nullable, ref, schemas
 
 bp = Blueprint("openapi", __name__)
@@ -283,7 +284,7 @@ def paths() -> dict:
 
 
 def document(models: list[str]) -> dict:
-    components = schemas(models)
+    components = {**schemas(models), **batch_schemas(models)}
     return {
         "openapi": "3.0.3",
         "info": {
@@ -298,7 +299,7 @@ def document(models: list[str]) -> dict:
         },
         "tags": [{"name": "jobs"}, {"name": "usage"}, {"name": "openai"}, {"name": "admin"}, {"name": "operations"}],
         "security": KEY_OR_ANONYMOUS,
-        "paths": paths(),
+        "paths": {**paths(), **batch_paths(op, ok, errors, query, IDEMPOTENCY_KEY, LOCATION)},
         "components": {
             "securitySchemes": {"bearerAuth": {
                 "type": "http", "scheme": "bearer",

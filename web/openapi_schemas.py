@@ -158,6 +158,7 @@ def schemas(models: list[str]) -> dict:
                                                                     "before models had names)."}),
                 "route": nullable({"type": "string", "description": "The alias the model was drawn from."}),
                 "rerun_of": nullable({"type": "string", "description": "The job whose audio this one re-runs."}),
+                "batch_id": nullable({"type": "string", "description": "The batch it was submitted in."}),
                 "filename": nullable(STRING),
                 "audio_duration": nullable({"type": "number"}),
                 "created_at": {"type": "string", "format": "date-time"},

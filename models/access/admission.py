@@ -111,13 +111,18 @@ def drain_rate(rt: Runtime) -> float:
     return speed * len(alive(rt, "inference"))
 
 
-def check_queue(rt: Runtime, priority: str, owner: str | None = None) -> None:
+NOTHING = Backlog(0, 0.0)
+
+
+def check_queue(rt: Runtime, priority: str, owner: str | None = None, ahead: Backlog = NOTHING) -> None:
     """Refuse (QueueFull) when the waiting work is past the budget for `priority`, or the
-    API key `owner` already holds its share of it."""
+    API key `owner` already holds its share of it. `ahead`: the other jobs of a batch sent
+    with this one, counted as waiting already, so a batch gets in only where its jobs sent
+    one after another would all have got in."""
     s = rt.settings
     share = 1.0 if priority == "high" else 1.0 - s.high_reserve
     limit_seconds, limit_jobs = s.queue_budget_seconds * share, max(1, math.floor(s.queue_budget_jobs * share))
-    now = backlog(rt)
+    now = _plus(backlog(rt), ahead)
     if now.audio_seconds >= limit_seconds or now.jobs >= limit_jobs:
         retry_after = _retry_after(rt, now, limit_seconds)
         reserve = "" if priority == "high" else f" ({s.high_reserve:.0%} of it is kept for priority high)"
@@ -129,7 +134,7 @@ def check_queue(rt: Runtime, priority: str, owner: str | None = None) -> None:
     if owner is None or s.queue_key_share >= 1.0:
         return
     own_seconds, own_jobs = s.queue_budget_seconds * s.queue_key_share, max(1, math.floor(s.queue_budget_jobs * s.queue_key_share))
-    mine = backlog(rt, owner)
+    mine = _plus(backlog(rt, owner), ahead)
     if mine.audio_seconds >= own_seconds or mine.jobs >= own_jobs:
         retry_after = _retry_after(rt, mine, own_seconds)
         raise QueueFull(
@@ -138,6 +143,10 @@ def check_queue(rt: Runtime, priority: str, owner: str | None = None) -> None:
             f"Try again in {retry_after} s, once some of yours have started",
             retry_after,
         )
+
+
+def _plus(one: Backlog, other: Backlog) -> Backlog:
+    return Backlog(one.jobs + other.jobs, one.audio_seconds + other.audio_seconds)
 
 
 def _retry_after(rt: Runtime, now: Backlog, limit_seconds: float) -> int:

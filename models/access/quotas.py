@@ -25,7 +25,7 @@ preparation pool, past this door: it is not checked here.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import math
 from dataclasses import dataclass
@@ -134,7 +134,8 @@ def held_by(rt: Runtime, job: Job) -> float:
     return float(job.audio_duration)
 
 
-def confirm_or_withdraw(rt: Runtime, job: Job, now: datetime | None = None) -> None:
+def confirm_or_withdraw(rt: Runtime, job: Job, now: datetime | None = None,
+                        withdraw: Callable[[], None] | None = None) -> None:
     """Once `job`'s row is in, before it is published: count its key's month again, the job
     included. Past the quota, the job is withdrawn (its row and audio removed) and
     QuotaExceeded raised, saying to try again in a second: the check before storing found
@@ -148,7 +149,10 @@ def confirm_or_withdraw(rt: Runtime, job: Job, now: datetime | None = None) -> N
     found = standing(rt, job.owner, quota, job.created_at)  # the month the job is billed to
     if found.fits(0.0):
         return
-    discard_job(rt, job.id)
+    if withdraw is not None:  # a batch: all of its jobs go
+        withdraw()
+    else:
+        discard_job(rt, job.id)
     left = standing(rt, job.owner, quota, job.created_at)
     raise _refusal(left, held_by(rt, job), now or utcnow(), raced=True)
 

@@ -8,6 +8,16 @@ sweeper publishes it later. A job's task that runs twice cannot change the statu
 so it cannot make a second row; a notify message delivered twice finds the row delivered,
 or leased by the other delivery, and does nothing.
 
+A batch (models.jobs.batches) with a `callback_url` gets one `batch.completed` delivery,
+recorded by the transaction that finishes its last job: once a job's new status is flushed,
+that transaction locks the batch's row, counts the batch's unfinished jobs, and where there
+are none, sets the batch's `finished_at` with `UPDATE ... WHERE finished_at IS NULL`;
+only the transaction whose update took the row records the delivery. Two workers finishing
+the last two jobs at once queue on the batch's row lock (on SQLite on the database's write
+lock, held from the job's update on), so the second counts with the first committed: one of
+them sees none left, never both, never neither. For such a delivery `job_id` holds the
+batch's id (the event says which it is).
+
 Each attempt is recorded on the row (time, status code, error) and shown on the job.
 Retries back off with full jitter while 5xx, 429, time-outs and connection errors last,
 for up to WHISPERQ_WEBHOOK_RETRY_WINDOW; any other 4xx (and a redirect) stops them.
@@ -18,10 +28,11 @@ import logging
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Callable
 
-from sqlalchemy import JSON, String, Text, event, inspect, select, update
+from sqlalchemy import JSON, String, Text, event, func, insert, inspect, select, update
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from models.db import Base
+from models.jobs.batches import BATCH_EVENT, UNFINISHED, Batch
 from models.jobs.record import EVENTS, Job, JobStatus, UTCDateTime, new_job_id, utcnow
 from models.retry import RetryPolicy
 
@@ -75,6 +86,7 @@ def install_outbox() -> None:
     Celery app), or if the publish fails, the sweeper sends them (``overdue``)."""
     if not event.contains(Session, "before_flush", _record_state_changes):
         event.listen(Session, "before_flush", _record_state_changes)
+        event.listen(Session, "after_flush", _record_finished_batches)
         event.listen(Session, "after_commit", _publish_committed)
         event.listen(Session, "after_rollback", _forget_rolled_back)
 
@@ -91,6 +103,40 @@ def _record_state_changes(session: Session, _context, _instances) -> None:
                                    next_attempt_at=utcnow(), attempts=[])
         session.add(delivery)
         session.info.setdefault("whisperq_deliveries", []).append(delivery.id)
+
+
+def _record_finished_batches(session: Session, _context) -> None:
+    """After the flush that wrote a batch job's final status: finish its batch if that was
+    the last one, and record the batch's delivery, exactly once (see the module's docstring)."""
+    batches = set()
+    for obj in list(session.new) + list(session.dirty):
+        if isinstance(obj, Job) and obj.batch_id is not None:
+            added = inspect(obj).attrs.status.history.added
+            if added and JobStatus(added[-1]).finished:
+                batches.add(obj.batch_id)
+    if not batches:
+        return
+    conn = session.connection()
+    for batch_id in sorted(batches):  # one order for every transaction: no deadlock between two
+        url = conn.execute(select(Batch.callback_url).where(Batch.id == batch_id, Batch.finished_at.is_(None))
+                           .with_for_update()).first()
+        if url is None:  # no such batch, or finished already
+            continue
+        left = conn.execute(select(func.count()).select_from(Job).where(Job.batch_id == batch_id,
+                                                                         Job.status.in_(UNFINISHED))).scalar_one()
+        if left:
+            continue
+        now = utcnow()
+        taken = conn.execute(update(Batch).where(Batch.id == batch_id, Batch.finished_at.is_(None))
+                             .values(finished_at=now)).rowcount
+        if not taken or not url[0]:
+            continue
+        delivery_id = new_job_id()
+        conn.execute(insert(WebhookDelivery).values(id=delivery_id, job_id=batch_id, event=BATCH_EVENT, url=url[0],
+                                                    status="pending", created_at=now, next_attempt_at=now,
+                                                    attempts=[]))
+        session.info.setdefault("whisperq_deliveries", []).append(delivery_id)
+        log.info("batch %s: its last job finished; webhook %s recorded", batch_id, delivery_id)
 
 
 def _publish_committed(session: Session) -> None:
@@ -137,17 +183,17 @@ def deliver_pending(rt: Runtime, delivery_id: str, transcript_url: Callable[[str
         return None  # delivered, given up, in flight elsewhere, or a duplicate message early
     with rt.db.session() as session:
         delivery = session.get(WebhookDelivery, delivery_id)
-        job = session.get(Job, delivery.job_id)
-        if job is None or job.deleted_at is not None:
+        url, first, subject = delivery.url, delivery.created_at, delivery.job_id
+        if delivery.event == BATCH_EVENT:
+            found = _batch_payload(session, subject, transcript_url)
+        else:
+            found = _job_payload(session, subject, delivery.event, transcript_url, settings)
+        if found is None:
             delivery.status, delivery.finished_at, delivery.lease_until = "dropped", now, None
             return None
-        job_dict = job.to_dict()
-        job_dict["owner"] = job.owner
-        url, first = delivery.url, delivery.created_at
-    job_dict["status"] = {v: k for k, v in EVENTS.items()}[delivery.event].value  # the state it reports
-    payload = webhooks.payload_for(job_dict, transcript_url(job_dict["job_id"]), settings)
+    payload, owner = found
     attempt = webhooks.deliver(url, payload, msg_id=delivery_id, settings=settings,
-                               secrets=webhook_secrets_for(rt, job_dict["owner"]))
+                               secrets=webhook_secrets_for(rt, owner))
     record = {"at": _iso(attempt.at), "status_code": attempt.status_code, "error": attempt.error,
               "duration_ms": attempt.duration_ms}
     delay = None
@@ -163,9 +209,41 @@ def deliver_pending(rt: Runtime, delivery_id: str, transcript_url: Callable[[str
             delivery.next_attempt_at = done + timedelta(seconds=delay)
         else:
             delivery.status, delivery.finished_at = "failed", done
-    log.info("job %s: webhook %s attempt %d: %s", job_dict["job_id"], delivery.event, len(delivery.attempts),
+    log.info("%s %s: webhook %s attempt %d: %s", "batch" if delivery.event == BATCH_EVENT else "job", subject,
+             delivery.event, len(delivery.attempts),
              "delivered" if attempt.delivered else attempt.error)
     return delay
+
+
+def _job_payload(session: Session, job_id: str, event_type: str, transcript_url: Callable[[str], str],
+                 settings) -> tuple[dict, str | None] | None:
+    """A job event's body and the key that signs it; None once the job is deleted."""
+    from models.delivery import webhooks
+
+    job = session.get(Job, job_id)
+    if job is None or job.deleted_at is not None:
+        return None
+    job_dict = job.to_dict()
+    job_dict["owner"] = job.owner
+    job_dict["status"] = {v: k for k, v in EVENTS.items()}[event_type].value  # the state it reports
+    return webhooks.payload_for(job_dict, transcript_url(job_id), settings), job.owner
+
+
+def _batch_payload(session: Session, batch_id: str,
+                   transcript_url: Callable[[str], str]) -> tuple[dict, str | None] | None:
+    """`batch.completed`'s body (every job's id, status and transcript URL) and its key."""
+    from models.delivery import webhooks
+
+    batch = session.get(Batch, batch_id)
+    if batch is None:
+        return None
+    jobs = session.execute(select(Job.id, Job.status, Job.deleted_at, Job.error).where(Job.batch_id == batch_id)
+                           .order_by(Job.id)).all()
+    listed = [{"job_id": j.id, "status": j.status, "deleted": j.deleted_at is not None, "error": j.error,
+               "transcript_url": transcript_url(j.id) if j.status == JobStatus.COMPLETED.value
+               and j.deleted_at is None else None} for j in jobs]
+    return webhooks.batch_payload_for(batch.id, batch.owner, _iso(batch.created_at), _iso(batch.finished_at),
+                                      listed), batch.owner
 
 
 def overdue(rt: Runtime, now: datetime | None = None) -> list[str]:

@@ -26,7 +26,7 @@ MAX_RESPONSE_BYTES = 64 * 1024
 USER_AGENT = "whisperq-webhooks/1"
 EVENTS = {"COMPLETED": "job.completed", "FAILED": "job.failed", "CANCELLED": "job.cancelled", "EXPIRED": "job.expired"}
 
-__all__ = ["Attempt", "deliver", "payload_for", "sign", "verify"]
+__all__ = ["Attempt", "batch_payload_for", "deliver", "payload_for", "sign", "verify"]
 
 
 # --- signing --------------------------------------------------------------------------
@@ -157,3 +157,16 @@ def payload_for(job_dict: dict, transcript_url: str, settings) -> dict:
             data["result_omitted"] = True
     timestamp = job_dict.get("finished_at") or datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
     return {"type": EVENTS[status], "timestamp": timestamp, "data": data}
+
+
+def batch_payload_for(batch_id: str, owner: str | None, created_at: str | None, finished_at: str | None,
+                      jobs: list[dict]) -> dict:
+    """`batch.completed`, once every job of the batch has finished: the batch's counts and each
+    job's id, status and transcript URL (transcripts are fetched one by one, never inlined)."""
+    counts: dict[str, int] = {}
+    for job in jobs:
+        counts[job["status"]] = counts.get(job["status"], 0) + 1
+    data = {"batch_id": batch_id, "owner": owner, "status": "COMPLETED", "total": len(jobs), "counts": counts,
+            "created_at": created_at, "finished_at": finished_at, "jobs": jobs}
+    timestamp = finished_at or datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+    return {"type": "batch.completed", "timestamp": timestamp, "data": data}

@@ -2,6 +2,7 @@
 
 - ``record`` - the Job row, its status and stage enums.
 - ``operations`` - create, look up, finish exactly once, cancel, delete.
+- ``batches`` - many jobs submitted together (POST /v1/batches), read and followed together.
 - ``corrections`` - a client's correction of a finished transcript, kept beside it.
 - ``idempotency``, ``deadletter``, ``sweeper`` - the same request twice, jobs that used up
   their attempts, jobs whose message or worker was lost.

@@ -85,21 +85,17 @@ def create_job(
     `model` may name an alias (config.registry): the job's model is chosen here, once, by
     the alias's weights; a share of a model's jobs is marked for shadow decoding."""
     job_id = job_id or new_job_id()
-    model, route, shadow = rt.settings.choose(model, job_id)
     ref = ""
     try:
         with rt.db.session() as session:
             # The audio goes into the store with the row: on PostgreSQL storage in this very
             # transaction, so a job is never without its audio, nor audio without its job.
             ref = rt.storage.adopt(spooled, job_id, session=session) if spooled is not None else ""
-            job = Job(
-                id=job_id, status=JobStatus.PENDING.value, task=task, language=language, priority=priority,
-                audio_ref=ref or caller_file or "", audio_owned=caller_file is None, filename=filename,
-                audio_duration=round(duration, 3) if duration is not None else None, attempts=0,
-                callback_url=callback_url, word_timestamps=word_timestamps, audio_url=audio_url,
-                prompt=prompt, temperature=temperature, owner=owner, audio_format=audio_format, model=model,
-                route=route, shadow=shadow, collect=bool(collect), rerun_of=rerun_of,
-            )
+            job = job_row(rt, job_id, ref or caller_file or "", audio_owned=caller_file is None, filename=filename,
+                          duration=duration, callback_url=callback_url, word_timestamps=word_timestamps,
+                          audio_url=audio_url, language=language, priority=priority, task=task, prompt=prompt,
+                          temperature=temperature, owner=owner, audio_format=audio_format, model=model,
+                          collect=collect, rerun_of=rerun_of)
             session.add(job)
     except BaseException:
         if ref:
@@ -108,6 +104,15 @@ def create_job(
     log.info("job %s created (%s, priority %s)", job_id,
              f"{duration:.1f} s of audio" if duration is not None else "audio to fetch", priority)
     return job
+
+
+def job_row(rt: Runtime, job_id: str, audio_ref: str, *, duration: float | None, model: str | None,
+            collect: bool = False, audio_owned: bool = True, **fields: Any) -> Job:
+    """A PENDING job's row (not yet added to a session): its model chosen here, once."""
+    model, route, shadow = rt.settings.choose(model, job_id)
+    return Job(id=job_id, status=JobStatus.PENDING.value, audio_ref=audio_ref, audio_owned=audio_owned,
+               audio_duration=round(duration, 3) if duration is not None else None, attempts=0, model=model,
+               route=route, shadow=shadow, collect=bool(collect), **fields)
 
 
 def get_job(rt: Runtime, job_id: str, owner=ANY) -> Job:

@@ -137,6 +137,8 @@ class Job(Base):
     shadow: Mapped[str | None] = mapped_column(String(48))
     # The job this one re-runs (POST /v1/jobs/<id>/rerun): same audio, maybe another model.
     rerun_of: Mapped[str | None] = mapped_column(String(36), index=True)
+    # The batch it was submitted in (POST /v1/batches; models.jobs.batches), if any.
+    batch_id: Mapped[str | None] = mapped_column(String(36), index=True)
     # Training-data logging (opt-in per key or per job): `whisperq dataset export` takes it;
     # a client's correction is kept beside the original transcript (sealed like it).
     collect: Mapped[bool | None] = mapped_column(default=False)
@@ -273,6 +275,7 @@ class Job(Base):
             "model": self.model,
             "route": self.route,
             "rerun_of": self.rerun_of,
+            "batch_id": self.batch_id,
             "filename": self.filename,
             "audio_duration": self.audio_duration,
             "created_at": iso(self.created_at),
