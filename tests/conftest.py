@@ -31,7 +31,7 @@ def pytest_configure(config) -> None:
     # Every temporary file of the run (tmp_path, the workers' too: TMPDIR is inherited) goes in a
     # directory of its own, never a parent of the checkout: a second host (tests/hosts.py) hides
     # it whole, wherever the checkout is (a clone in /tmp included).
-    own = tempfile.mkdtemp(prefix="whisperq-tmp-")
+    own = tempfile.mkdtemp(prefix="wq-")  # short: Unix socket paths under it have 107 bytes in all
     os.environ["TMPDIR"] = tempfile.tempdir = own
     _state["own_tmp"] = own
     tmp = Path(tempfile.mkdtemp(prefix="whisperq-test-"))

@@ -311,3 +311,16 @@ def test_run_refuses_a_bad_setting_with_its_name(tmp_path):
     out = subprocess.run([str(Path(sys.executable).parent / "whisperq"), "run"], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode != 0
     assert "PORT='eighty' is not a whole number" in out.stderr
+
+
+def test_supervisords_socket_stays_within_a_sockets_path_length(tmp_path):
+    from web.supervise import SOCKET_PATH_MAX, config_text, socket_path
+
+    assert socket_path(tmp_path) == tmp_path / "supervisor.sock"
+    deep = tmp_path / ("d" * 120) / "var"
+    deep.mkdir(parents=True)
+    sock = socket_path(deep)
+    assert len(str(sock)) <= SOCKET_PATH_MAX and sock == socket_path(deep)  # the same for supervisorctl
+    assert oct(sock.parent.stat().st_mode & 0o777) == "0o700"
+    assert f"file={sock}" in config_text([("web", "true")], tmp_path, deep)
+    sock.parent.rmdir()

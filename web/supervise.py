@@ -54,9 +54,38 @@ def wanted(processes: list[tuple[str, str]], env: dict) -> tuple[list[tuple[str,
     return run, [name for name, _ in left_out]
 
 
+# A Unix socket's path has room for 107 bytes (sun_path); a deep data dir would leave none.
+SOCKET_PATH_MAX = 100
+
+
+def socket_path(data_dir: Path) -> Path:
+    """supervisord's control socket: in the data dir, or where its path is too long for a
+    socket, in a directory of the owner's alone named after the data dir (so supervisorctl,
+    reading the configuration, finds it there too)."""
+    import hashlib
+    import os
+    import stat
+    import tempfile
+
+    path = Path(data_dir) / "supervisor.sock"
+    if len(os.fsencode(path)) <= SOCKET_PATH_MAX:
+        return path
+    short = Path(tempfile.gettempdir()) / f"whisperq-{hashlib.sha256(os.fsencode(data_dir)).hexdigest()[:12]}"
+    try:
+        short.mkdir(mode=0o700)
+    except FileExistsError:
+        st = short.lstat()
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+            raise RuntimeError(f"{short} is not a private directory of this user's; remove it, or use a shorter "
+                               "WHISPERQ_DATA_DIR") from None
+    return short / "supervisor.sock"
+
+
 def config_text(processes: list[tuple[str, str]], root: Path, data_dir: Path) -> str:
-    """supervisord's configuration for these processes, all state under the data dir."""
+    """supervisord's configuration for these processes, all state under the data dir (its
+    control socket too, unless that path is too long for a socket: socket_path)."""
     logs = data_dir / "logs"
+    sock = socket_path(data_dir)
 
     def esc(value) -> str:  # supervisord expands %(name)s in values
         return str(value).replace("%", "%%")
@@ -64,9 +93,9 @@ def config_text(processes: list[tuple[str, str]], root: Path, data_dir: Path) ->
     sections = [
         "[supervisord]", "nodaemon=true", "silent=true", f"logfile={esc(logs / 'supervisord.log')}",
         "logfile_maxbytes=10MB", f"pidfile={esc(data_dir / 'supervisord.pid')}", f"childlogdir={esc(logs)}", "",
-        "[unix_http_server]", f"file={esc(data_dir / 'supervisor.sock')}", "chmod=0700", "",
+        "[unix_http_server]", f"file={esc(sock)}", "chmod=0700", "",
         "[rpcinterface:supervisor]", "supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface",
-        "", "[supervisorctl]", f"serverurl=unix://{esc(data_dir / 'supervisor.sock')}", "",
+        "", "[supervisorctl]", f"serverurl=unix://{esc(sock)}", "",
     ]
     for name, command in processes:
         sections += [
