@@ -9,7 +9,7 @@ from sqlalchemy import func, select
 
 from helpers import CLIPS
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.burst]
 
 BURST = 500
 
