@@ -99,8 +99,8 @@ def usage():
     return view()
 
 
-@bp.get("/jobs")
-def index():
+def listing_args() -> tuple[str | None, str]:
+    """A listing's `status` filter and `limit`, checked (GET /v1/jobs, GET /v1/batches/<id>)."""
     status = request.args.get("status")
     if status is not None:
         status = status.upper()
@@ -109,6 +109,12 @@ def index():
     raw_limit = request.args.get("limit", "50")
     if not (raw_limit.isascii() and raw_limit.isdigit()) or not 1 <= int(raw_limit) <= MAX_LIMIT:  # not "²"
         raise InvalidRequest(f"limit must be a whole number from 1 to {MAX_LIMIT}")
+    return status, raw_limit
+
+
+@bp.get("/jobs")
+def index():
+    status, raw_limit = listing_args()
     cursor = _decode_cursor(request.args.get("cursor"))
     jobs, following = list_jobs(runtime(), status, int(raw_limit), cursor, owner=scope())
     body = {"jobs": [job_body(job, detail=False) for job in jobs], "next_cursor": None, "next_url": None}

@@ -26,6 +26,7 @@ from models.runtime import Runtime
 from models.storage import clean_filename
 
 from .admission import admit_batch, admit_submission
+from .api import listing_args
 from .auth import current, scope, scoped_idempotency_key
 from .uploads import FIELDS, check_idempotency_key, check_served, parse_options, publish, with_key_options
 
@@ -35,7 +36,6 @@ log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 1024 * 1024  # a hundred URLs with their options; more than one job's 64 KiB
 SHARED = tuple(f for f in FIELDS if f != "callback_url")  # options for every item; callback_url is the batch's
 ITEM = ("audio_url", "callback_url") + tuple(f for f in SHARED if f != "priority")  # one priority per batch
-MAX_LIMIT = 200
 EXAMPLE = '{"audio_urls": ["https://example.com/a.mp3", "https://example.com/b.mp3"]}'
 
 
@@ -190,14 +190,7 @@ def _listed(job: Job) -> dict:
 
 @bp.get("/batches/<batch_id>")
 def show(batch_id: str):
-    status = request.args.get("status")
-    if status is not None:
-        status = status.upper()
-        if status not in JobStatus.__members__:
-            raise InvalidRequest(f"status {status!r} is not one of: {', '.join(JobStatus.__members__)}")
-    raw_limit = request.args.get("limit", "50")
-    if not (raw_limit.isascii() and raw_limit.isdigit()) or not 1 <= int(raw_limit) <= MAX_LIMIT:
-        raise InvalidRequest(f"limit must be a whole number from 1 to {MAX_LIMIT}")
+    status, raw_limit = listing_args()
     cursor = request.args.get("cursor") or None
     if cursor is not None and not (len(cursor) <= 36 and cursor.isascii() and cursor.isprintable()):
         raise InvalidRequest("cursor is not one this API gave out; pass next_cursor from the previous page")
