@@ -54,6 +54,7 @@ class Settings:
     max_upload_mb: int
     max_batch_items: int
     max_audio_seconds: float
+    url_audio_estimate_seconds: float
     default_language: str | None
     batch_size: int
     batch_wait_ms: int
@@ -141,6 +142,9 @@ class Settings:
             max_upload_mb=env.int("WHISPERQ_MAX_UPLOAD_MB", 200, low=1, high=10_000),
             max_batch_items=env.int("WHISPERQ_MAX_BATCH_ITEMS", 100, low=1, high=10_000),
             max_audio_seconds=env.float("WHISPERQ_MAX_AUDIO_SECONDS", 4 * 3600.0, low=1.0),
+            # What a job by URL counts against the queue budget and its key's quota until its
+            # audio is fetched and measured (the fetch checks the real length against both).
+            url_audio_estimate_seconds=env.float("WHISPERQ_URL_AUDIO_ESTIMATE_SECONDS", 600.0, low=0.0),
             default_language=env.language("WHISPERQ_DEFAULT_LANGUAGE", None),
             batch_size=env.int("WHISPERQ_BATCH_SIZE", 0, low=0, high=256),  # 0: by device (models.speech.engines)
             batch_wait_ms=env.int("WHISPERQ_BATCH_WAIT_MS", 50, low=0, high=60_000),
@@ -261,6 +265,17 @@ class Settings:
     @property
     def max_upload_bytes(self) -> int:
         return self.max_upload_mb * 1024 * 1024
+
+    @property
+    def unfetched_audio_seconds(self) -> float:
+        """What a job by URL counts as, until its audio is fetched (WHISPERQ_URL_AUDIO_ESTIMATE_SECONDS,
+        at most WHISPERQ_MAX_AUDIO_SECONDS)."""
+        return min(self.url_audio_estimate_seconds, self.max_audio_seconds)
+
+    def audio_limit(self, tier: str | None) -> float:
+        """The longest audio a job may have: WHISPERQ_MAX_AUDIO_SECONDS, or less for its key's
+        tier (WHISPERQ_MAX_AUDIO_SECONDS_<TIER>)."""
+        return min(self.max_audio_seconds, getattr(self, f"max_audio_seconds_{tier}", None) or self.max_audio_seconds)
 
     def prepare_time_limit(self, audio_seconds: float | None) -> float:
         """Hard limit for decoding and splitting: far faster than real time on any CPU."""

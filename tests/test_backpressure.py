@@ -148,11 +148,12 @@ def test_readyz_wants_a_live_inference_worker_after_the_grace(client, monkeypatc
     assert resp.status_code == 503 and resp.get_json()["checks"]["inference_workers"].startswith("none alive")
 
 
-def test_one_key_cannot_fill_the_queue_and_url_jobs_count_at_the_longest_audio(settings, tmp_path, monkeypatch,
+def test_one_key_cannot_fill_the_queue_and_url_jobs_count_at_the_estimate_until_fetched(settings, tmp_path, monkeypatch,
                                                                                  no_cache):
     """WHISPERQ_QUEUE_KEY_SHARE: a key past its share of the budget gets 429 while another key
     and anonymous use still get in; a URL job, its length unknown until fetched, counts at
-    WHISPERQ_MAX_AUDIO_SECONDS. Its own database, so the backlog is only this test's."""
+    WHISPERQ_URL_AUDIO_ESTIMATE_SECONDS, then at its real length. Its own database, so the
+    backlog is only this test's."""
     from models.access.apikeys import create_key
     from web import uploads
 
@@ -178,9 +179,19 @@ def test_one_key_cannot_fill_the_queue_and_url_jobs_count_at_the_longest_audio(s
     assert post(client).status_code == 202  # and anonymous use, bounded by its per-address rate instead
     assert len(sent) == 5
 
-    # By URL: 3600 s each until fetched, against a budget of 3 h for everyone.
-    tight = app_with(settings, database_url=f"sqlite:///{tmp_path / 'urls.db'}", queue_budget_jobs=1000,
-                     queue_budget_seconds=3 * 3600.0, high_reserve=0.0, max_audio_seconds=3600.0).test_client()
-    answers = [tight.post("/v1/jobs", json={"audio_url": f"http://127.0.0.1:9/{n}.flac"}) for n in range(4)]
-    assert [a.status_code for a in answers] == [202, 202, 202, 429], [a.get_json() for a in answers]
-    assert "3 jobs with 10800 s of audio are waiting" in answers[-1].get_json()["error"]["message"]
+    # By URL: 1800 s each until fetched (not the 3600 s they may be), against a budget of 3 h.
+    urls = app_with(settings, database_url=f"sqlite:///{tmp_path / 'urls.db'}", queue_budget_jobs=1000,
+                    queue_budget_seconds=3 * 3600.0, high_reserve=0.0, max_audio_seconds=3600.0,
+                    url_audio_estimate_seconds=1800.0)
+    tight = urls.test_client()
+    answers = [tight.post("/v1/jobs", json={"audio_url": f"http://127.0.0.1:9/{n}.flac"}) for n in range(7)]
+    assert [a.status_code for a in answers] == [202] * 6 + [429], [a.get_json() for a in answers]
+    assert "6 jobs with 10800 s of audio are waiting" in answers[-1].get_json()["error"]["message"]
+    # Fetched, each counts at its real length: two short ones leave room for another.
+    from models.jobs.record import Job
+    from sqlalchemy import update
+
+    with urls.extensions["whisperq"].db.session() as session:
+        session.execute(update(Job).where(Job.id.in_([a.get_json()["job_id"] for a in answers[:2]]))
+                        .values(audio_duration=60.0))
+    assert tight.post("/v1/jobs", json={"audio_url": "http://127.0.0.1:9/next.flac"}).status_code == 202

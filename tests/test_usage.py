@@ -20,6 +20,7 @@ from helpers import CLIPS, stored_files
 FOX = CLIPS["fox.flac"]["path"].read_bytes()
 FOX_SECONDS = 4.3  # its header's length, what the door measures
 MAX_AUDIO = 3600.0
+URL_ESTIMATE = 900.0  # what a job by URL holds until it is fetched
 
 
 def bearer(token: str) -> dict:
@@ -58,7 +59,7 @@ def door_for(settings, tmp_path, monkeypatch, name: str = "usage", **changes) ->
     published: list = []
     monkeypatch.setattr(uploads, "publish_transcribe", lambda celery, job, **kw: published.append(job.id))
     values = dict(database_url=f"sqlite:///{tmp_path / f'{name}.db'}", allow_anonymous=False, rate_limit_premium=None,
-                  rate_limit_standard=None, rate_limit_batch=None, max_audio_seconds=MAX_AUDIO,
+                  rate_limit_standard=None, rate_limit_batch=None, max_audio_seconds=MAX_AUDIO, url_audio_estimate_seconds=URL_ESTIMATE,
                   queue_budget_jobs=10**6, queue_budget_seconds=10**9, queue_key_share=1.0,
                   models=settings.models[:1], default_model=settings.models[0].name)
     app = create_app({"SETTINGS": dataclasses.replace(settings, **{**values, **changes}), "TESTING": True})
@@ -137,8 +138,8 @@ def test_usage_is_counted_exactly_for_a_known_set_of_jobs(door):
     assert (mine["key_id"], mine["name"], mine["tier"], mine["revoked"]) == (door.id("alice"), "alice", "standard",
                                                                             False)
     expected = {"jobs": 3, "audio_seconds": round(4.312 + FOX_SECONDS + 2.0, 3),
-                # waiting, waiting_too, idempotent, the re-run, and the URL job at the longest audio
-                "in_flight_jobs": 5, "in_flight_audio_seconds": round(4 * FOX_SECONDS + MAX_AUDIO, 3),
+                # waiting, waiting_too, idempotent, the re-run, and the URL job at the estimate
+                "in_flight_jobs": 5, "in_flight_audio_seconds": round(4 * FOX_SECONDS + URL_ESTIMATE, 3),
                 "unbilled_jobs": 3}  # failed, expired, cancelled while waiting
     assert mine["total"] == expected
     assert mine["days"] == [dict(expected, date=today.isoformat())]
@@ -269,7 +270,7 @@ def test_over_the_quota_429_with_the_reset_time_and_nothing_stored_or_enqueued(s
                               "requested_audio_seconds": 4.3, "resets_at": resets.isoformat().replace("+00:00", "Z")}
     assert "WHISPERQ_QUOTA_HOURS_STANDARD" in error["message"] and "resets at" in error["message"]
     assert abs(int(refused.headers["Retry-After"]) - (resets - now).total_seconds()) <= 5
-    # By URL (counted at the longest audio until fetched), by re-run, and the OpenAI way: refused too.
+    # By URL (counted at WHISPERQ_URL_AUDIO_ESTIMATE_SECONDS until fetched), by re-run, and the OpenAI way: refused too.
     assert client.post("/v1/jobs", json={"audio_url": "http://127.0.0.1:9/a.flac"},
                        headers=bearer(alice)).status_code == 429
     rerun = client.post(f"/v1/jobs/{first.get_json()['job_id']}/rerun", json={}, headers=bearer(alice))
@@ -484,3 +485,47 @@ def test_usage_and_the_quota_refusal_conform_to_the_openapi_document(settings, t
         assert resp.status_code == 200
         api["/v1/usage"]["GET"].validate_response(resp)
     api["/v1/usage"]["GET"].validate_response(door.usage(door.token("bob"), "?from=x"))
+
+
+def test_a_url_job_is_let_in_at_the_estimate_and_measured_at_its_fetch(settings, tmp_path, monkeypatch, database):
+    """A job by URL holds WHISPERQ_URL_AUDIO_ESTIMATE_SECONDS until the preparation pool
+    fetches it. Longer than what its key's month has left, or than its tier's longest audio,
+    it FAILS at the fetch saying which, billed nothing; one that fits is prepared as usual."""
+    from helpers import Receiver
+    from models.errors import PermanentJobError
+    from models.jobs.operations import get_job
+    from models.pipeline.preparation import prepare_job
+    from models.speech import audio
+    from test_webhooks import make_settings
+
+    report = CLIPS["report.opus"]["path"]
+    report_seconds = audio.probe(str(report)).duration
+    assert report_seconds > 2 * FOX_SECONDS
+    door = door_for(settings, tmp_path, monkeypatch, quota_hours_standard=(FOX_SECONDS + 1.0) / 3600,
+                    url_audio_estimate_seconds=1.0, max_audio_seconds_batch=FOX_SECONDS + 1.0,
+                    fetch_allow=make_settings(tmp_path).fetch_allow)
+    routes = {"/report.opus": (200, {"Content-Type": "audio/ogg"}, report.read_bytes()),
+              "/fox.flac": (200, {"Content-Type": "audio/flac"}, FOX)}
+    with Receiver(routes) as server:
+        def by_url(who: str, path: str) -> str:
+            resp = door.client.post("/v1/jobs", json={"audio_url": server.url(path)}, headers=bearer(door.token(who)))
+            assert resp.status_code == 202, resp.get_json()  # at the door it counts as 1 s
+            return resp.get_json()["job_id"]
+
+        too_long_for_quota, too_long_for_tier = by_url("alice", "/report.opus"), by_url("bob", "/report.opus")
+        held = door.usage(door.token("alice")).get_json()["keys"][0]["total"]
+        assert (held["in_flight_jobs"], held["in_flight_audio_seconds"]) == (1, 1.0)
+        with pytest.raises(PermanentJobError, match="monthly audio quota"):
+            prepare_job(door.rt, too_long_for_quota, "")
+        with pytest.raises(PermanentJobError, match=f"longer than the limit of {FOX_SECONDS + 1.0:.0f} s"):
+            prepare_job(door.rt, too_long_for_tier, "")
+        fits = by_url("alice", "/fox.flac")
+        prepared = prepare_job(door.rt, fits, "")
+    failed = get_job(door.rt, too_long_for_quota)
+    assert failed.status == "FAILED" and f"is {report_seconds:.1f} s long" in failed.error, failed.error
+    assert "5.3 s left" in failed.error and "nothing was billed" in failed.error
+    assert get_job(door.rt, too_long_for_tier).status == "FAILED"
+    assert prepared.duration == pytest.approx(FOX_SECONDS, abs=0.05)
+    total = door.usage(door.token("alice")).get_json()["keys"][0]["total"]
+    assert (total["jobs"], total["audio_seconds"], total["unbilled_jobs"]) == (0, 0.0, 1)
+    assert total["in_flight_audio_seconds"] == pytest.approx(prepared.duration, abs=0.001)

@@ -117,7 +117,7 @@ def create():
         earlier = idempotency.lookup(rt, key, fingerprint)
         if earlier is not None:
             return _accepted(get_batch(rt, earlier), 200)
-    each = rt.settings.max_audio_seconds  # a URL's length is known once it is fetched
+    each = rt.settings.unfetched_audio_seconds  # the fetch checks each URL's real length
     admit_batch(priority, len(items), each)
     quotas.check(rt, who.owner, len(items) * each)
     batch, jobs = create_batch(rt, [with_key_options(rt, item, who.owner) for item in items], owner=who.owner,

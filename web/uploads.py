@@ -37,10 +37,7 @@ def audio_limit(settings) -> float:
     """The longest audio this request may send: WHISPERQ_MAX_AUDIO_SECONDS, or less for its
     key's tier (WHISPERQ_MAX_AUDIO_SECONDS_<TIER>)."""
     found = g.get("principal") if has_request_context() else None
-    tier = getattr(found, "tier", None)
-    if tier is None:
-        return settings.max_audio_seconds
-    return min(settings.max_audio_seconds, getattr(settings, f"max_audio_seconds_{tier}", settings.max_audio_seconds))
+    return settings.audio_limit(getattr(found, "tier", None))
 
 
 def check_fields(form: Mapping[str, str], files, source: str = "file") -> None:
@@ -146,7 +143,7 @@ def submit_url(rt: Runtime, celery: Celery, body, idempotency_key: str | None = 
         if earlier is not None:
             return get_job(rt, earlier), False
     name = clean_filename(url.rsplit("/", 1)[-1].split("?", 1)[0]) or None
-    quotas.check(rt, owner, rt.settings.max_audio_seconds)  # its length is known once it is fetched
+    quotas.check(rt, owner, rt.settings.unfetched_audio_seconds)  # the fetch checks its real length
     job = create_job(rt, None, filename=name, duration=None, audio_url=url, owner=owner,
                      **with_key_options(rt, options, owner))
     quotas.confirm_or_withdraw(rt, job)
@@ -217,7 +214,7 @@ def submit_rerun(rt: Runtime, celery: Celery, job_id: str, body, owner, admit: C
         admit(options["priority"])
     # A re-run is billed to the original's key, like the original (models.access.usage).
     length = original.audio_duration
-    quotas.check(rt, original.owner, length if length is not None else rt.settings.max_audio_seconds)
+    quotas.check(rt, original.owner, length if length is not None else rt.settings.unfetched_audio_seconds)
     spooled = rt.storage.copy_to_spool(original.audio_ref) if original.audio_ref else None
     try:
         job = create_job(rt, spooled, filename=original.filename, duration=original.audio_duration,

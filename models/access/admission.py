@@ -7,8 +7,10 @@ Three checks run before a submission's body is read:
   may use the budget less its `high` reserve (WHISPERQ_HIGH_RESERVE); `high` jobs may use
   all of it. One API key may hold at most WHISPERQ_QUEUE_KEY_SHARE of it, so that a key
   sending a flood cannot fill the queue while others wait. A job submitted by URL counts
-  at the longest audio allowed (WHISPERQ_MAX_AUDIO_SECONDS) until it is fetched and its
-  length known. Past it: 429, with Retry-After from the current drain rate.
+  at WHISPERQ_URL_AUDIO_ESTIMATE_SECONDS (a typical recording, 10 minutes by default)
+  until it is fetched; from then on at its real length, so a key whose URLs were longer
+  than that finds its share used up sooner. Past it: 429, with Retry-After from the
+  current drain rate.
 - **Disk floor.** Less than WHISPERQ_DISK_FLOOR_MB free in the data dir: 503.
 - **Per-client rate.** WHISPERQ_RATE_LIMIT submissions per window per client (API key,
   else address), counted in Redis so every web process shares the count; 429 with the
@@ -81,8 +83,8 @@ _EVERYONE = object()
 
 def backlog(rt: Runtime, owner=_EVERYONE) -> Backlog:
     """Jobs not finished and not yet being transcribed, and their audio (cached ~1 s); of
-    one API key's when `owner` is given. A URL job not yet fetched counts at the longest
-    audio allowed: its length is not known, and its fetch may bring that much."""
+    one API key's when `owner` is given. A URL job not yet fetched counts at
+    WHISPERQ_URL_AUDIO_ESTIMATE_SECONDS: its length is not known yet."""
     key = (rt.settings.database_url, owner)
     with _lock:
         hit = _cache.get(key)
@@ -92,7 +94,7 @@ def backlog(rt: Runtime, owner=_EVERYONE) -> Backlog:
         Job.stage.is_(None) | (Job.stage != Stage.INFER.value))
     if owner is not _EVERYONE:
         waiting &= Job.owner == owner
-    seconds = case((Job.audio_duration.is_(None) & Job.audio_url.is_not(None), rt.settings.max_audio_seconds),
+    seconds = case((Job.audio_duration.is_(None) & Job.audio_url.is_not(None), rt.settings.unfetched_audio_seconds),
                    else_=func.coalesce(Job.audio_duration, 0.0))
     with rt.db.session() as session:
         jobs, audio = session.execute(select(func.count(), func.coalesce(func.sum(seconds), 0.0)).where(waiting)).one()

@@ -3,7 +3,7 @@ default), checked at the front door before an upload is stored.
 
 A key's calendar month (UTC) holds what it was billed (models.access.usage) and what it has
 in flight (PENDING or PROCESSING, at its whole audio; a URL job not yet fetched at
-WHISPERQ_MAX_AUDIO_SECONDS). A submission whose audio does not fit in what is left is
+WHISPERQ_URL_AUDIO_ESTIMATE_SECONDS). A submission whose audio does not fit in what is left is
 refused: 429 `quota_exceeded`, saying the quota, what is used and in flight, and when it
 resets (the first of next month, 00:00 UTC; Retry-After counts down to it). A job that
 fails, expires or is cancelled before it ran gives its seconds back.
@@ -17,6 +17,8 @@ refused where one alone would have fitted (each counted the other); they are tol
 again in a second. What the door cannot know: it measures an upload by its header, and a
 file is billed as it decodes, so a header that understates its file's length can take a key
 past its quota by that one file (at most WHISPERQ_MAX_AUDIO_SECONDS); then nothing more gets in.
+A job by URL is let in at the estimate and measured when the preparation pool fetches it
+(`check_fetched`): one longer than what is left FAILS then, saying so, and is billed nothing.
 
 No quota applies to jobs without a key (anonymous use has its rate limit and priority cap;
 WHISPERQ_ADMIN_TOKEN and transcribe.delay() are operators'), nor to dead-letter replays. A
@@ -130,8 +132,29 @@ def check(rt: Runtime, owner: str | None, seconds: float | None = None, tier: st
 def held_by(rt: Runtime, job: Job) -> float:
     """What an unfinished job holds against its key's quota (as models.access.usage counts it)."""
     if job.audio_duration is None:
-        return rt.settings.max_audio_seconds if job.audio_url else 0.0
+        return rt.settings.unfetched_audio_seconds if job.audio_url else 0.0
     return float(job.audio_duration)
+
+
+def check_fetched(rt: Runtime, job: Job, seconds: float) -> None:
+    """Once a job by URL is fetched and measured (`seconds` long): refuse it (QuotaExceeded)
+    where its key's month has no room for its real length. Until then it held
+    WHISPERQ_URL_AUDIO_ESTIMATE_SECONDS of the month; now it holds its length instead."""
+    quota = quota_of(rt, job.owner)
+    if quota is None:
+        return
+    found = standing(rt, job.owner, quota, job.created_at)
+    others = max(0.0, found.in_flight - rt.settings.unfetched_audio_seconds)  # less this job's estimate
+    if found.used + others + seconds <= quota.seconds + _SLACK:
+        return
+    left = max(0.0, quota.seconds - found.used - others)
+    resets = found.resets_at.isoformat().replace("+00:00", "Z")
+    raise QuotaExceeded(
+        f"the audio at audio_url is {seconds:.1f} s long, and this API key's monthly audio quota "
+        f"({quota.hours:g} h, {quota.setting} for tier {quota.tier}) has {left:.1f} s left in {found.month}; nothing "
+        f"was billed. It resets at {resets}: send shorter audio, or ask an operator for another tier",
+        max(1, math.ceil((found.resets_at - utcnow()).total_seconds())),
+        {"quota": dict(found.to_dict(), requested_audio_seconds=round(seconds, 3))})
 
 
 def confirm_or_withdraw(rt: Runtime, job: Job, now: datetime | None = None,

@@ -96,9 +96,10 @@ def _partly_done():
     return (Job.status == JobStatus.CANCELLED.value) & (func.coalesce(Job.progress_seconds, 0.0) > 0)
 
 
-def held_seconds(max_audio_seconds: float):
-    """What an unfinished job holds against a quota: its audio; a URL job not yet fetched, the longest allowed."""
-    return case((Job.audio_duration.is_(None) & Job.audio_url.is_not(None), max_audio_seconds),
+def held_seconds(unfetched_seconds: float):
+    """What an unfinished job holds against a quota: its audio; a URL job not yet fetched,
+    WHISPERQ_URL_AUDIO_ESTIMATE_SECONDS (its fetch checks the real length)."""
+    return case((Job.audio_duration.is_(None) & Job.audio_url.is_not(None), unfetched_seconds),
                 else_=func.coalesce(Job.audio_duration, 0.0))
 
 
@@ -119,7 +120,7 @@ def figures(rt: Runtime, start: datetime, end: datetime, owner=ALL, by_day: bool
     columns = [Job.owner] + ([day] if by_day else [])
     query = select(*columns, func.sum(case((billed, 1), else_=0)), func.sum(_billed_seconds()),
                    func.sum(case((in_flight, 1), else_=0)),
-                   func.sum(case((in_flight, held_seconds(rt.settings.max_audio_seconds)), else_=0.0)),
+                   func.sum(case((in_flight, held_seconds(rt.settings.unfetched_audio_seconds)), else_=0.0)),
                    func.count()).where(Job.created_at >= start, Job.created_at < end)
     if owner is not ALL:
         query = query.where(Job.owner.is_(None) if owner is None else Job.owner == owner)

@@ -114,6 +114,15 @@ def _claim(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any], wo
         return job
 
 
+def _tier(rt: Runtime, owner: str | None) -> str | None:
+    from models.access.apikeys import ApiKey
+
+    if owner is None:
+        return None
+    with rt.db.session() as session:
+        return session.scalar(select(ApiKey.tier).where(ApiKey.id == owner))
+
+
 def _is_key(rt: Runtime, key_id) -> bool:
     from models.access.apikeys import ApiKey
 
@@ -193,17 +202,23 @@ def _decode_stored(rt: Runtime, ref: str, audio_format: str | None):
 
 
 def _fetch(rt: Runtime, job: Job) -> str:
-    """Fetch a job submitted by URL into storage (preparation pool); returns its reference."""
+    """Fetch a job submitted by URL into storage (preparation pool); returns its reference.
+    Its length, unknown at the door, is checked now as the door checks an upload's: against
+    its key's tier's limit and what is left of the key's monthly quota."""
+    from models.access import quotas
     from models.delivery.fetch import fetch_audio
 
     tmp = rt.storage.tmp_dir / f"fetch-{job.id}"
     try:
         fetch_audio(job.audio_url, tmp, rt.settings, create=rt.storage.writer)  # written encrypted
         with open_stored(tmp, what="the fetched audio") as fh:
-            info = audio_io.probe(fh, max_seconds=rt.settings.max_audio_seconds)
+            info = audio_io.probe(fh, max_seconds=rt.settings.audio_limit(_tier(rt, job.owner)))
+        quotas.check_fetched(rt, job, info.duration)
         ref = rt.storage.adopt(tmp, job.id)
     except (UnsupportedAudio, AudioTooLong) as exc:
         raise PermanentJobError(f"the audio at audio_url: {exc}") from exc
+    except quotas.QuotaExceeded as exc:
+        raise PermanentJobError(str(exc)) from exc
     finally:
         tmp.unlink(missing_ok=True)
     with rt.db.session() as session:
