@@ -53,6 +53,7 @@ class Settings:
     cpu_threads: int
     max_upload_mb: int
     max_batch_items: int
+    max_batch_upload_mb: int
     max_audio_seconds: float
     url_audio_estimate_seconds: float
     default_language: str | None
@@ -141,6 +142,7 @@ class Settings:
             cpu_threads=env.int("WHISPERQ_CPU_THREADS", 0, low=0, high=1024),
             max_upload_mb=env.int("WHISPERQ_MAX_UPLOAD_MB", 200, low=1, high=10_000),
             max_batch_items=env.int("WHISPERQ_MAX_BATCH_ITEMS", 100, low=1, high=10_000),
+            max_batch_upload_mb=env.int("WHISPERQ_MAX_BATCH_UPLOAD_MB", 1024, low=1, high=1_000_000),
             max_audio_seconds=env.float("WHISPERQ_MAX_AUDIO_SECONDS", 4 * 3600.0, low=1.0),
             # What a job by URL counts against the queue budget and its key's quota until its
             # audio is fetched and measured (the fetch checks the real length against both).
@@ -265,6 +267,10 @@ class Settings:
     @property
     def max_upload_bytes(self) -> int:
         return self.max_upload_mb * 1024 * 1024
+
+    @property
+    def max_batch_upload_bytes(self) -> int:
+        return self.max_batch_upload_mb * 1024 * 1024
 
     @property
     def unfetched_audio_seconds(self) -> float:

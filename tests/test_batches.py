@@ -1,10 +1,11 @@
-"""Batches: POST /v1/batches validates the whole batch before anything is stored, its jobs are
-ordinary jobs of the key, GET /v1/batches/<id> counts and lists them, and exactly one signed
+"""Batches: POST /v1/batches (URLs as JSON, or files as multipart) validates the whole batch
+before anything is stored, its jobs are ordinary jobs of the key, GET /v1/batches/<id> counts and lists them, and exactly one signed
 `batch.completed` webhook is sent when the last of them finishes, even when two workers
 finish the last two at the same moment."""
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import threading
 import time
@@ -22,19 +23,18 @@ AUDIO = {"/fox.flac": (200, {"Content-Type": "audio/flac"}, FOX),
 
 @pytest.fixture()
 def secure(settings, database, celery_app):
-    """An app that needs a key; URL jobs count at 60 s (not 4 h) against the queue budget, so
-    a batch of twenty fits in a key's share."""
+    """An app that needs a key, with the default queue budget and URL estimate: a batch of
+    twenty URLs fits in a key's share."""
     from web import create_app
 
-    changes = {"allow_anonymous": False, "max_audio_seconds": 60.0}
-    return create_app({"SETTINGS": dataclasses.replace(settings, **changes), "TESTING": True})
+    return create_app({"SETTINGS": dataclasses.replace(settings, allow_anonymous=False), "TESTING": True})
 
 
 def make_app(settings, **changes):
     from web import create_app
 
-    return create_app({"SETTINGS": dataclasses.replace(settings, allow_anonymous=False, max_audio_seconds=60.0,
-                                                       **changes), "TESTING": True})
+    values = {"allow_anonymous": False, "url_audio_estimate_seconds": 60.0, **changes}
+    return create_app({"SETTINGS": dataclasses.replace(settings, **values), "TESTING": True})
 
 
 @pytest.fixture()
@@ -239,6 +239,87 @@ def test_a_batch_finishes_once_and_its_payload_lists_every_job(settings, databas
     assert payload["data"]["counts"] == {"COMPLETED": 1, "CANCELLED": 2} and owner is None
 
 
+def post_files(client, files, key, **fields):
+    """A multipart batch: each (name, bytes) in a field 'file', the options as fields."""
+    from werkzeug.datastructures import MultiDict
+
+    form = MultiDict([("file", (io.BytesIO(data), name)) for name, data in files] + list(fields.items()))
+    return client.post("/v1/batches", data=form, content_type="multipart/form-data", headers=bearer(key))
+
+
+def test_a_batch_of_files_stores_each_as_an_upload_with_the_shared_options(secure, keys, database, published):
+    from models.jobs.operations import get_job
+    from models.speech import audio
+
+    client, rt = secure.test_client(), secure.extensions["whisperq"]
+    files, before = stored_files(rt.settings), counts(database)
+    resp = post_files(client, [("fox.flac", FOX), ("report.opus", REPORT), ("fox-again.flac", FOX)], keys["bob"],
+                      language="en", prompt="a weather report", word_timestamps="true", priority="low",
+                      callback_url="http://127.0.0.1:9/hook")
+    assert resp.status_code == 202, resp.get_json()
+    body = resp.get_json()
+    assert body["total"] == 3 and body["callback_url"] == "http://127.0.0.1:9/hook" and len(published) == 3
+    assert [j["filename"] for j in sorted(body["jobs"], key=lambda j: j["filename"])] == [
+        "fox-again.flac", "fox.flac", "report.opus"]
+    lengths = {"fox.flac": audio.probe(io.BytesIO(FOX)).duration, "report.opus": audio.probe(io.BytesIO(REPORT)).duration}
+    for listed in body["jobs"]:
+        job = get_job(rt, listed["job_id"])
+        assert (job.batch_id, job.language, job.prompt, job.priority, job.word_timestamps, job.audio_url) == (
+            body["batch_id"], "en", "a weather report", "low", True, None)
+        assert job.audio_duration == pytest.approx(lengths[job.filename.replace("-again", "")], abs=0.001)
+        assert rt.storage.exists(job.audio_ref)
+    assert counts(database) == (before[0] + 3, before[1] + 1)
+    now = stored_files(rt.settings)
+    spools = str(rt.settings.data_dir / "tmp")
+    assert len(now - files) == 3 and not [f for f in now - files if f.startswith(spools)]  # no spool left behind
+    client.post(f"/v1/batches/{body['batch_id']}/cancel", headers=bearer(keys["bob"]))
+
+
+BIG = REPORT + b"\0" * (1024 * 1024)  # an Ogg file with a tail: over the 1 MB a batch may carry here
+
+
+@pytest.mark.parametrize("files, fields, status, words", [
+    ([("fox.flac", FOX), ("notes.txt", b"these are not audio bytes" * 40)], {}, 415, "file[1] ('notes.txt')"),
+    ([("fox.flac", FOX), ("empty.flac", b"")], {}, 400, "file[1] ('empty.flac'): the uploaded file is empty"),
+    ([("fox.flac", FOX)] * 4, {}, 400, "WHISPERQ_MAX_BATCH_ITEMS"),
+    ([], {"language": "en"}, 400, "no audio file"),
+    ([("fox.flac", FOX)], {"audio_urls": "http://127.0.0.1:9/a.mp3"}, 400, "unknown field"),
+    ([("fox.flac", FOX)], {"language": "klingon"}, 400, "language"),
+    ([("fox.flac", FOX)], {"callback_url": "http://169.254.169.254/x"}, 400, "callback_url"),
+    ([("fox.flac", FOX), ("big.opus", BIG)], {}, 413, "WHISPERQ_MAX_BATCH_UPLOAD_MB"),
+    ([("fox.flac", FOX), ("long.flac", "90 s")], {}, 413, "file[1] ('long.flac'): the audio is longer than the limit"),
+])
+def test_a_bad_file_refuses_the_whole_batch_and_leaves_nothing(settings, database, published, tmp_path, files,
+                                                               fields, status, words):
+    from models.access.apikeys import create_key
+    from test_web_limits import flac
+
+    files = [(name, flac(tmp_path / name, 90).read_bytes() if data == "90 s" else data) for name, data in files]
+    app = make_app(settings, max_batch_items=3, max_batch_upload_mb=1, max_audio_seconds=60.0)
+    key = create_key(app.extensions["whisperq"], "refused-files", "standard")
+    stored, before = stored_files(settings), counts(database)
+    resp = post_files(app.test_client(), files, key, **fields)
+    assert resp.status_code == status, resp.get_json()
+    assert words in resp.get_json()["error"]["message"], resp.get_json()
+    assert counts(database) == before and stored_files(settings) == stored and published == []
+
+
+def test_a_batch_of_files_counts_at_their_lengths_against_the_quota(settings, database, published):
+    from models.access.apikeys import create_key
+    from models.speech import audio
+
+    fox = audio.probe(io.BytesIO(FOX)).duration
+    app = make_app(settings, quota_hours_standard=2.5 * fox / 3600)
+    key = create_key(app.extensions["whisperq"], "quota-files", "standard")
+    stored, before = stored_files(settings), counts(database)
+    over = post_files(app.test_client(), [(f"fox{n}.flac", FOX) for n in range(3)], key)
+    assert over.status_code == 429 and over.get_json()["error"]["code"] == "quota_exceeded", over.get_json()
+    assert over.get_json()["error"]["quota"]["requested_audio_seconds"] == pytest.approx(3 * fox, abs=0.01)
+    assert counts(database) == before and stored_files(settings) == stored and published == []
+    fits = post_files(app.test_client(), [(f"fox{n}.flac", FOX) for n in range(2)], key)
+    assert fits.status_code == 202 and len(published) == 2
+
+
 # Last in this file: the other tests' jobs wait in the queue where no worker runs yet.
 @pytest.mark.integration
 def test_twenty_real_jobs_complete_and_one_signed_webhook_lists_them(secure, keys, worker):
@@ -280,3 +361,21 @@ def test_twenty_real_jobs_complete_and_one_signed_webhook_lists_them(secure, key
                for i, j in listed.items())
     deliveries = client.get(f"/v1/batches/{batch_id}", headers=bearer(alice)).get_json()["webhook_deliveries"]
     assert [d["status"] for d in deliveries] == ["delivered"]
+
+
+@pytest.mark.integration
+def test_a_batch_of_files_is_transcribed(secure, keys, worker):
+    from helpers import normalise
+
+    client, bob = secure.test_client(), keys["bob"]
+    resp = post_files(client, [("fox.flac", FOX), ("report.opus", REPORT)], bob, language="en")
+    assert resp.status_code == 202, resp.get_json()
+    done = wait_for_batch(client, resp.get_json()["batch_id"], bearer(bob))
+    assert done["counts"]["COMPLETED"] == 2, done
+    texts = {}
+    for job in done["jobs"]:
+        texts[job["filename"]] = client.get(job["transcript_url"].split("localhost", 1)[-1] + "?format=txt",
+                                            headers=bearer(bob)).get_data(as_text=True)
+    for name in ("fox.flac", "report.opus"):
+        said, heard = normalise(CLIPS[name]["text"]), normalise(texts[name])
+        assert len(set(said) - set(heard)) <= 1, (name, texts[name])

@@ -74,15 +74,16 @@ def admit_priority(priority: str) -> None:
         check_queue(current_app.extensions["whisperq"], priority, owner=who.owner)
 
 
-def admit_batch(priority: str, jobs: int, seconds_each: float) -> None:
-    """A batch of `jobs` (each counted at `seconds_each` until its length is known): its
-    priority as for one job, and the queue budget and the key's share with all its jobs in.
-    The whole batch gets in, or none of it."""
+def admit_batch(priority: str, seconds: list[float]) -> None:
+    """A batch of jobs of `seconds` each (a URL's at WHISPERQ_URL_AUDIO_ESTIMATE_SECONDS until
+    its length is known): its priority as for one job, and the queue budget and the key's
+    share with all its jobs in. The whole batch gets in, or none of it: where its jobs sent
+    one after another, the longest last, would all have got in."""
     from .auth import current
 
     who = current()
     who.check_priority(priority)
-    ahead = Backlog(jobs - 1, (jobs - 1) * seconds_each)
+    ahead = Backlog(len(seconds) - 1, sum(seconds) - max(seconds))
     check_queue(current_app.extensions["whisperq"], priority, owner=who.owner, ahead=ahead)
 
 

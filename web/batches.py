@@ -1,10 +1,13 @@
-"""Batches: `POST /v1/batches` (many audio URLs, one request), `GET /v1/batches/<id>` (its
-state and its jobs, a page at a time) and `POST /v1/batches/<id>/cancel`.
+"""Batches: `POST /v1/batches` (many audio URLs as JSON, or many files as multipart, one
+request), `GET /v1/batches/<id>` (its state and its jobs, a page at a time) and
+`POST /v1/batches/<id>/cancel`.
 
 A batch is validated whole before anything is stored: every item's URL through the address
-guard, every item's options through parse_options as at every door, the tier's priority,
-the queue budget and the key's monthly quota with all of its jobs counted. Then its row and
-all its jobs go in in one transaction, and are published. A refusal stores nothing."""
+guard or every file as an upload is checked (name, size, container, length by its header),
+every item's options through parse_options as at every door, the tier's priority, the
+queue budget and the key's monthly quota with all of its jobs counted. Then its row and
+all its jobs (with the files' audio) go in in one transaction, and are published. A
+refusal stores nothing: the files spooled for it are removed when the request ends."""
 from __future__ import annotations
 
 import hashlib
@@ -23,12 +26,15 @@ from models.jobs.batches import Batch, Standing, batch_jobs, create_batch, disca
 from models.jobs.operations import cancel_job, fail_job
 from models.jobs.record import Job, JobStatus
 from models.runtime import Runtime
+from models.speech import audio as audio_io
 from models.storage import clean_filename
+from models.storage.spool import SealedSpool
 
 from .admission import admit_batch, admit_submission
 from .api import listing_args
 from .auth import current, scope, scoped_idempotency_key
-from .uploads import FIELDS, check_idempotency_key, check_served, parse_options, publish, with_key_options
+from .uploads import (FIELDS, audio_limit, check_filename, check_idempotency_key, check_served, parse_options, publish,
+                      with_key_options)
 
 bp = Blueprint("batches", __name__, url_prefix="/v1")
 log = logging.getLogger(__name__)
@@ -101,8 +107,16 @@ def create():
     admit_submission()  # before the body is read
     rt, who = runtime(), current()
     key = scoped_idempotency_key(request.headers.get("Idempotency-Key"))
+    if request.mimetype == "multipart/form-data":
+        if "boundary" not in request.mimetype_params:
+            raise InvalidRequest("malformed multipart body: the Content-Type has no boundary")
+        request.max_content_length = rt.settings.max_batch_upload_bytes
+        request.max_form_parts = rt.settings.max_batch_items + len(SHARED) + 2
+        # The files not moved into the store are removed as the request ends (UploadRequest).
+        return _create(rt, who, key, *check_files(rt, request.form, request.files, who.default_priority()))
     if request.mimetype != "application/json":
-        raise UnsupportedMediaType(f"send the batch as JSON (Content-Type: application/json), such as {EXAMPLE} "
+        raise UnsupportedMediaType(f"send the batch as JSON (Content-Type: application/json), such as {EXAMPLE}, or "
+                                   "its files as multipart/form-data, each in a field named 'file' "
                                    f"(got {request.mimetype or 'no Content-Type'})")
     request.max_content_length = MAX_BODY_BYTES
     try:
@@ -113,15 +127,73 @@ def create():
     if key is not None:
         check_idempotency_key(key)
     fingerprint = hashlib.sha256(json.dumps(["batch", callback, items], sort_keys=True).encode()).hexdigest()
+    each = rt.settings.unfetched_audio_seconds  # the fetch checks each URL's real length
+    return _create(rt, who, key, items, callback, priority, [each] * len(items), fingerprint)
+
+
+def check_files(rt: Runtime, form, files, default_priority: str):
+    """A batch of uploaded files (multipart: each in a field 'file', the batch's options and
+    callback_url as fields): each file checked as POST /v1/jobs checks an upload, measured
+    by its header. Returns what _create takes."""
+    unknown = sorted((set(form) - {"callback_url", *SHARED}) | (set(files) - {"file"}))
+    if unknown:
+        raise InvalidRequest(f"unknown field(s) {', '.join(repr(u) for u in unknown)}; a batch of files takes "
+                             f"fields 'file' (one per file), 'callback_url' and {', '.join(repr(f) for f in SHARED)}")
+    uploads = [f for f in files.getlist("file")]
+    limit = rt.settings.max_batch_items
+    if not uploads:
+        raise InvalidRequest(f"no audio file: send each file in a multipart field named 'file' (1 to {limit}, "
+                             "WHISPERQ_MAX_BATCH_ITEMS)")
+    if len(uploads) > limit:
+        raise InvalidRequest(f"the batch has {len(uploads)} files; at most {limit} go in one batch "
+                             "(WHISPERQ_MAX_BATCH_ITEMS): split it in several")
+    options = parse_options(form, rt.settings, default_priority)
+    check_served(rt, options["model"])
+    callback = (form.get("callback_url") or "").strip()
+    callback = check_url(callback, rt.settings, "callback_url") if callback else None
+    items, seconds, digest = [], [], hashlib.sha256(json.dumps(["files", callback, options], sort_keys=True).encode())
+    for n, upload in enumerate(uploads):
+        where = f"file[{n}]" + (f" ({upload.filename!r})" if upload.filename else "")
+        try:
+            if not upload.filename:
+                raise InvalidRequest("the file has no name: send it with a UTF-8 file name")
+            check_filename(upload.filename)
+            spooled = upload.stream
+            if not isinstance(spooled, SealedSpool):
+                raise InvalidRequest("the file could not be read as an upload; send it as a multipart file part")
+            spooled.finish()
+            if spooled.size == 0:
+                raise InvalidRequest("the uploaded file is empty; choose a file with audio in it")
+            with spooled.open() as fh:
+                info = audio_io.probe(fh, max_seconds=audio_limit(rt.settings))
+        except WhisperqError as exc:
+            exc.args = (f"{where}: {exc}",) + exc.args[1:]
+            raise
+        digest.update(spooled.sha256.digest() + upload.filename.encode())
+        seconds.append(info.duration)
+        items.append({**options, "filename": clean_filename(upload.filename), "spool": spooled,
+                      "duration": info.duration, "audio_format": info.format})
+    return items, callback, options["priority"], seconds, digest.hexdigest()
+
+
+def _create(rt: Runtime, who, key: str | None, items: list[dict[str, Any]], callback: str | None, priority: str,
+            seconds: list[float], fingerprint: str):
+    """Admit the whole batch (the tier's priority, the queue budget and the key's share and
+    monthly quota with all its jobs counted), record it in one transaction and publish it."""
     if key is not None:
+        check_idempotency_key(key)
         earlier = idempotency.lookup(rt, key, fingerprint)
         if earlier is not None:
             return _accepted(get_batch(rt, earlier), 200)
-    each = rt.settings.unfetched_audio_seconds  # the fetch checks each URL's real length
-    admit_batch(priority, len(items), each)
-    quotas.check(rt, who.owner, len(items) * each)
-    batch, jobs = create_batch(rt, [with_key_options(rt, item, who.owner) for item in items], owner=who.owner,
-                               callback_url=callback)
+    admit_batch(priority, seconds)
+    quotas.check(rt, who.owner, sum(seconds))
+    spools = [item.pop("spool") for item in items if "spool" in item]
+    rows = [with_key_options(rt, item, who.owner) for item in items]
+    for row, spool in zip(rows, spools):
+        row["spooled"] = spool.path
+    batch, jobs = create_batch(rt, rows, owner=who.owner, callback_url=callback)
+    for spool in spools:
+        spool.release()  # moved into the store
     quotas.confirm_or_withdraw(rt, jobs[0], withdraw=lambda: discard_batch(rt, batch.id))
     if key is not None:
         winner = idempotency.remember(rt, key, fingerprint, batch.id)
@@ -180,7 +252,7 @@ def batch_body(found: Standing, limit: int = 50, after: str | None = None, statu
 def _listed(job: Job) -> dict:
     deleted = job.deleted_at is not None
     out = {"job_id": job.id, "status": job.status, "deleted": deleted, "audio_url": job.audio_url,
-           "error": job.error, "status_url": None, "transcript_url": None}
+           "filename": job.filename, "error": job.error, "status_url": None, "transcript_url": None}
     if not deleted:
         out["status_url"] = url_for("api.show", job_id=job.id, _external=True)
         if job.state is JobStatus.COMPLETED:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 
-from flask import Flask, jsonify, make_response, render_template, request
+from flask import Flask, current_app, jsonify, make_response, render_template, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from models.errors import WhisperqError
@@ -47,6 +47,12 @@ def init_app(app: Flask) -> None:
 
             message = (f"the correction is larger than {MAX_BYTES // (1024 * 1024)} MiB; send the text (and segments) "
                        "of one transcript")
+        elif request.endpoint == "batches.create" and request.mimetype == "multipart/form-data":
+            s = current_app.extensions["whisperq"].settings
+            message = (f"the batch is over its limits: each file at most {s.max_upload_mb} MB (WHISPERQ_MAX_UPLOAD_MB), "
+                       f"all of it at most {s.max_batch_upload_mb} MB (WHISPERQ_MAX_BATCH_UPLOAD_MB), at most "
+                       f"{s.max_batch_items} files (WHISPERQ_MAX_BATCH_ITEMS) with the batch's options; split it in "
+                       "several batches, or send long recordings by URL")
         elif request.mimetype != "multipart/form-data":
             message = (f"the request body is larger than {MAX_BODY_BYTES // 1024} KiB; a JSON body carries an "
                        "audio_url and options, and audio goes as a multipart upload")

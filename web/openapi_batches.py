@@ -14,14 +14,17 @@ def batch_paths(op, ok, errors, query, idempotency_key: dict, location: dict) ->
     batch = ref("Batch")
     return {
         "/v1/batches": {
-            "post": op("createBatch", "Submit many audio URLs at once: one batch, one job each, one webhook "
-                       "(`batch.completed`) when all have finished",
+            "post": op("createBatch", "Submit many audio URLs (JSON) or files (multipart) at once: one batch, one "
+                       "job each, one webhook (`batch.completed`) when all have finished",
                        {"202": ok("Accepted: every job of the batch is queued.", batch, headers=location),
                         "200": ok("The batch an earlier request with this Idempotency-Key made.", batch,
                                   headers=location),
                         **errors(400, 401, 403, 409, 413, 415, 429, 431, 503)},
                        parameters=[idempotency_key],
-                       requestBody={"required": True, "content": {"application/json": {"schema": ref("BatchSubmission")}}}),
+                       requestBody={"required": True, "content": {
+                           "application/json": {"schema": ref("BatchSubmission")},
+                           "multipart/form-data": {"schema": ref("BatchUpload"),
+                                                   "encoding": {"file": {"contentType": "application/octet-stream"}}}}}),
         },
         "/v1/batches/{batch_id}": {
             "parameters": [BATCH_ID],
@@ -67,10 +70,23 @@ def batch_schemas(models: list[str]) -> dict:
                                                          "job has finished."}),
                 **shared},
         },
+        "BatchUpload": {
+            "type": "object", "required": ["file"], "additionalProperties": False,
+            "description": "Files, each in a field named `file` (1 to WHISPERQ_MAX_BATCH_ITEMS; each at most "
+                           "WHISPERQ_MAX_UPLOAD_MB, all together at most WHISPERQ_MAX_BATCH_UPLOAD_MB), and options "
+                           "for every file.",
+            "properties": {
+                "file": {"type": "array", "minItems": 1, "items": {"type": "string", "format": "binary"}},
+                "callback_url": {"type": "string", "format": "uri",
+                                 "description": "A public http(s) URL POSTed `batch.completed` once every job has "
+                                                "finished."},
+                **{k: v for k, v in options(json_body=False, models=models).items() if k != "callback_url"}},
+        },
         "BatchJob": {
             "type": "object", "required": ["job_id", "status", "deleted", "status_url", "transcript_url"],
             "properties": {"job_id": STRING, "status": {"type": "string", "enum": [s.value for s in JobStatus]},
-                           "deleted": {"type": "boolean"}, "audio_url": nullable(STRING), "error": nullable(STRING),
+                           "deleted": {"type": "boolean"}, "audio_url": nullable(STRING), "filename": nullable(STRING),
+                           "error": nullable(STRING),
                            "status_url": nullable(STRING), "transcript_url": nullable(STRING)},
         },
         "Batch": {

@@ -73,28 +73,42 @@ class Standing:
 
 def create_batch(rt: Runtime, items: list[dict[str, Any]], *, owner: str | None,
                  callback_url: str | None) -> tuple[Batch, list[Job]]:
-    """The batch's row and all its PENDING jobs (audio by URL), in one transaction: all of
-    them or nothing. `items` are each job's checked fields (audio_url and options)."""
+    """The batch's row and all its PENDING jobs, in one transaction: all of them or nothing.
+    `items` are each job's checked fields: audio_url and options, or for an uploaded file
+    `spooled` (its sealed file, moved into the store here, as create_job does), `duration`
+    and `audio_format` with the options."""
     batch = Batch(id=new_job_id(), owner=owner, callback_url=callback_url, total=len(items), created_at=utcnow())
-    jobs = []
-    for item in items:
-        fields = dict(item)
-        jobs.append(job_row(rt, new_job_id(), "", duration=None, model=fields.pop("model", None),
-                            collect=fields.pop("collect", False), owner=owner, batch_id=batch.id,
-                            created_at=batch.created_at, **fields))
-    with rt.db.session() as session:
-        session.add(batch)
-        session.flush()  # the batch first: its jobs point at it
-        session.add_all(jobs)
-        session.flush()
-        session.expunge_all()
+    jobs, refs = [], []
+    try:
+        with rt.db.session() as session:
+            session.add(batch)
+            session.flush()  # the batch first: its jobs point at it
+            for item in items:
+                fields = dict(item)
+                job_id, spooled = new_job_id(), fields.pop("spooled", None)
+                ref = rt.storage.adopt(spooled, job_id, session=session) if spooled is not None else ""
+                if ref:
+                    refs.append(ref)
+                jobs.append(job_row(rt, job_id, ref, duration=fields.pop("duration", None),
+                                    model=fields.pop("model", None), collect=fields.pop("collect", False),
+                                    owner=owner, batch_id=batch.id, created_at=batch.created_at, **fields))
+            session.add_all(jobs)
+            session.flush()
+            session.expunge_all()
+    except BaseException:
+        for ref in refs:
+            rt.storage.delete(ref)
+        raise
     return batch, jobs
 
 
 def discard_batch(rt: Runtime, batch_id: str) -> None:
-    """Remove a batch that never reached the queue (publishing or the quota refused it)."""
+    """Remove a batch that never reached the queue (publishing or the quota refused it),
+    with the audio of its uploaded files."""
     with rt.db.session() as session:
         for job in session.scalars(select(Job).where(Job.batch_id == batch_id)).all():
+            if job.audio_owned and job.audio_ref:
+                rt.storage.delete(job.audio_ref)
             session.delete(job)
         session.flush()
         batch = session.get(Batch, batch_id)
