@@ -122,6 +122,28 @@ def database(settings):
 
 
 @pytest.fixture()
+def private_db(settings, database, tmp_path):
+    """A database URL of the test's own, empty: a SQLite file, or on PostgreSQL a schema of
+    its own (dropped afterwards), for tests that count every row or purge everything old."""
+    from sqlalchemy import create_engine, text
+
+    url = settings.database_url
+    if url.startswith("sqlite"):
+        yield f"sqlite:///{tmp_path / 'private.db'}"
+        return
+    schema = f"private_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    try:
+        yield f"{url}{'&' if '?' in url else '?'}options=-csearch_path%3D{schema}"
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+@pytest.fixture()
 def app(settings, database):
     from web import create_app
 

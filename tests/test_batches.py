@@ -239,6 +239,68 @@ def test_a_batch_finishes_once_and_its_payload_lists_every_job(settings, databas
     assert payload["data"]["counts"] == {"COMPLETED": 1, "CANCELLED": 2} and owner is None
 
 
+def test_a_replayed_job_reopens_its_batch_which_tells_again_when_it_ends(settings, database):
+    from models.delivery.notify import WebhookDelivery
+    from models.jobs.batches import create_batch, get_batch
+    from models.jobs.deadletter import bury, take_for_replay
+    from models.jobs.operations import complete_job
+    from models.runtime import Runtime
+
+    rt = Runtime(settings)
+    data = {"text": "hello", "language": "en", "segments": [], "duration": 1.0}
+    item = {"audio_url": "http://127.0.0.1:9/a.mp3", "language": None, "priority": "normal"}
+    batch, jobs = create_batch(rt, [dict(item) for _ in range(2)], owner=None, callback_url="http://127.0.0.1:9/hook")
+    complete_job(rt, jobs[0].id, data)
+    bury(rt, jobs[1].id, "whisperq.transcribe", "the worker died three times", None)
+    first = get_batch(rt, batch.id)
+    assert first.done and first.counts == {"COMPLETED": 1, "FAILED": 1} and first.batch.finished_at
+
+    take_for_replay(rt, jobs[1].id)
+    reopened = get_batch(rt, batch.id)
+    assert not reopened.done and reopened.to_dict()["status"] == "PROCESSING" and reopened.batch.finished_at is None
+    complete_job(rt, jobs[1].id, data)
+    again = get_batch(rt, batch.id)
+    assert again.done and again.counts == {"COMPLETED": 2} and again.batch.finished_at
+    with database.session() as s:
+        rows = s.scalars(select(WebhookDelivery).where(WebhookDelivery.job_id == batch.id)).all()
+    assert [r.event for r in rows] == ["batch.completed"] * 2  # one for each time it finished
+
+
+def test_retention_clears_a_finished_batchs_callback_and_delivery_and_keeps_its_counts(settings, private_db,
+                                                                                       tmp_path):
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from models.delivery.notify import WebhookDelivery
+    from models.jobs.batches import Batch, create_batch, get_batch
+    from models.jobs.operations import complete_job
+    from models.jobs.record import Job, utcnow
+    from models.maintenance.retention import run_retention
+    from models.runtime import Runtime
+
+    rt = Runtime(dataclasses.replace(settings, database_url=private_db, data_dir=tmp_path / "data",
+                                     result_retention_seconds=7 * 86400.0))
+    rt.db.upgrade()
+    item = {"audio_url": "http://127.0.0.1:9/a.mp3", "language": None, "priority": "normal"}
+    old, old_jobs = create_batch(rt, [dict(item)], owner=None, callback_url="http://127.0.0.1:9/hook")
+    recent, recent_jobs = create_batch(rt, [dict(item)], owner=None, callback_url="http://127.0.0.1:9/hook")
+    for job in old_jobs + recent_jobs:
+        complete_job(rt, job.id, {"text": "hi", "language": "en", "segments": [], "duration": 1.0})
+    week_ago = utcnow() - timedelta(days=8)
+    with rt.db.session() as s:
+        s.execute(update(Batch).where(Batch.id == old.id).values(finished_at=week_ago))
+        s.execute(update(Job).where(Job.batch_id == old.id).values(finished_at=week_ago))
+    counts = run_retention(rt)
+    assert counts["results_purged"] == 1 and counts["webhook_deliveries_deleted"] == 1
+    with rt.db.session() as s:
+        left = {r.job_id for r in s.scalars(select(WebhookDelivery)).all()}
+        assert left == {recent.id} and s.get(Batch, old.id).callback_url is None
+    kept = get_batch(rt, old.id)
+    assert kept.done and kept.counts == {"COMPLETED": 1}
+    rt.db.dispose()
+
+
 def post_files(client, files, key, **fields):
     """A multipart batch: each (name, bytes) in a field 'file', the options as fields."""
     from werkzeug.datastructures import MultiDict

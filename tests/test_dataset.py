@@ -20,31 +20,12 @@ from datetime import timedelta
 
 import pytest
 from click.testing import CliRunner
-from sqlalchemy import create_engine, text
 
 from helpers import CLIPS
 from models.jobs.operations import complete_job, delete_job, get_job
 from models.jobs.record import Job, utcnow
 
 MADE_BY = {"name": "tiny.en", "version": "sha256:0123abcd", "engine": "faster-whisper"}
-
-
-@pytest.fixture()
-def private_db(settings, database, tmp_path):
-    url = settings.database_url
-    if url.startswith("sqlite"):
-        yield f"sqlite:///{tmp_path / 'dataset.db'}"
-        return
-    schema = f"dataset_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    try:
-        yield f"{url}{'&' if '?' in url else '?'}options=-csearch_path%3D{schema}"
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
 
 
 @pytest.fixture()

@@ -15,7 +15,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import create_engine, select, text
+from sqlalchemy import select
 
 from models.delivery.notify import WebhookDelivery
 from models.errors import AudioPurged
@@ -27,24 +27,6 @@ HOUR, DAY = timedelta(hours=1), timedelta(days=1)
 ADMIN = {"Authorization": f"Bearer {os.environ.get('WHISPERQ_ADMIN_TOKEN', '')}"}
 NOTHING = dict(audio_purged=0, results_purged=0, files_deleted=0, webhook_deliveries_deleted=0,
                dead_letters_deleted=0, tmp_deleted=0, orphans_deleted=0, errors=0)
-
-
-@pytest.fixture()
-def private_db(settings, database, tmp_path):
-    url = settings.database_url
-    if url.startswith("sqlite"):
-        yield f"sqlite:///{tmp_path / 'retention.db'}"
-        return
-    schema = f"retention_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    try:
-        yield f"{url}{'&' if '?' in url else '?'}options=-csearch_path%3D{schema}"
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
 
 
 @pytest.fixture()

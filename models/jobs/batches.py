@@ -5,14 +5,14 @@ A batch is a row of its own (who sent it, where to tell them, how many jobs) and
 are ordinary jobs that carry its id (`Job.batch_id`): each is queued, run, cancelled,
 deleted and kept by retention as any job is. The batch's state is read from its jobs,
 never kept twice: counts by status, done when none is PENDING or PROCESSING.
-`finished_at` is the one thing written later: set once, by the transaction that finishes
-the batch's last job (models.delivery.batch_events), which is also what records the one
-`batch.completed` webhook.
+`finished_at` is the one thing written later: set by the transaction that finishes the
+batch's last job (models.delivery.notify), which is also what records its `batch.completed`
+webhook; cleared by a dead-letter replay of one of its jobs, which reopens the batch.
 
 A job of the batch that is deleted keeps its row (emptied, CANCELLED if it had not ended):
 the batch still counts it and lists it as deleted, so its totals never change under it.
 Retention never removes job rows, nor batch rows: a batch answers for as long as its
-jobs do.
+jobs do. It clears a long-finished batch's callback_url and delivery, as it does a job's.
 """
 from __future__ import annotations
 

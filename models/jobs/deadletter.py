@@ -6,7 +6,7 @@ import logging
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import JSON, ForeignKey, Integer, String, Text, select
+from sqlalchemy import JSON, ForeignKey, Integer, String, Text, select, update
 from sqlalchemy.orm import Mapped, mapped_column
 
 from models.db import Base
@@ -99,6 +99,10 @@ def take_for_replay(rt: Runtime, job_id: str, model: str | None = None) -> Job:
         if job.audio_owned and job.audio_ref and not rt.storage.exists(job.audio_ref):
             raise InvalidRequest(f"job {job_id}'s audio has been deleted; it cannot be replayed")
         job.reset_for_replay()
+        if job.batch_id is not None:  # its batch is open again: it finishes, and tells, once more
+            from models.jobs.batches import Batch
+
+            session.execute(update(Batch).where(Batch.id == job.batch_id).values(finished_at=None))
         if chosen is not None:
             job.model, job.route, job.shadow = chosen
         session.delete(dead)

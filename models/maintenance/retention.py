@@ -9,7 +9,8 @@ longer need, on a schedule, so that audio and transcripts are not kept for good.
   correction of it and what the client sent with it (file name, prompt, URLs) are
   cleared, with the job's webhook deliveries, its dead letter and its result-backend
   entry; the row stays, so the job id still answers, saying the transcript was deleted
-  (`result_purged_at`).
+  (`result_purged_at`). A batch finished as long ago loses its callback_url and its
+  `batch.completed` delivery the same way; its row and counts stay.
 - Leftovers: spooled uploads in tmp/ older than a day (a request that crashed), and
   files under audio/ and prepared/ older than an hour whose job does not exist, was
   deleted, or had its audio purged already (a crash between storing and recording).
@@ -66,6 +67,7 @@ def run_retention(rt: Runtime, now: datetime | None = None, celery=None, batch: 
             def forget(job_id: str) -> None:
                 celery.AsyncResult(job_id).forget()
         _purge_results(rt, now - timedelta(seconds=settings.result_retention_seconds), now, batch, counts, forget)
+        _purge_batches(rt, now - timedelta(seconds=settings.result_retention_seconds), batch, counts)
     _sweep_tmp(rt, now, counts)
     _sweep_orphans(rt, now, batch, counts)
     log.info("retention: audio of %d jobs and results of %d jobs deleted (%d files, %d webhook deliveries, "
@@ -157,6 +159,29 @@ def _purge_results(rt: Runtime, cutoff: datetime, now: datetime, batch: int, cou
             except Exception as exc:  # results expire on their own (result_expires)
                 counts["errors"] += 1
                 log.warning("retention: result backend entries not removed now (%s)", type(exc).__name__)
+        if len(ids) < batch:
+            return
+
+
+def _purge_batches(rt: Runtime, cutoff: datetime, batch: int, counts: dict[str, int]) -> None:
+    """Batches finished before `cutoff` (their jobs' results purged by now): their
+    `callback_url` and `batch.completed` delivery go too; the row stays, so the batch id
+    still answers with its counts."""
+    from models.jobs.batches import Batch
+
+    while True:
+        with rt.db.session(write=True) as session:
+            query = (select(Batch.id).where(Batch.finished_at < cutoff, Batch.callback_url.is_not(None))
+                     .order_by(Batch.finished_at).limit(batch))
+            if not rt.db.url.startswith("sqlite"):
+                query = query.with_for_update(skip_locked=True)
+            ids = list(session.scalars(query).all())
+            if ids:
+                session.execute(update(Batch).where(Batch.id.in_(ids)).values(callback_url=None),
+                                execution_options={"synchronize_session": False})
+                counts["webhook_deliveries_deleted"] += session.execute(
+                    delete(WebhookDelivery).where(WebhookDelivery.job_id.in_(ids)),
+                    execution_options={"synchronize_session": False}).rowcount or 0
         if len(ids) < batch:
             return
 
