@@ -108,3 +108,37 @@ def test_a_key_whose_quota_has_no_room_is_refused_before_anything_is_queued(app,
     with pytest.raises(PermissionError, match="quota"):
         transcribe.delay(FOX, api_key=key)
     assert published == []
+
+
+def test_racing_delay_calls_are_held_to_the_quota_once_decoded(settings, private_db):
+    """Two delay() calls of one key that each fit when they were queued, but not together:
+    the preparation pool measures each as it decodes it, the other counted, and the second
+    FAILS saying so, billed nothing."""
+    import dataclasses
+    import uuid
+    from pathlib import Path
+
+    from models.access.apikeys import create_key
+    from models.access.usage import month_figures
+    from models.errors import PermanentJobError
+    from models.jobs.operations import get_job
+    from models.jobs.record import utcnow
+    from models.pipeline.preparation import prepare_job
+    from models.runtime import Runtime
+    from models.speech import audio
+
+    fox = audio.probe(FOX).duration
+    rt = Runtime(dataclasses.replace(settings, database_url=private_db, quota_hours_batch=1.5 * fox / 3600,
+                                     input_dirs=(Path(FOX).parent,)))
+    rt.db.upgrade()
+    record, _token = create_key(rt, "delay-race", "batch")
+    first, second = str(uuid.uuid4()), str(uuid.uuid4())
+    prepared = prepare_job(rt, first, FOX, {"owner": record.id, "language": "en"})
+    assert prepared.duration == pytest.approx(fox, abs=0.05)
+    with pytest.raises(PermanentJobError, match="monthly audio quota"):
+        prepare_job(rt, second, FOX, {"owner": record.id, "language": "en"})
+    failed = get_job(rt, second)
+    assert failed.status == "FAILED" and "nothing was billed" in failed.error and "audio at audio_url" not in failed.error
+    month = month_figures(rt, record.id, utcnow())
+    assert month.in_flight_audio_seconds == pytest.approx(prepared.duration, abs=0.001) and month.audio_seconds == 0
+    rt.db.dispose()

@@ -18,12 +18,14 @@ again in a second. What the door cannot know: it measures an upload by its heade
 file is billed as it decodes, so a header that understates its file's length can take a key
 past its quota by that one file (at most WHISPERQ_MAX_AUDIO_SECONDS); then nothing more gets in.
 A job by URL is let in at the estimate and measured when the preparation pool fetches it
-(`check_fetched`): one longer than what is left FAILS then, saying so, and is billed nothing.
+(`check_measured`): one longer than what is left FAILS then, saying so, and is billed nothing.
 
 No quota applies to jobs without a key (anonymous use has its rate limit and priority cap;
 WHISPERQ_ADMIN_TOKEN and transcribe.delay() are operators'), nor to dead-letter replays. A
 transcribe.delay(api_key=...) job is billed to its key (models.access.usage) but is made by the
-preparation pool, past this door: it is not checked here.
+preparation pool, past this door: tasks.transcribe checks it before it is queued, and the
+preparation pool again once it is decoded (`check_measured`), so racing calls cannot pass
+the quota together by more than the ones being decoded at that moment.
 """
 from __future__ import annotations
 
@@ -136,23 +138,26 @@ def held_by(rt: Runtime, job: Job) -> float:
     return float(job.audio_duration)
 
 
-def check_fetched(rt: Runtime, job: Job, seconds: float) -> None:
-    """Once a job by URL is fetched and measured (`seconds` long): refuse it (QuotaExceeded)
-    where its key's month has no room for its real length. Until then it held
-    WHISPERQ_URL_AUDIO_ESTIMATE_SECONDS of the month; now it holds its length instead."""
+def check_measured(rt: Runtime, job: Job, seconds: float) -> None:
+    """Once the preparation pool has measured a job the door could not (`seconds` long: a
+    job by URL, fetched; a transcribe.delay() job, decoded): refuse it (QuotaExceeded)
+    where its key's month has no room for that length. Until now the job held what
+    `held_by` says (the URL estimate, or nothing); from now on it holds its length.
+    Measured last, it counts every other job of the key in flight."""
     quota = quota_of(rt, job.owner)
     if quota is None:
         return
     found = standing(rt, job.owner, quota, job.created_at)
-    others = max(0.0, found.in_flight - rt.settings.unfetched_audio_seconds)  # less this job's estimate
+    others = max(0.0, found.in_flight - held_by(rt, job))
     if found.used + others + seconds <= quota.seconds + _SLACK:
         return
     left = max(0.0, quota.seconds - found.used - others)
     resets = found.resets_at.isoformat().replace("+00:00", "Z")
     raise QuotaExceeded(
-        f"the audio at audio_url is {seconds:.1f} s long, and this API key's monthly audio quota "
-        f"({quota.hours:g} h, {quota.setting} for tier {quota.tier}) has {left:.1f} s left in {found.month}; nothing "
-        f"was billed. It resets at {resets}: send shorter audio, or ask an operator for another tier",
+        f"the audio{' at audio_url' if job.audio_url else ''} is {seconds:.1f} s long, and this API key's monthly "
+        f"audio quota ({quota.hours:g} h, {quota.setting} for tier {quota.tier}) has {left:.1f} s left in "
+        f"{found.month}; nothing was billed. It resets at {resets}: send shorter audio, or ask an operator for "
+        "another tier",
         max(1, math.ceil((found.resets_at - utcnow()).total_seconds())),
         {"quota": dict(found.to_dict(), requested_audio_seconds=round(seconds, 3))})
 

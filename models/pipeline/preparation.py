@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
+from models.access import quotas
 from models.speech import audio as audio_io
 from models.errors import (
     AttemptsExhausted,
@@ -155,6 +156,11 @@ def prepare_job(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any
             # Shared storage may not have caught up yet: worth another attempt.
             raise TransientJobError(f"the audio file {job.audio_ref!r} does not exist or is not readable by the worker")
         samples = _decode_stored(rt, job.audio_ref, job.audio_format)
+        if job.owner is not None and job.audio_duration is None:  # transcribe.delay(api_key=...): now measured
+            quotas.check_measured(rt, job, len(samples) / audio_io.SAMPLE_RATE)
+    except quotas.QuotaExceeded as exc:
+        fail_job(rt, job_id, str(exc))
+        raise PermanentJobError(str(exc)) from exc
     except (UnsupportedAudio, AudioTooLong, InvalidRequest, PermanentJobError) as exc:
         fail_job(rt, job_id, str(exc))
         raise PermanentJobError(str(exc)) from exc
@@ -205,7 +211,6 @@ def _fetch(rt: Runtime, job: Job) -> str:
     """Fetch a job submitted by URL into storage (preparation pool); returns its reference.
     Its length, unknown at the door, is checked now as the door checks an upload's: against
     its key's tier's limit and what is left of the key's monthly quota."""
-    from models.access import quotas
     from models.delivery.fetch import fetch_audio
 
     tmp = rt.storage.tmp_dir / f"fetch-{job.id}"
@@ -213,17 +218,18 @@ def _fetch(rt: Runtime, job: Job) -> str:
         fetch_audio(job.audio_url, tmp, rt.settings, create=rt.storage.writer)  # written encrypted
         with open_stored(tmp, what="the fetched audio") as fh:
             info = audio_io.probe(fh, max_seconds=rt.settings.audio_limit(_tier(rt, job.owner)))
-        quotas.check_fetched(rt, job, info.duration)
+        quotas.check_measured(rt, job, info.duration)
         ref = rt.storage.adopt(tmp, job.id)
     except (UnsupportedAudio, AudioTooLong) as exc:
         raise PermanentJobError(f"the audio at audio_url: {exc}") from exc
     except quotas.QuotaExceeded as exc:
-        raise PermanentJobError(str(exc)) from exc
+        raise PermanentJobError(str(exc)) from exc  # FAILED by prepare_job, billed nothing
     finally:
         tmp.unlink(missing_ok=True)
     with rt.db.session() as session:
         stored = session.get(Job, job.id)
         stored.audio_ref, stored.audio_duration, stored.audio_format = ref, round(info.duration, 3), info.format
     job.audio_format = info.format  # pinned for the decode that follows
+    job.audio_duration = round(info.duration, 3)  # measured: the decode is not checked against the quota again
     log.info("job %s: fetched %.1f s of audio from its audio_url", job.id, info.duration)
     return ref
