@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Mapping
 
 from .allow import AllowRule
+from .checks import check_model_path, check_values
 from .env import ConfigError, Env, input_dirs as _input_dirs, hosts as _hosts
 from .files import generated_secret, published_broker
 from .priorities import PRIORITIES
@@ -202,20 +203,7 @@ class Settings:
             quota_hours_standard=env.hours("WHISPERQ_QUOTA_HOURS_STANDARD"),
             quota_hours_batch=env.hours("WHISPERQ_QUOTA_HOURS_BATCH"),
         )
-        if values["high_reserve"] >= 1:
-            raise ConfigError(
-                f"WHISPERQ_HIGH_RESERVE={values['high_reserve']} is the share of the queue budget kept for priority high; "
-                "set it to a number from 0 to less than 1"
-            )
-        if values["storage"] == "postgres" and not values["database_url"].startswith("postgres"):
-            raise ConfigError(
-                "WHISPERQ_STORAGE=postgres keeps audio in PostgreSQL large objects: set DATABASE_URL to a PostgreSQL "
-                "database (postgresql+psycopg://…), or WHISPERQ_STORAGE=local for the data dir"
-            )
-        if values["alert_failure_rate"] > 1:
-            raise ConfigError(
-                f"WHISPERQ_ALERT_FAILURE_RATE={values['alert_failure_rate']} is a share of jobs; set it to a number from 0 to 1"
-            )
+        check_values(values)
         values["models"] = parse_models(
             env.str("WHISPERQ_MODELS", None), engine=values["engine"], compute_type=values["compute_type"],
             beam_size=values["beam_size"], model_path=values["model_path"], engines=ENGINES, compute_types=COMPUTE_TYPES)
@@ -224,20 +212,7 @@ class Settings:
             values["models"])
         values.update(overrides)
         settings = cls(**values)
-        if settings.model_path is not None and settings.engine == "openai-whisper":
-            if not (Path(settings.model_path).is_file() or (Path(settings.model_path) / "model.bin").is_file()):
-                raise ConfigError(
-                    f"WHISPERQ_MODEL={settings.model_path!r} is neither a file nor a CTranslate2 model directory: "
-                    "with WHISPERQ_ENGINE=openai-whisper point it at an openai-whisper checkpoint (.pt), or at a "
-                    "CTranslate2 Whisper model directory (converted once into the data dir), or unset it"
-                )
-        elif settings.model_path is not None and not Path(settings.model_path).is_dir():
-            raise ConfigError(
-                f"WHISPERQ_MODEL={settings.model_path!r} is not a directory: point it at a "
-                "CTranslate2 Whisper model directory (with model.bin), or unset it to use the bundled tiny.en"
-                + (" (an openai-whisper .pt checkpoint needs WHISPERQ_ENGINE=openai-whisper)"
-                   if Path(settings.model_path).is_file() else "")
-            )
+        check_model_path(settings)
         return settings
 
     def model(self, name: str | None = None) -> ModelSpec:
