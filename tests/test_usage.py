@@ -105,8 +105,8 @@ def end_jobs(rt, ids: dict) -> None:
 def test_usage_is_counted_exactly_for_a_known_set_of_jobs(door):
     """Of nine submissions: two completed (one then deleted: still billed), one cancelled
     after 2 s were transcribed (2 s billed), one failed, one expired, one cancelled while
-    waiting (not billed), one waiting and one by URL (in flight, the URL at the longest audio
-    allowed), one re-run (a job of its own), and one repeated Idempotency-Key (no new job)."""
+    waiting (not billed), one waiting and one by URL (in flight, the URL at
+    WHISPERQ_URL_AUDIO_ESTIMATE_SECONDS), one re-run (a job of its own), and one repeated Idempotency-Key (no new job)."""
     alice, client = door.token("alice"), door.client
     names = ("completed", "deleted", "partly", "failed", "expired", "cancelled", "waiting")
     ids = {}

@@ -12,8 +12,8 @@ progress), so deleting a job does not erase what it cost. What counts:
   EXPIRED (never ran), and CANCELLED before any of its audio was transcribed.
 - **In flight** (`in_flight_jobs`, `in_flight_audio_seconds`): PENDING and PROCESSING jobs,
   not billed yet; they hold their whole audio against the quota (models.access.quotas) until
-  they end, a job by URL not yet fetched at WHISPERQ_MAX_AUDIO_SECONDS (its length is not
-  known; the fetch refuses more).
+  they end, a job by URL not yet fetched at WHISPERQ_URL_AUDIO_ESTIMATE_SECONDS (its length
+  is not known; the fetch checks the real one against the quota).
 
 A job counts once, on the UTC day it was submitted (`created_at`), whatever its retries,
 redeliveries or replays: where it is reserved is where it is billed. A re-run is a job of its
