@@ -167,6 +167,7 @@ def test_a_row_that_cannot_be_written_leaves_no_audio(rt, monkeypatch):
 def test_key_rotation_reseals_stored_files_on_either_backend(rt):
     """Storage.reseal, what `whisperq encryption rotate` does to each file (the whole rotation,
     which rewrites every row of a shared database, is tested in test_encryption)."""
+    from models.maintenance.rotation import stored_files
     from models.security.crypto import Keyring, set_keyring
 
     data = random.Random(3).randbytes(200_000)
@@ -179,7 +180,7 @@ def test_key_rotation_reseals_stored_files_on_either_backend(rt):
     set_keyring(rotated)
     try:
         assert rt.storage.key_id(ref) == "test"
-        assert ref in set(rotation_refs(rt))
+        assert ref in set(stored_files(rt))  # what the rotation goes through
         assert rt.storage.reseal(ref)
         assert rt.storage.key_id(ref) == "next"
         with rt.storage.open(ref) as fh:
@@ -189,12 +190,6 @@ def test_key_rotation_reseals_stored_files_on_either_backend(rt):
     finally:
         set_keyring(old)
         rt.storage.delete(ref)
-
-
-def rotation_refs(rt):
-    from models.maintenance.rotation import stored_files
-
-    return stored_files(rt)
 
 
 def test_postgres_storage_needs_a_postgres_database(tmp_path):

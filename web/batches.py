@@ -26,15 +26,13 @@ from models.jobs.batches import Batch, Standing, batch_jobs, create_batch, disca
 from models.jobs.operations import cancel_job, fail_job
 from models.jobs.record import Job, JobStatus
 from models.runtime import Runtime
-from models.speech import audio as audio_io
 from models.storage import clean_filename
-from models.storage.spool import SealedSpool
 
 from .admission import admit_batch, admit_submission
 from .api import listing_args
 from .auth import current, scope, scoped_idempotency_key
-from .uploads import (FIELDS, audio_limit, check_filename, check_idempotency_key, check_served, parse_options, publish,
-                      with_key_options)
+from .uploads import (FIELDS, check_fields, check_idempotency_key, check_served, checked_audio_url, measure_upload,
+                      parse_options, publish, sealed_upload, with_key_options)
 
 bp = Blueprint("batches", __name__, url_prefix="/v1")
 log = logging.getLogger(__name__)
@@ -88,16 +86,12 @@ def check_batch(rt: Runtime, body, default_priority: str) -> tuple[list[dict[str
         try:
             options = parse_options({**shared, **{k: v for k, v in entry.items() if k != "audio_url"}},
                                     rt.settings, default_priority)
-            url = entry.get("audio_url")
-            if not isinstance(url, str) or not url.strip():
-                raise InvalidRequest("audio_url is missing: give the http(s) URL of the audio")
-            url = check_url(url.strip(), rt.settings, "audio_url")
+            url, name = checked_audio_url(rt, entry.get("audio_url"))
         except InvalidRequest as exc:
             raise InvalidRequest(f"{where}: {exc}") from None
         if options["model"] not in served:
             check_served(rt, options["model"])
             served.add(options["model"])
-        name = clean_filename(url.rsplit("/", 1)[-1].split("?", 1)[0]) or None
         items.append({**options, "audio_url": url, "filename": name})
     return items, callback, items[0]["priority"]
 
@@ -124,8 +118,6 @@ def create():
     except ValueError as exc:
         raise InvalidRequest(f"the body is not valid JSON ({exc})") from None
     items, callback, priority = check_batch(rt, body, who.default_priority())
-    if key is not None:
-        check_idempotency_key(key)
     fingerprint = hashlib.sha256(json.dumps(["batch", callback, items], sort_keys=True).encode()).hexdigest()
     each = rt.settings.unfetched_audio_seconds  # the fetch checks each URL's real length
     return _create(rt, who, key, items, callback, priority, [each] * len(items), fingerprint)
@@ -135,11 +127,8 @@ def check_files(rt: Runtime, form, files, default_priority: str):
     """A batch of uploaded files (multipart: each in a field 'file', the batch's options and
     callback_url as fields): each file checked as POST /v1/jobs checks an upload, measured
     by its header. Returns what _create takes."""
-    unknown = sorted((set(form) - {"callback_url", *SHARED}) | (set(files) - {"file"}))
-    if unknown:
-        raise InvalidRequest(f"unknown field(s) {', '.join(repr(u) for u in unknown)}; a batch of files takes "
-                             f"fields 'file' (one per file), 'callback_url' and {', '.join(repr(f) for f in SHARED)}")
-    uploads = [f for f in files.getlist("file")]
+    check_fields(form, files)  # a single upload's fields: 'file' (here one per file) and the options
+    uploads = files.getlist("file")
     limit = rt.settings.max_batch_items
     if not uploads:
         raise InvalidRequest(f"no audio file: send each file in a multipart field named 'file' (1 to {limit}, "
@@ -157,15 +146,8 @@ def check_files(rt: Runtime, form, files, default_priority: str):
         try:
             if not upload.filename:
                 raise InvalidRequest("the file has no name: send it with a UTF-8 file name")
-            check_filename(upload.filename)
-            spooled = upload.stream
-            if not isinstance(spooled, SealedSpool):
-                raise InvalidRequest("the file could not be read as an upload; send it as a multipart file part")
-            spooled.finish()
-            if spooled.size == 0:
-                raise InvalidRequest("the uploaded file is empty; choose a file with audio in it")
-            with spooled.open() as fh:
-                info = audio_io.probe(fh, max_seconds=audio_limit(rt.settings))
+            spooled = sealed_upload(rt, upload)
+            info = measure_upload(rt, spooled)
         except WhisperqError as exc:
             exc.args = (f"{where}: {exc}",) + exc.args[1:]
             raise

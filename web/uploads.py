@@ -77,24 +77,17 @@ def submit_upload(rt: Runtime, celery: Celery, upload: FileStorage | None, form:
         admit(options["priority"])
     if upload is None or not upload.filename:
         raise InvalidRequest("no audio file: send it as the multipart form field 'file', with a UTF-8 file name")
-    check_filename(upload.filename)
     if idempotency_key is not None:
         check_idempotency_key(idempotency_key)
-    spooled = upload.stream
-    if not isinstance(spooled, SealedSpool):  # not parsed by UploadRequest: spool it encrypted now
-        spooled = rt.storage.spool(upload.stream, limit=rt.settings.max_upload_bytes, too_large=RequestEntityTooLarge)
+    spooled = sealed_upload(rt, upload)
     try:
-        spooled.finish()
-        if spooled.size == 0:
-            raise InvalidRequest("the uploaded file is empty; choose a file with audio in it")
         fingerprint = _fingerprint(spooled.sha256, upload.filename, options)
         if idempotency_key is not None:
             earlier = idempotency.lookup(rt, idempotency_key, fingerprint)
             if earlier is not None:
                 spooled.discard()
                 return get_job(rt, earlier), False
-        with spooled.open() as fh:
-            info = audio_io.probe(fh, max_seconds=audio_limit(rt.settings))
+        info = measure_upload(rt, spooled)
         quotas.check(rt, owner, info.duration)  # before the audio is stored
         job = create_job(
             rt,
@@ -111,6 +104,38 @@ def submit_upload(rt: Runtime, celery: Celery, upload: FileStorage | None, form:
         raise
     quotas.confirm_or_withdraw(rt, job)  # with its own row in: no two racing uploads pass the quota
     return _enqueue(rt, celery, job, idempotency_key, fingerprint)
+
+
+def sealed_upload(rt: Runtime, upload: FileStorage) -> SealedSpool:
+    """An uploaded file, its name checked, complete and sealed (encrypted in the data dir's
+    tmp folder: UploadRequest did it as it arrived, else it is done now); refused when empty.
+    The caller moves it into the store or discards it."""
+    check_filename(upload.filename)
+    spooled = upload.stream
+    if not isinstance(spooled, SealedSpool):  # not parsed by UploadRequest: spool it encrypted now
+        spooled = rt.storage.spool(upload.stream, limit=rt.settings.max_upload_bytes, too_large=RequestEntityTooLarge)
+    try:
+        spooled.finish()
+        if spooled.size == 0:
+            raise InvalidRequest("the uploaded file is empty; choose a file with audio in it")
+    except BaseException:
+        spooled.discard()
+        raise
+    return spooled
+
+
+def measure_upload(rt: Runtime, spooled: SealedSpool) -> audio_io.AudioInfo:
+    """The upload's container and length by its header, at most what this request may send."""
+    with spooled.open() as fh:
+        return audio_io.probe(fh, max_seconds=audio_limit(rt.settings))
+
+
+def checked_audio_url(rt: Runtime, value) -> tuple[str, str | None]:
+    """`audio_url` through the address guard, and the file name its path ends in."""
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidRequest("audio_url is missing: give the http(s) URL of the audio, or upload the file as multipart")
+    url = check_url(value.strip(), rt.settings, "audio_url")
+    return url, clean_filename(url.rsplit("/", 1)[-1].split("?", 1)[0]) or None
 
 
 def _json_options(rt: Runtime, body, source: str, example: str, admit: Callable[[str], None] | None,
@@ -131,10 +156,7 @@ def submit_url(rt: Runtime, celery: Celery, body, idempotency_key: str | None = 
                default_priority: str = "normal") -> tuple[Job, bool]:
     """A job whose audio the preparation pool fetches from `audio_url` (JSON body)."""
     options = _json_options(rt, body, "audio_url", "https://example.com/call.mp3", admit, default_priority)
-    url = body.get("audio_url")
-    if not isinstance(url, str) or not url.strip():
-        raise InvalidRequest("audio_url is missing: give the http(s) URL of the audio, or upload the file as multipart")
-    url = check_url(url.strip(), rt.settings, "audio_url")
+    url, name = checked_audio_url(rt, body.get("audio_url"))
     if idempotency_key is not None:
         check_idempotency_key(idempotency_key)
     fingerprint = hashlib.sha256(json.dumps([url, options], sort_keys=True).encode()).hexdigest()
@@ -142,7 +164,6 @@ def submit_url(rt: Runtime, celery: Celery, body, idempotency_key: str | None = 
         earlier = idempotency.lookup(rt, idempotency_key, fingerprint)
         if earlier is not None:
             return get_job(rt, earlier), False
-    name = clean_filename(url.rsplit("/", 1)[-1].split("?", 1)[0]) or None
     quotas.check(rt, owner, rt.settings.unfetched_audio_seconds)  # the fetch checks its real length
     job = create_job(rt, None, filename=name, duration=None, audio_url=url, owner=owner,
                      **with_key_options(rt, options, owner))
