@@ -120,7 +120,7 @@ def test_celery_lists_a_workers_scheduled_requests():
     app = Celery("compat", set_as_current=False)
     app.conf.broker_url = "memory://"
 
-    @app.task(name="compat.noop")
+    @app.task(name="compat.noop", shared=False)
     def noop():
         return None
 

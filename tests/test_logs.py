@@ -38,7 +38,7 @@ def test_task_lines_carry_the_task_and_the_job():
     app = Celery("logs-test", set_as_current=False)
     seen = {}
 
-    @app.task(name="whisperq.infer", bind=True)
+    @app.task(name="whisperq.infer", bind=True, shared=False)
     def infer(self):
         self.request.delivery_info = {"routing_key": "inference"}
         self.request.whisperq_attempt = 2
@@ -62,7 +62,7 @@ def test_celery_success_line_omits_the_result(caplog):
     omit_task_results()
     app = Celery("logs-test", set_as_current=False)
 
-    @app.task(name="whisperq.infer")
+    @app.task(name="whisperq.infer", shared=False)
     def infer():
         return {"text": "the quarterly finance numbers"}
 

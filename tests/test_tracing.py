@@ -29,7 +29,7 @@ def test_a_request_and_its_tasks_share_a_trace(app):
     provider = tracing.new_provider("test", exporter=exporter)
     celery = Celery("tracing-test", set_as_current=False)
 
-    @celery.task(name="whisperq.infer")
+    @celery.task(name="whisperq.infer", shared=False)
     def infer():
         return 1
 
