@@ -3,6 +3,7 @@ web, worker and Flower; a real upload comes back COMPLETED; SIGTERM stops everyt
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -48,7 +49,8 @@ def _json_or_none(text: str):
 def test_run_starts_the_whole_service_on_the_embedded_broker(tmp_path):
     port, flower = free_port(), free_port()
     env = {k: v for k, v in os.environ.items()
-           if k not in ("CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "DATABASE_URL", "FLOWER_BASIC_AUTH", "WHISPERQ_LOG_FORMAT")}
+           if k not in ("CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "DATABASE_URL", "FLOWER_BASIC_AUTH", "WHISPERQ_LOG_FORMAT",
+                        "WHISPERQ_INPUT_DIRS")}
     env.update(WHISPERQ_DATA_DIR=str(tmp_path / "var"), PORT=str(port), FLOWER_PORT=str(flower),
                WHISPERQ_SWEEP_INTERVAL="5")
     # Tracing on, as an operator turns it on: every process exports over OTLP/HTTP to a
@@ -62,7 +64,8 @@ def test_run_starts_the_whole_service_on_the_embedded_broker(tmp_path):
     base = f"http://127.0.0.1:{port}"
     try:
         wait_until(lambda: requests.get(f"{base}/readyz", timeout=2).status_code == 200, 60, "web", proc, log)
-        assert f"http://127.0.0.1:{port}/" in log.read_text()  # the URLs are printed
+        assert f"http://127.0.0.1:{port}/" in log.read_text()  # the URLs are printed, and the inbox
+        assert f"inbox        {tmp_path / 'var' / 'inbox'}" in log.read_text()
         clip = CLIPS["report.opus"]
         with clip["path"].open("rb") as fh:
             resp = requests.post(f"{base}/v1/jobs", files={"file": ("report.opus", fh)}, timeout=30)
@@ -155,10 +158,12 @@ def test_run_starts_the_whole_service_on_the_embedded_broker(tmp_path):
 
 
 def delay_finds_the_running_stack(data_dir: Path, cwd: Path) -> None:
-    """`transcribe.delay()` and `whisperq env` in other processes, with the data dir alone."""
+    """`transcribe.delay()` and `whisperq env` in other processes, with the data dir alone, as
+    the README's "From Python" says: a file put in the inbox the stack made."""
     import shlex
 
-    env = {k: v for k, v in os.environ.items() if k not in ("CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "DATABASE_URL")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "DATABASE_URL", "WHISPERQ_INPUT_DIRS")}
     env["WHISPERQ_DATA_DIR"] = str(data_dir)
     published = data_dir / "broker.url"
     assert published.stat().st_mode & 0o777 == 0o600  # it holds the broker's password
@@ -166,10 +171,14 @@ def delay_finds_the_running_stack(data_dir: Path, cwd: Path) -> None:
                              text=True, timeout=60)
     assert exports.returncode == 0, exports.stderr
     assert f"export CELERY_BROKER_URL={shlex.quote(published.read_text().strip())}" in exports.stdout
+    inbox = data_dir / "inbox"
+    assert f"reads files under: {inbox}" in exports.stdout
+    assert inbox.is_dir() and inbox.stat().st_mode & 0o777 == 0o700  # made by `whisperq run`, owner only
+    shutil.copy(CLIPS["fox.flac"]["path"], inbox / "fox.flac")
     program = ("import json, sys\nfrom tasks import transcribe\n"
                "r = transcribe.delay(sys.argv[1], language='en', word_timestamps=True)\n"
                "print(json.dumps(r.get(timeout=240)))")
-    out = subprocess.run([sys.executable, "-c", program, str(CLIPS["fox.flac"]["path"])], env=env, cwd=cwd,
+    out = subprocess.run([sys.executable, "-c", program, str(inbox / "fox.flac")], env=env, cwd=cwd,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])

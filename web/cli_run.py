@@ -22,6 +22,9 @@ def run(procfile: str) -> None:
     """Start web, worker and Flower; with no CELERY_BROKER_URL, an embedded Redis too."""
     settings = _settings()
     private_dir(settings.data_dir)
+    inbox = [d for d in settings.input_dirs if settings.data_dir in d.parents]
+    for directory in inbox:  # the default place for transcribe.delay(path)'s files: there from the start
+        private_dir(directory)
     bindir = str(Path(sys.executable).parent)  # gunicorn, celery and supervisord live beside Python
     env = dict(os.environ, WHISPERQ_DATA_DIR=str(settings.data_dir), PATH=bindir + os.pathsep + os.environ.get("PATH", ""))
     broker = None
@@ -64,6 +67,7 @@ def run(procfile: str) -> None:
         f"  API          http://{settings.host}:{settings.port}/v1/jobs\n"
         f"  Flower       http://{flower_host}:{settings.flower_port}/{flower_login}\n"
         f"  data         {settings.data_dir}  (logs in {settings.data_dir / 'logs'})\n"
+        f"  inbox        {', '.join(str(d) for d in settings.input_dirs)}  (files for transcribe.delay(path))\n"
     )
     from .supervise import run_supervised
 
