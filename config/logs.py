@@ -131,6 +131,16 @@ def omit_task_results() -> None:
         trace.addFilter(OmitTaskResults())
 
 
+# Libraries' lines that tell an operator nothing, at the level from which they do: newer
+# Alembic announces each of its plugins at INFO whenever a process opens the database.
+QUIET = {"alembic.runtime.plugins": logging.WARNING}
+
+
+def quiet_libraries() -> None:
+    for name, level in QUIET.items():
+        logging.getLogger(name).setLevel(level)
+
+
 def use_json(loggers: list[logging.Logger]) -> None:
     """Give every handler of these loggers the JSON formatter."""
     for logger in loggers:
@@ -145,6 +155,7 @@ def connect_celery(log_format: str | None) -> None:
 
     def root_ready(logger=None, **_kwargs):
         omit_task_results()
+        quiet_libraries()
         if logger is not None and wants_json(log_format):
             use_json([logger] + [lg for lg in (get_multiprocessing_logger(),) if lg is not None])
 
@@ -160,6 +171,7 @@ def configure_web(log_format: str | None) -> None:
     """The web process: a root handler as logging.basicConfig would add (none is added
     when one exists, as under pytest), and JSON for gunicorn's own loggers."""
     omit_task_results()
+    quiet_libraries()
     root = logging.getLogger()
     json_wanted = wants_json(log_format)
     if not root.handlers:

@@ -121,6 +121,7 @@ def test_run_starts_the_whole_service_on_the_embedded_broker(tmp_path):
         words = {w for w in re.findall(r"[a-z]+", job["result"]["text"].lower()) if len(w) >= 7}
         assert words and not [w for w in words if w in text], [w for w in words if w in text]
         assert "report.opus" not in text
+        assert "setup plugin" not in text  # Alembic's start-up chatter is kept out (config.logs.QUIET)
         # The broker's data is kept under the data dir.
         assert (tmp_path / "var" / "redis" / "appendonly.aof").exists() or (tmp_path / "var" / "redis" / "appendonlydir").exists()
 
