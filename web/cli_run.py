@@ -22,9 +22,9 @@ def run(procfile: str) -> None:
     """Start web, worker and Flower; with no CELERY_BROKER_URL, an embedded Redis too."""
     settings = _settings()
     private_dir(settings.data_dir)
-    inbox = [d for d in settings.input_dirs if settings.data_dir in d.parents]
-    for directory in inbox:  # the default place for transcribe.delay(path)'s files: there from the start
-        private_dir(directory)
+    for directory in settings.input_dirs:
+        if settings.data_dir in directory.parents:  # the inbox (the default): there from the start
+            private_dir(directory)
     bindir = str(Path(sys.executable).parent)  # gunicorn, celery and supervisord live beside Python
     env = dict(os.environ, WHISPERQ_DATA_DIR=str(settings.data_dir), PATH=bindir + os.pathsep + os.environ.get("PATH", ""))
     broker = None
