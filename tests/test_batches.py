@@ -328,7 +328,9 @@ def test_a_batch_of_files_stores_each_as_an_upload_with_the_shared_options(secur
         job = get_job(rt, listed["job_id"])
         assert (job.batch_id, job.language, job.prompt, job.priority, job.word_timestamps, job.audio_url) == (
             body["batch_id"], "en", "a weather report", "low", True, None)
-        assert job.audio_duration == pytest.approx(lengths[job.filename.replace("-again", "")], abs=0.001)
+        # The door stores the container's length; a preparation worker that already took the job
+        # from the broker stores the decoded one (Opus drops its 6.5 ms pre-skip): either will do.
+        assert job.audio_duration == pytest.approx(lengths[job.filename.replace("-again", "")], abs=0.01)
         assert rt.storage.exists(job.audio_ref)
     assert counts(database) == (before[0] + 3, before[1] + 1)
     now = stored_files(rt.settings)
