@@ -34,13 +34,12 @@ def need_service(reason: str) -> None:
 
 
 def stored_files(settings) -> set[str]:
-    """Every file under the data dir's audio and tmp folders."""
-    found = set()
-    for sub in ("audio", "tmp"):
-        base = settings.data_dir / sub
-        if base.exists():
-            found |= {str(p) for p in base.rglob("*") if p.is_file()}
-    return found
+    """What uploads leave on disk: every file under the data dir's audio folder, and the upload
+    spools in its tmp folder (not the workers' own temporary files there, which come and go
+    while the session's workers prepare jobs)."""
+    audio, tmp = settings.data_dir / "audio", settings.data_dir / "tmp"
+    found = {str(p) for p in audio.rglob("*") if p.is_file()} if audio.exists() else set()
+    return found | ({str(p) for p in tmp.glob("upload-*") if p.is_file()} if tmp.exists() else set())
 
 
 def normalise(text: str) -> list[str]:
