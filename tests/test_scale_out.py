@@ -271,8 +271,12 @@ def test_with_both_hosts_running_jobs_spread_over_both_and_a_host_killed_mid_bur
         time.sleep(3)  # a late duplicate would be stored now
         logs = one.inference.output() + two.inference.output()
         stored = [logs.count(f"job {i}: transcript stored") for i in ids]
-        never = [(j.id, j.worker) for j, n in zip(jobs, stored) if n == 0]
-        assert stored == [1] * len(ids), f"{sum(n > 1 for n in stored)} stored twice, never: {never}"
+        # A job host 2 completed as it died may have lost its log line with it (the commit
+        # went out, the line did not): its row is COMPLETED, with its transcript, above.
+        died_with = set(held) - set(killed)
+        never = [(j.id, j.worker) for j, n in zip(jobs, stored) if n == 0 and j.id not in died_with]
+        assert all(n == 1 or (n == 0 and i in died_with) for i, n in zip(ids, stored)), (
+            f"{sum(n > 1 for n in stored)} stored twice, never: {never}")
     finally:
         one.stop()
         if two is not None:
