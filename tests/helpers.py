@@ -42,6 +42,15 @@ def stored_files(settings) -> set[str]:
     return found | ({str(p) for p in tmp.glob("upload-*") if p.is_file()} if tmp.exists() else set())
 
 
+def lost_with_a_kill(finished_at, killed_at: list, seconds: float = 5.0) -> bool:
+    """Whether a job completed in the `seconds` before one of the `killed_at` times (aware UTC):
+    its commit went out, and its "transcript stored" log line may have died with the worker."""
+    from datetime import timedelta, timezone
+
+    finished_at = finished_at.replace(tzinfo=finished_at.tzinfo or timezone.utc)  # SQLite keeps it naive
+    return any(at - timedelta(seconds=seconds) <= finished_at <= at for at in killed_at)
+
+
 def normalise(text: str) -> list[str]:
     """Words as ASR evaluations compare them: OpenAI's English normaliser (case, punctuation,
     numbers written as digits, British spellings as American), so "four hundred and twelve"

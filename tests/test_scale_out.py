@@ -16,13 +16,13 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 
 import pytest
 from sqlalchemy import select
 
 from conftest import Pools, _state, stop_worker
-from helpers import CLIPS, long_recording, need_service, write_wav
+from helpers import CLIPS, long_recording, lost_with_a_kill, need_service, write_wav
 from hosts import second_host
 
 pytestmark = [pytest.mark.integration, pytest.mark.hosts]
@@ -275,9 +275,8 @@ def test_with_both_hosts_running_jobs_spread_over_both_and_a_host_killed_mid_bur
         stored = [logs.count(f"job {i}: transcript stored") for i in ids]
         # A job host 2 completed in the seconds before it died may have lost its log line with
         # it (the commit went out, the line did not): its row is COMPLETED, with its transcript, above.
-        died_with = {j.id for j in jobs if host_of(j) == cluster.host2.hostname
-                     and j.finished_at.replace(tzinfo=j.finished_at.tzinfo or timezone.utc)
-                     >= killed_at[0] - timedelta(seconds=5)}
+        died_with = {j.id for j in jobs
+                     if host_of(j) == cluster.host2.hostname and lost_with_a_kill(j.finished_at, killed_at)}
         never = [(j.id, j.worker) for j, n in zip(jobs, stored) if n == 0 and j.id not in died_with]
         assert all(n == 1 or (n == 0 and i in died_with) for i, n in zip(ids, stored)), (
             f"{sum(n > 1 for n in stored)} stored twice, never: {never}")
