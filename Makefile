@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install bench bench-load bench-engines bench-encryption bench-accuracy bench-estimates bench-shadow bench-scale clean
+.PHONY: run test install check-deploy bench bench-load bench-engines bench-encryption bench-accuracy bench-estimates bench-shadow bench-scale clean
 
 $(STAMP): setup.cfg pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "whisperq needs Python 3.11 or newer; set PYTHON=python3.11 (or newer)")'
@@ -51,6 +51,19 @@ bench-scale: $(STAMP)
 # plain vs encrypted files: write, read, and decoding a clip
 bench-encryption: $(STAMP)
 	$(BIN)/python bench/encryption.py
+
+# Static security scan of deploy/ (Kubernetes manifests, Dockerfile) with checkov, in a venv of
+# its own: its pins clash with the project's. Skips are annotations in the files, each with why.
+CHECKOV_VENV ?= .venv-checkov
+CHECKOV_VERSION ?= 3.3.30
+$(CHECKOV_VENV)/.installed:
+	$(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(CHECKOV_VENV)/bin/python -m pip install --quiet 'checkov==$(CHECKOV_VERSION)'
+	@touch $@
+
+check-deploy: $(CHECKOV_VENV)/.installed
+	$(CHECKOV_VENV)/bin/checkov --directory deploy --framework kubernetes dockerfile --compact --quiet --skip-download
 
 clean:
 	rm -rf $(VENV) var .pytest_cache

@@ -6,10 +6,12 @@ from pathlib import Path
 from typing import Any
 
 from .env import ConfigError
+from .secrets import check_secrets
 
 
 def check_values(values: dict[str, Any]) -> None:
     """The values read from the environment, before the models are parsed."""
+    check_secrets(values)  # placeholders (CHANGE-ME) and weak values: config.secrets
     if values["high_reserve"] >= 1:
         raise ConfigError(
             f"WHISPERQ_HIGH_RESERVE={values['high_reserve']} is the share of the queue budget kept for priority high; "

@@ -99,3 +99,81 @@ def test_the_data_dir_and_its_secrets_are_the_owners_alone(tmp_path):
         assert stat.S_IMODE((data / "redis").stat().st_mode) == 0o700
     finally:
         broker.stop()
+
+
+# --- secrets that cannot be the example (config.secrets) ---------------------------------------
+
+GOOD = "Zq3vN8pL2xR7tY5wK9mB4cD6"  # random-looking, 24 characters
+
+
+@pytest.mark.parametrize("name", ["WHISPERQ_ADMIN_TOKEN", "WHISPERQ_SECRET_KEY", "WHISPERQ_METRICS_TOKEN",
+                                  "WHISPERQ_WEBHOOK_SECRET"])
+@pytest.mark.parametrize("value, words", [
+    ("CHANGE-ME-admin-token", "placeholder (CHANGE-ME)"),
+    ("a-long-value-that-says-change-me", "placeholder (CHANGE-ME)"),
+    ("ChangeMe0123456789abcdef", "placeholder (CHANGE-ME)"),
+    ("x", "shorter than 16"),
+    ("s3cret", "shorter than 16"),
+    ("aaaaaaaaaaaaaaaaaaaaaaaa", "different characters"),
+])
+def test_placeholder_and_weak_secrets_are_refused_naming_the_setting(tmp_path, name, value, words):
+    with pytest.raises(ConfigError) as err:
+        Settings.from_env({"WHISPERQ_DATA_DIR": str(tmp_path), name: value})
+    message = str(err.value)
+    assert message.startswith(name) and words in message
+    assert "python -c" in message  # how to make a real one
+    if len(value) > 1:
+        assert value not in message  # never the value itself (it goes to logs)
+
+
+def test_the_message_says_how_to_make_a_token(tmp_path):
+    with pytest.raises(ConfigError, match=r"WHISPERQ_ADMIN_TOKEN.*secrets\.token_urlsafe\(32\)"):
+        Settings.from_env({"WHISPERQ_DATA_DIR": str(tmp_path), "WHISPERQ_ADMIN_TOKEN": "x"})
+
+
+@pytest.mark.parametrize("value", ["admin:CHANGE-ME-flower-password", "admin:Pw7#q", "ops:" + GOOD + ",admin:changeme"])
+def test_flower_passwords_are_secrets_too(tmp_path, value):
+    with pytest.raises(ConfigError) as err:
+        Settings.from_env({"WHISPERQ_DATA_DIR": str(tmp_path), "FLOWER_BASIC_AUTH": value})
+    assert str(err.value).startswith("FLOWER_BASIC_AUTH") and "user 'admin'" in str(err.value)
+    assert "python -c" in str(err.value) and value.rsplit(":", 1)[1] not in str(err.value)
+
+
+@pytest.mark.parametrize("name, url", [
+    ("CELERY_BROKER_URL", "redis://:CHANGE-ME-redis-password@redis:6379/0"),
+    ("CELERY_BROKER_URL", "amqp://whisperq:CHANGE-ME-rabbitmq-password@rabbitmq:5672//"),
+    ("DATABASE_URL", "postgresql+psycopg://whisperq:CHANGE-ME-postgres-password@postgres:5432/whisperq"),
+    ("WHISPERQ_REDIS_URL", "redis://:change-me@redis:6379/1"),
+    ("CELERY_RESULT_BACKEND", "db+postgresql://whisperq:CHANGE%2DME@postgres/whisperq"),
+])
+def test_example_passwords_in_urls_are_refused(tmp_path, name, url):
+    with pytest.raises(ConfigError) as err:
+        Settings.from_env({"WHISPERQ_DATA_DIR": str(tmp_path), name: url})
+    assert str(err.value).startswith(name) and "CHANGE-ME" in str(err.value) and "python -c" in str(err.value)
+
+
+def test_example_encryption_keys_are_refused(tmp_path):
+    # Valid base64 of 32 bytes that still spells the placeholder: refused all the same.
+    for value in ("k1:CHANGE-ME-run-whisperq-encryption-new-key", "k1:CHANGEMEchangemeCHANGEMEchangemeCHANGEMEAA="):
+        with pytest.raises(ConfigError, match=r"^WHISPERQ_ENCRYPTION_KEYS.*encryption new-key"):
+            Settings.from_env({"WHISPERQ_DATA_DIR": str(tmp_path), "WHISPERQ_ENCRYPTION_KEYS": value})
+
+
+def test_unset_and_real_secrets_start(tmp_path):
+    """Unset is fine (make run sets none); real values and short URL passwords of a local server pass."""
+    Settings.from_env({"WHISPERQ_DATA_DIR": str(tmp_path)})
+    s = Settings.from_env({
+        "WHISPERQ_DATA_DIR": str(tmp_path), "WHISPERQ_ADMIN_TOKEN": GOOD, "WHISPERQ_SECRET_KEY": GOOD,
+        "WHISPERQ_METRICS_TOKEN": GOOD, "WHISPERQ_WEBHOOK_SECRET": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+        "FLOWER_BASIC_AUTH": f"admin:{GOOD}", "CELERY_BROKER_URL": "amqp://guest:guest@127.0.0.1:5672//",
+        "DATABASE_URL": "postgresql+psycopg://postgres@127.0.0.1:5432/whisperq_test",
+        "WHISPERQ_ADMIN_TOKEN_UNUSED": "x",
+    })
+    assert s.admin_token == GOOD and s.describe()["admin_token"] == "***"
+
+
+def test_the_mqtt_bridge_refuses_the_example_password():
+    from config.mqtt import MqttSettings
+
+    with pytest.raises(ConfigError, match=r"^WHISPERQ_MQTT_URL: .*CHANGE-ME"):
+        MqttSettings.from_env({"WHISPERQ_MQTT_URL": "mqtts://whisperq:CHANGE-ME-mqtt-password@mqtt.internal:8883"})

@@ -1,8 +1,11 @@
 """Static checks of the deployment files in deploy/ (compose.yaml, whisperq.env.example,
 k8s/): they parse; every Procfile process runs there with its Procfile line; they name only
 settings the code reads; the grace periods cover the hard time limits; KEDA scales
-Deployments that exist; no real secret is written down. Nothing here needs a Docker engine
-or a cluster, and no docker or kubectl CLI is used where one is installed."""
+Deployments that exist; no real secret is written down, the examples' placeholders are
+refused at start, and each process gets only its own secrets; every pod is locked down
+(non-root, no privilege, no capability, no service account token) behind NetworkPolicies.
+Nothing here needs a Docker engine or a cluster, and no docker or kubectl CLI is used where
+one is installed. (`make check-deploy` scans the same files with checkov.)"""
 from __future__ import annotations
 
 import ast
@@ -14,13 +17,19 @@ import pytest
 import yaml
 
 from config import ConfigError, Settings
+from config.mqtt import MqttSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
 COMPOSE = DEPLOY / "compose.yaml"
 ENV_EXAMPLE = DEPLOY / "whisperq.env.example"
+# The backing services' and Flower's own env files (compose.yaml), next to whisperq.env.
+OWN_ENV = {name: DEPLOY / f"{name}.env.example" for name in ("postgres", "redis", "rabbitmq", "flower")}
+SECRET_EXAMPLE = K8S / "secret.example.yaml"
 PLACEHOLDER = "CHANGE-ME"
+# What a placeholder becomes where a test needs values the service accepts.
+FILLED = "Zq3vN8pL2xR7tY5wK9mB4cD6"
 # The names of settings, and of the variables whose values are secrets.
 SETTING = re.compile(r"\b(?:WHISPERQ_[A-Z0-9_]*[A-Z0-9]|CELERY_[A-Z_]*[A-Z]|DATABASE_URL|FLOWER_[A-Z_]*[A-Z])\b")
 SECRET_NAME = re.compile(r"PASSWORD|PASS$|SECRET|TOKEN|ENCRYPTION_KEYS|BASIC_AUTH")
@@ -96,10 +105,12 @@ def yaml_files() -> list[Path]:
     return sorted(p for p in DEPLOY.rglob("*") if p.suffix in (".yaml", ".yml"))
 
 
-def manifests() -> list[dict]:
+def manifests(applied: bool = False) -> list[dict]:
+    """Every manifest in deploy/k8s (applied=True: only those kustomization.yaml applies)."""
+    listed = set(yaml.safe_load((K8S / "kustomization.yaml").read_text())["resources"]) if applied else None
     docs = []
     for path in sorted(K8S.glob("*.yaml")):
-        if path.name != "kustomization.yaml":
+        if path.name != "kustomization.yaml" and (listed is None or path.name in listed):
             docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
     return docs
 
@@ -129,8 +140,23 @@ def config_map() -> dict[str, str]:
     return of_kind("ConfigMap")["whisperq-config"]["data"]
 
 
+def secrets() -> dict[str, dict[str, str]]:
+    """secret.example.yaml's Secrets, by name: their keys."""
+    return {name: d["stringData"] for name, d in of_kind("Secret").items()}
+
+
 def secret() -> dict[str, str]:
-    return of_kind("Secret")["whisperq-secrets"]["stringData"]
+    """Every key of the example Secrets together (no key is in two of them)."""
+    merged: dict[str, str] = {}
+    for data in secrets().values():
+        assert not set(data) & set(merged), set(data) & set(merged)
+        merged.update(data)
+    return merged
+
+
+def filled(env: dict[str, str]) -> dict[str, str]:
+    """An example environment with its placeholders replaced by values the service accepts."""
+    return {k: v.replace(PLACEHOLDER, FILLED) for k, v in env.items()}
 
 
 def deployment_of(process: str) -> dict:
@@ -163,11 +189,18 @@ def test_every_deployment_file_parses():
     assert (DEPLOY / "Dockerfile").read_text().startswith("# syntax=docker/dockerfile:1")
 
 
-def test_kustomization_lists_every_manifest():
+def test_kustomization_lists_every_manifest_but_the_example_secret():
     kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
     listed = kustomization["resources"]
     assert len(listed) == len(set(listed))
-    assert set(listed) == {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+    assert set(listed) == {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml", SECRET_EXAMPLE.name}
+    # The example Secrets are never applied: no Secret comes with `kubectl apply -k`, and the
+    # kustomization says how to make them.
+    assert SECRET_EXAMPLE.name not in listed and not [d for d in manifests(applied=True) if d["kind"] == "Secret"]
+    assert {d["kind"] for d in yaml.safe_load_all(SECRET_EXAMPLE.read_text()) if d} == {"Secret"}
+    text = (K8S / "kustomization.yaml").read_text()
+    for name in secrets():
+        assert re.search(rf"kubectl -n whisperq create secret generic {name} +--from-env-file=", text), name
     namespaces = of_kind("Namespace")
     assert list(namespaces) == [kustomization["namespace"]]
     assert "keda-scaledobject.yaml" in listed and not (DEPLOY / "keda-scaledobject.yaml").exists()
@@ -191,47 +224,88 @@ def test_deployment_files_name_only_settings_the_code_reads():
     for path in (ROOT / "config").rglob("*.py"):
         read |= set(SETTING.findall(path.read_text()))
     assert {"WHISPERQ_STORAGE", "DATABASE_URL", "CELERY_BROKER_URL", "WHISPERQ_ENCRYPTION_KEYS"} <= read
-    files = [COMPOSE, ENV_EXAMPLE, DEPLOY / "Dockerfile", *sorted(K8S.glob("*.yaml"))]
+    files = [COMPOSE, ENV_EXAMPLE, *OWN_ENV.values(), DEPLOY / "Dockerfile", *sorted(K8S.glob("*.yaml"))]
     for path in files:
         unknown = set(SETTING.findall(path.read_text())) - read
         assert not unknown, f"{path.relative_to(ROOT)} names settings that config/ and the Procfile never read: {unknown}"
 
 
 def test_the_settings_given_are_valid():
-    """The ConfigMap, and compose's environment with the example env file, pass Settings
-    (secrets aside: their placeholders refuse to parse, which the next test checks)."""
-    urls = {k: secret()[k] for k in ("DATABASE_URL", "CELERY_BROKER_URL")}
+    """The ConfigMap with the Secret's URLs, and compose's environment with the example env
+    files, pass Settings once their placeholders are replaced (secrets aside: those
+    placeholders refuse to parse, which the next tests check)."""
+    urls = filled({k: secret()[k] for k in ("DATABASE_URL", "CELERY_BROKER_URL")})
     settings = Settings.from_env({**config_map(), **urls})
     assert settings.storage == "postgres" and settings.host == "0.0.0.0"
+    # Flower: the ConfigMap, its own env entries and only the secrets it is given.
+    container = container_of(deployment_of("flower"))
+    given = {e["name"]: (e["value"] if "value" in e else secret()[e["valueFrom"]["secretKeyRef"]["key"]])
+             for e in container["env"]}
+    assert Settings.from_env(filled({**config_map(), **given})).flower_basic_auth
     services = compose()["services"]
-    example = env_file()
     for name in procfile():
-        env = {**not_secret(example), **{k: str(v) for k, v in (services[name].get("environment") or {}).items()}}
+        source = env_file(OWN_ENV["flower"]) if name == "flower" else env_file()
+        env = {**filled(not_secret(source)), **{k: str(v) for k, v in (services[name].get("environment") or {}).items()}}
         settings = Settings.from_env(env)
-        assert settings.storage == "postgres" and settings.database_url.startswith("postgresql"), name
+        if name == "flower":  # no database: only the broker
+            assert settings.storage == "local" and settings.broker_url.startswith("redis://"), name
+        else:
+            assert settings.storage == "postgres" and settings.database_url.startswith("postgresql"), name
+
+
+def test_the_examples_secrets_are_refused_at_start(tmp_path):
+    """Each placeholder of the examples (env files and Secrets) stops the service at start,
+    with a message that names the setting and says how to make a real value."""
+    examples = {**env_file(commented=True), **env_file(OWN_ENV["flower"], commented=True), **secret()}
+    checked = set()
+    for name, value in examples.items():
+        if PLACEHOLDER not in value or name.startswith(("POSTGRES_", "REDIS_PASSWORD", "RABBITMQ_")):
+            continue  # the servers' own passwords: whisperq reads them only inside its URLs
+        if name == "WHISPERQ_MQTT_CLIENTS":
+            continue  # key ids, not secrets
+        with pytest.raises(ConfigError) as err:
+            if name == "WHISPERQ_MQTT_URL":  # read by the MQTT bridge (config.mqtt), not Settings
+                MqttSettings.from_env({name: value})
+            else:
+                Settings.from_env({"WHISPERQ_DATA_DIR": str(tmp_path), name: value})
+        assert str(err.value).startswith(name), (name, str(err.value))
+        assert "python" in str(err.value) or "new-key" in str(err.value), str(err.value)
+        checked.add(name)
+    assert checked >= {"WHISPERQ_ADMIN_TOKEN", "WHISPERQ_SECRET_KEY", "WHISPERQ_METRICS_TOKEN", "WHISPERQ_WEBHOOK_SECRET",
+                       "WHISPERQ_ENCRYPTION_KEYS", "FLOWER_BASIC_AUTH", "DATABASE_URL", "CELERY_BROKER_URL",
+                       "WHISPERQ_REDIS_URL", "WHISPERQ_MQTT_URL"}
 
 
 def test_no_real_secrets_are_written_down():
     example = env_file(commented=True)
-    for name, value in example.items():
-        if SECRET_NAME.search(name):
-            assert value == "" or PLACEHOLDER in value, f"whisperq.env.example: {name} must be an example ({PLACEHOLDER})"
+    own = {name: env_file(path, commented=True) for name, path in OWN_ENV.items()}
+    for path, source in [(ENV_EXAMPLE, example), *((OWN_ENV[n], own[n]) for n in own)]:
+        for name, value in source.items():
+            if SECRET_NAME.search(name):
+                assert value == "" or PLACEHOLDER in value, f"{path.name}: {name} must be an example ({PLACEHOLDER})"
     for name, value in secret().items():
         assert PLACEHOLDER in value, f"secret.example.yaml: {name} must be an example ({PLACEHOLDER})"
-    for source in (example, secret()):
+    for source in (example, secret(), *own.values()):
         for name, value in source.items():
             if "://" in value and "@" in value:  # a password inside a URL
                 assert PLACEHOLDER in value.split("@", 1)[0], f"{name}: the URL's password must be an example"
-    # The two URLs carry the same passwords as the servers are given.
+    # The URLs carry the same passwords as the servers are given (each in its own file).
     def password(url: str) -> str:
         return url.split("://", 1)[1].split("@", 1)[0].split(":", 1)[1]
 
-    for source in (example, secret()):
-        assert password(source["DATABASE_URL"]) == source["POSTGRES_PASSWORD"]
-        assert password(source["CELERY_BROKER_URL"]) == source["REDIS_PASSWORD"]
-    assert password(example["WHISPERQ_REDIS_URL"]) == example["REDIS_PASSWORD"]
-    amqp = [v for v in (DEPLOY / "whisperq.env.example").read_text().split() if v.startswith("CELERY_BROKER_URL=amqp")]
-    assert amqp and password(amqp[0].split("=", 1)[1]) == example["RABBITMQ_DEFAULT_PASS"]
+    assert password(example["DATABASE_URL"]) == own["postgres"]["POSTGRES_PASSWORD"]
+    assert password(example["CELERY_BROKER_URL"]) == own["redis"]["REDIS_PASSWORD"]
+    assert password(example["WHISPERQ_REDIS_URL"]) == own["redis"]["REDIS_PASSWORD"]
+    k8s = secrets()
+    assert password(secret()["DATABASE_URL"]) == k8s["whisperq-postgres"]["POSTGRES_PASSWORD"]
+    assert password(secret()["CELERY_BROKER_URL"]) == k8s["whisperq-redis"]["REDIS_PASSWORD"]
+    amqp = [v for v in ENV_EXAMPLE.read_text().split() if v.startswith("CELERY_BROKER_URL=amqp")]
+    assert amqp and password(amqp[0].split("=", 1)[1]) == own["rabbitmq"]["RABBITMQ_DEFAULT_PASS"]
+    assert amqp[0].split("//", 1)[1].split(":", 1)[0] == own["rabbitmq"]["RABBITMQ_DEFAULT_USER"]
+    # Flower's broker is whisperq's (both lines: Redis, and RabbitMQ commented).
+    flower_text = OWN_ENV["flower"].read_text()
+    assert env_file(OWN_ENV["flower"])["CELERY_BROKER_URL"] == env_file()["CELERY_BROKER_URL"]
+    assert amqp[0] in flower_text
     # Placeholders that would work as keys are refused at start instead.
     from config.keys import parse_keys
     from config.env import Env
@@ -244,12 +318,15 @@ def test_no_real_secrets_are_written_down():
     # Nothing that looks like a real key anywhere, and no secret in compose.yaml itself.
     real_looking = re.compile(r"whsec_[A-Za-z0-9+/]{20,}|\bwq_[A-Za-z0-9_-]{16,}|[A-Za-z0-9_-]+:[A-Za-z0-9+/_-]{43}="
                               r"|-----BEGIN|://[^:/\s]*:(?!CHANGE-ME)[^@\s]+@")
-    for path in [COMPOSE, ENV_EXAMPLE, DEPLOY / "Dockerfile", *sorted(K8S.glob("*.yaml"))]:
+    for path in [COMPOSE, ENV_EXAMPLE, *OWN_ENV.values(), DEPLOY / "Dockerfile", *sorted(K8S.glob("*.yaml"))]:
         found = real_looking.findall(path.read_text())
         assert not found, f"{path.relative_to(ROOT)} holds what looks like a real secret: {found}"
     for name, service in compose()["services"].items():
         for var in service.get("environment") or {}:
-            assert not SECRET_NAME.search(var), f"compose.yaml sets {var} for {name}: secrets belong in whisperq.env"
+            assert not SECRET_NAME.search(var), f"compose.yaml sets {var} for {name}: secrets belong in the env files"
+    # The real env files stay out of Git and out of the image.
+    for ignore in (ROOT / ".gitignore", DEPLOY / "Dockerfile.dockerignore"):
+        assert "deploy/*.env" in ignore.read_text().split("\n"), ignore.name
 
 
 def test_grace_periods_cover_the_longest_job():
@@ -326,7 +403,7 @@ def test_ports_probes_and_names_agree():
     # Flower listens beyond loopback, so it has a login.
     assert [p["containerPort"] for p in container_of(deployment_of("flower"))["ports"]] == [int(cm["FLOWER_PORT"])]
     assert services["flower"]["ports"] == [f"127.0.0.1:{services['flower']['environment']['FLOWER_PORT']}:5555"]
-    assert "FLOWER_BASIC_AUTH" in secret() and "FLOWER_BASIC_AUTH" in env_file()
+    assert "FLOWER_BASIC_AUTH" in secrets()["whisperq-flower"] and "FLOWER_BASIC_AUTH" in env_file(OWN_ENV["flower"])
     # Each Service selects pods that exist and names a port they have.
     pods = {d["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]: d
             for kind in ("Deployment", "StatefulSet") for d in of_kind(kind).values()}
@@ -372,3 +449,166 @@ def test_compose_services_restart_wait_for_their_backends_and_report_health():
     text = COMPOSE.read_text()
     assert re.search(r"#\s*devices:\s*\n\s*#\s*- driver: nvidia", text)
     assert "nvidia.com/gpu" in (K8S / "inference.yaml").read_text()
+
+
+# --- least privilege: what each pod may do, see and reach --------------------------------------
+
+APP = {"web", "prepare", "inference", "notify", "beat", "mqtt"}  # the whisperq processes with whisperq-secrets
+
+
+def workloads() -> dict[str, dict]:
+    """Every pod template (Deployments and StatefulSets), by app.kubernetes.io/component."""
+    return {d["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]: d
+            for kind in ("Deployment", "StatefulSet") for d in of_kind(kind).values()}
+
+
+def secrets_used(workload: dict) -> set[tuple[str, str | None]]:
+    """(Secret, key) pairs a workload's pods read; key None for the whole Secret (envFrom, a volume)."""
+    pod = workload["spec"]["template"]
+    used = set()
+    for c in pod["spec"]["containers"] + pod["spec"].get("initContainers", []):
+        used |= {(e["secretRef"]["name"], None) for e in c.get("envFrom", []) if "secretRef" in e}
+        used |= {(e["valueFrom"]["secretKeyRef"]["name"], e["valueFrom"]["secretKeyRef"]["key"])
+                 for e in c.get("env", []) if "secretKeyRef" in e.get("valueFrom", {})}
+    used |= {(v["secret"]["secretName"], None) for v in pod["spec"].get("volumes", []) if "secret" in v}
+    return used
+
+
+def test_every_pod_runs_locked_down():
+    pods = workloads()
+    assert set(pods) == APP | {"flower", "postgres", "redis"}
+    for component, workload in pods.items():
+        spec = workload["spec"]["template"]["spec"]
+        assert spec.get("automountServiceAccountToken") is False, f"{component}: no service account token"
+        pod = spec["securityContext"]
+        assert pod["runAsNonRoot"] is True and pod["runAsUser"] >= 10000, component
+        assert pod["seccompProfile"] == {"type": "RuntimeDefault"}, component
+        assert not spec.get("hostNetwork") and not spec.get("hostPID") and not spec.get("hostIPC"), component
+        mounts_of = {v["name"] for v in spec.get("volumes", [])} | {t["metadata"]["name"] for t in
+                                                                   workload["spec"].get("volumeClaimTemplates", [])}
+        for c in spec["containers"] + spec.get("initContainers", []):
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False and sc["runAsNonRoot"] is True, (component, c["name"])
+            assert sc["capabilities"] == {"drop": ["ALL"]} and not sc.get("privileged"), (component, c["name"])
+            assert sc["readOnlyRootFilesystem"] is True, (component, c["name"])
+            assert sc["seccompProfile"] == {"type": "RuntimeDefault"}, (component, c["name"])
+            assert "cpu" in c["resources"]["limits"] and "memory" in c["resources"]["limits"], (component, c["name"])
+            assert {m["name"] for m in c.get("volumeMounts", [])} <= mounts_of, (component, c["name"])
+            if component in APP | {"flower"}:  # a read-only root: temporary files go to an emptyDir
+                assert "/tmp" in {m["mountPath"] for m in c["volumeMounts"]}, component
+                assert ":" in c["image"] and c["imagePullPolicy"] == "Always", component
+
+
+def test_each_pod_gets_only_its_own_secrets():
+    pods = workloads()
+    for component in APP:
+        assert secrets_used(pods[component]) == {("whisperq-secrets", None)}, component
+    # Flower: the broker and its login, nothing else of whisperq's (no database, no keys).
+    assert secrets_used(pods["flower"]) == {("whisperq-secrets", "CELERY_BROKER_URL"),
+                                            ("whisperq-flower", "FLOWER_BASIC_AUTH")}
+    # The backing services: their own password, from a Secret holding nothing else.
+    assert secrets_used(pods["postgres"]) == {("whisperq-postgres", None)}
+    assert secrets_used(pods["redis"]) == {("whisperq-redis", None)}
+    assert set(secrets()["whisperq-postgres"]) == {"POSTGRES_PASSWORD"}
+    assert set(secrets()["whisperq-redis"]) == {"REDIS_PASSWORD"}
+    assert set(secrets()["whisperq-flower"]) == {"FLOWER_BASIC_AUTH"}
+    assert not {"POSTGRES_PASSWORD", "REDIS_PASSWORD", "FLOWER_BASIC_AUTH"} & set(secrets()["whisperq-secrets"])
+    # The KEDA example authenticates to Redis with Redis's Secret, not whisperq's.
+    assert "name: whisperq-secrets" not in (K8S / "keda-scaledobject.yaml").read_text()
+
+
+def selects(selector: dict, labels: dict[str, str]) -> bool:
+    """A Kubernetes label selector (matchLabels, matchExpressions In/NotIn/Exists) against labels."""
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for e in selector.get("matchExpressions") or []:
+        value = labels.get(e["key"])
+        if ((e["operator"] == "In" and value not in e["values"]) or (e["operator"] == "NotIn" and value in e["values"])
+                or (e["operator"] == "Exists" and value is None) or (e["operator"] == "DoesNotExist" and value is not None)):
+            return False
+    return True
+
+
+def test_network_policies_deny_by_default_and_open_only_whats_needed():
+    policies = of_kind("NetworkPolicy")
+    listed = yaml.safe_load((K8S / "kustomization.yaml").read_text())["resources"]
+    assert "networkpolicy.yaml" in listed
+    deny = [p for p in policies.values() if p["spec"]["podSelector"] == {} and not p["spec"].get("ingress")
+            and not p["spec"].get("egress")]
+    assert deny and set(deny[0]["spec"]["policyTypes"]) == {"Ingress", "Egress"}
+    labels = {c: w["spec"]["template"]["metadata"]["labels"] for c, w in workloads().items()}
+
+    def allowed(direction: str, component: str) -> list[dict]:
+        """The rules of `direction` (ingress/egress) that apply to the component's pods."""
+        return [rule for p in policies.values() if selects(p["spec"]["podSelector"], labels[component])
+                for rule in p["spec"].get(direction) or []]
+
+    def peers(rule: dict, key: str) -> set[str]:
+        """The components of this namespace a rule's from/to names (all: no from/to at all)."""
+        if key not in rule:
+            return set(labels)
+        return {c for peer in rule[key] if set(peer) == {"podSelector"}
+                for c in labels if selects(peer["podSelector"], labels[c])}
+
+    def ports(rule: dict) -> set[int]:
+        return {p["port"] for p in rule.get("ports", [])}
+
+    # Every pod is selected by a policy that opens something.
+    for component in labels:
+        assert allowed("ingress", component) or allowed("egress", component), component
+    # Into the database: the whisperq processes only, on 5432; into Redis: those and Flower.
+    into_db = set().union(*(peers(r, "from") for r in allowed("ingress", "postgres") if ports(r) == {5432}))
+    assert into_db == APP, into_db
+    into_redis = set().union(*(peers(r, "from") for r in allowed("ingress", "redis") if ports(r) == {6379}))
+    assert into_redis == APP | {"flower"}, into_redis
+    assert all(ports(r) == {5432} for r in allowed("ingress", "postgres"))
+    assert all(ports(r) == {6379} for r in allowed("ingress", "redis"))
+    assert not allowed("egress", "postgres") and not allowed("egress", "redis")
+    # Out of the whisperq processes: the database and the broker.
+    for component in APP:
+        out = allowed("egress", component)
+        assert any(peers(r, "to") == {"postgres"} and ports(r) == {5432} for r in out), component
+        assert any(peers(r, "to") == {"redis"} and ports(r) == {6379} for r in out), component
+    # Flower reaches the broker only (and DNS), never the database.
+    flower_out = allowed("egress", "flower")
+    assert not any("postgres" in peers(r, "to") for r in flower_out)
+    assert any(peers(r, "to") == {"redis"} for r in flower_out)
+    # The web takes traffic on its port; nothing else takes traffic from anywhere.
+    assert any("from" not in r and ports(r) == {8000} for r in allowed("ingress", "web"))
+    for component in set(labels) - {"web"}:
+        assert all("from" in r for r in allowed("ingress", component)), component
+    # Outbound to the internet (audio by URL, webhooks): never private or metadata addresses.
+    for component in ("prepare", "notify"):
+        blocks = [peer["ipBlock"] for r in allowed("egress", component) for peer in r.get("to", []) if "ipBlock" in peer]
+        assert blocks, component
+        for block in blocks:
+            if block["cidr"] == "0.0.0.0/0":
+                assert {"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16"} <= set(block["except"])
+    for component in ("web", "inference", "beat", "flower"):
+        assert not [r for r in allowed("egress", component) for peer in r.get("to", []) if "ipBlock" in peer], component
+
+
+def test_compose_gives_whisperq_env_to_no_backing_service():
+    services = compose()["services"]
+
+    def env_files(service: dict) -> list[str]:
+        value = service.get("env_file") or []
+        return [v if isinstance(v, str) else v["path"] for v in ([value] if isinstance(value, (str, dict)) else value)]
+
+    for name in ("redis", "postgres", "rabbitmq", "flower"):
+        assert env_files(services[name]) == [f"{name}.env"], name
+    for name in APP:
+        assert env_files(services[name]) == ["whisperq.env"], name
+    # Each own file holds its own keys, and whisperq.env none of them.
+    own = {name: set(env_file(path, commented=True)) for name, path in OWN_ENV.items()}
+    assert own["postgres"] == {"POSTGRES_PASSWORD"}
+    assert own["redis"] == {"REDIS_PASSWORD"}
+    assert own["rabbitmq"] == {"RABBITMQ_DEFAULT_USER", "RABBITMQ_DEFAULT_PASS"}
+    assert own["flower"] == {"CELERY_BROKER_URL", "FLOWER_BASIC_AUTH"}
+    assert not (own["postgres"] | own["redis"] | own["rabbitmq"] | {"FLOWER_BASIC_AUTH"}) & set(env_file(commented=True))
+    # The servers read their passwords from there: Redis through its shell, the images by name.
+    assert "$$REDIS_PASSWORD" in str(services["redis"]["command"])
+    assert "$$REDIS_PASSWORD" in str(services["redis"]["healthcheck"]["test"])
+    # The whisperq containers run without capabilities and never gain privileges.
+    for name in APP | {"flower"}:
+        assert services[name]["cap_drop"] == ["ALL"] and "no-new-privileges:true" in services[name]["security_opt"]

@@ -28,8 +28,8 @@ def test_loopback_addresses(address, loopback):
 
 
 def test_basic_auth_is_validated_and_masked(tmp_path):
-    s = settings(tmp_path, FLOWER_BASIC_AUTH="ops:s3cret, admin:other")
-    assert s.flower_basic_auth == "ops:s3cret,admin:other"
+    s = settings(tmp_path, FLOWER_BASIC_AUTH="ops:s3cret-flower-pass, admin:other-flower-pass")
+    assert s.flower_basic_auth == "ops:s3cret-flower-pass,admin:other-flower-pass"
     assert s.describe()["flower_basic_auth"] == "ops:***,admin:***"
     for bad in ("justauser", "ops:", ":pw", "a:b,,c:d"):
         with pytest.raises(ConfigError, match="FLOWER_BASIC_AUTH must be user:password"):
@@ -37,13 +37,13 @@ def test_basic_auth_is_validated_and_masked(tmp_path):
 
 
 def test_credentials_go_through_the_environment_not_argv(tmp_path):
-    s = settings(tmp_path, FLOWER_BASIC_AUTH="ops:s3cret", FLOWER_ADDRESS="0.0.0.0", FLOWER_PORT="5601",
+    s = settings(tmp_path, FLOWER_BASIC_AUTH="ops:s3cret-flower-pass", FLOWER_ADDRESS="0.0.0.0", FLOWER_PORT="5601",
                  CELERY_BROKER_URL="amqp://app:pa%24s@rabbit.internal:5672/whisperq")
     argv, env = flower_command(s, {"FLOWER_BROKER_API": "", "PATH": "/bin"})
     assert argv[1:] == ["-m", "celery", "-A", "tasks.worker", "flower", "--address=0.0.0.0", "--port=5601",
                         "--persistent=True", f"--db={tmp_path.resolve() / 'flower.db'}"]
     assert not [a for a in argv if "s3cret" in a or "pa%24s" in a]
-    assert env["FLOWER_BASIC_AUTH"] == "ops:s3cret"
+    assert env["FLOWER_BASIC_AUTH"] == "ops:s3cret-flower-pass"
     assert env["FLOWER_BROKER_API"] == "http://app:pa%24s@rabbit.internal:15672/api/"
 
 
