@@ -10,9 +10,12 @@ from typing import Mapping
 from urllib.parse import unquote, urlsplit
 
 from .env import ConfigError, Env
+from .secrets import check_url
 
 URL_VARIABLE = "WHISPERQ_MQTT_URL"
 PROTOCOLS = ("5", "3.1.1")
+QUEUE_VARIABLE = "WHISPERQ_MQTT_QUEUE"
+MAX_QUEUE = 65535  # MQTT v5's largest Receive Maximum
 CLIENT_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _DEFAULT_PORTS = {"mqtt": 1883, "mqtts": 8883}
 
@@ -31,6 +34,9 @@ class MqttSettings:
     ca_file: str | None
     protocol: str
     session_expiry_seconds: int
+    # Requests the bridge holds at once (read, not yet taken); with that many it reads no more, and
+    # the broker keeps the rest. Also its MQTT v5 Receive Maximum.
+    queue: int = 100
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "MqttSettings":
@@ -39,6 +45,7 @@ class MqttSettings:
         if url is None:
             raise ConfigError(f"{URL_VARIABLE} is not set, so the MQTT bridge has no broker to connect to: set it to "
                               "mqtt://USER:PASSWORD@HOST:1883 (mqtts:// for TLS), or do not start `whisperq mqtt`")
+        check_url(URL_VARIABLE, url)  # not the example's password (config.secrets)
         parts = urlsplit(url)
         try:
             port = parts.port or _DEFAULT_PORTS[parts.scheme.lower()]
@@ -59,6 +66,7 @@ class MqttSettings:
             ca_file=env.str("WHISPERQ_MQTT_CA", None),
             protocol=env.choice("WHISPERQ_MQTT_PROTOCOL", "5", PROTOCOLS),
             session_expiry_seconds=int(min(expiry, 0xFFFFFFFF)) if expiry is not None else 0xFFFFFFFF,
+            queue=_queue(env),
         )
         settings._check()
         return settings
@@ -100,12 +108,21 @@ class MqttSettings:
         auth = f"{self.username}:***@" if self.password else (f"{self.username}@" if self.username else "")
         return {"broker": f"{'mqtts' if self.tls else 'mqtt'}://{auth}{self.host}:{self.port}",
                 "client_id": self.client_id, "request_topic": self.request_topic, "reply_prefix": self.reply_prefix,
-                "protocol": self.protocol, "clients": ",".join(f"{n}={k}" for n, k in self.clients)}
+                "protocol": self.protocol, "queue": str(self.queue),
+                "clients": ",".join(f"{n}={k}" for n, k in self.clients)}
 
 
 def configured(environ: Mapping[str, str] | None = None) -> bool:
     """Whether the bridge has a broker to connect to (WHISPERQ_MQTT_URL is set)."""
     return Env(os.environ if environ is None else environ).raw(URL_VARIABLE) is not None
+
+
+def _queue(env: Env) -> int:
+    try:
+        return env.int(QUEUE_VARIABLE, 100, 1, MAX_QUEUE)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}: how many requests the MQTT bridge holds at once (the broker keeps the rest until "
+                          "there is room)") from None
 
 
 def _clients(value: str | None) -> tuple[tuple[str, str], ...]:

@@ -11,6 +11,11 @@ from models.delivery.mqtt_replies import MAX_CORRELATION, MAX_TOPIC
 from web.uploads import FIELDS
 
 MAX_PAYLOAD = 64 * 1024  # as the API's JSON body (web.MAX_BODY_BYTES): an audio reference and options
+# The largest packet a request the bridge takes makes: the largest payload, with room for the
+# fixed header, the topic, the packet id and the properties a request carries (a response topic
+# and correlation data: MAX_TOPIC and MAX_CORRELATION, with room to spare). The broker's
+# max_packet_size must be no smaller (deploy/mosquitto/whisperq.conf).
+MAX_PACKET = MAX_PAYLOAD + 4 * 1024
 ENVELOPE = ("reply_to", "correlation_id")
 SOURCES = ("audio_url", "path", "audio_ref")  # audio_ref: another name for path, as transcribe.delay() calls it
 EXAMPLE = '{"path": "/srv/inbox/call.flac", "correlation_id": "call-1"}'
@@ -31,6 +36,18 @@ class Refused(Exception):
         if self.retry_after is not None:
             body["retry_after"] = self.retry_after
         return body
+
+
+def too_large(mq: MqttSettings, topic: str, payload: bytes, properties=None, retained: bool = False) -> Refused:
+    """The refusal of a request bigger than MAX_PAYLOAD, for where its replies go, without
+    parsing it (read_request refuses it first)."""
+    if len(payload) <= MAX_PAYLOAD:
+        raise ValueError(f"a request of {len(payload)} bytes is not too large")
+    try:
+        read_request(mq, topic, payload, properties, retained)
+    except Refused as refused:
+        return refused
+    raise AssertionError("read_request took a request bigger than MAX_PAYLOAD")
 
 
 @dataclass(frozen=True)
