@@ -3,7 +3,9 @@
 Every line about a job names it (`job_id`, and in a worker `task_id`, `task`, `queue`,
 `attempt`), so one job's story is a grep away across web and worker pools. Transcripts
 never reach the logs: Celery's "Task ... succeeded" line has its return value (the
-transcript) replaced by :data:`OMITTED`.
+transcript) replaced by :data:`OMITTED`. Nor do URLs' query strings and credentials
+(presigned audio URLs and webhook URLs carry tokens there): a call site logs
+:func:`redact_url`, and :class:`RedactUrls` on every handler scrubs whatever else slips by.
 
 ``WHISPERQ_LOG_FORMAT``: ``json``, ``text``, or ``auto`` (the default): JSON unless
 stderr is a terminal, so processes under supervisord, systemd or a container log JSON.
@@ -23,6 +25,31 @@ OMITTED = "<result omitted from logs>"
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 JOB_TASKS = ("whisperq.transcribe", "whisperq.infer")
 _JOB_PATH = re.compile(r"/jobs/([0-9a-fA-F-]{36})(?:/|\?|$|\s)")
+REDACTED_QUERY = "?\u2026"  # what a URL's query (and fragment) become in logs
+# scheme://[userinfo@]host[:port][/path][?query][#fragment], up to a space or a quote.
+_URL = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^\s/?#'\"<>]*@)?"
+                  r"(?P<rest>[^\s?#'\"<>]*)(?P<query>[?#][^\s'\"<>]*)?")
+
+
+def _redact_match(match: re.Match) -> str:
+    userinfo = "***@" if match.group("userinfo") else ""
+    query = REDACTED_QUERY if match.group("query") else ""
+    return f"{match.group('scheme')}{userinfo}{match.group('rest')}{query}"
+
+
+def redact_url(url: object) -> str:
+    """A URL fit for a log line: scheme://host/path, its query and fragment replaced by
+    ``?…`` and any user:password@ by ``***@``. What a client put in a URL's query
+    (a presigned signature, a webhook token) never reaches the logs."""
+    text = "" if url is None else str(url)
+    if "://" in text:
+        return _URL.sub(_redact_match, text)
+    return text.split("?", 1)[0] + (REDACTED_QUERY if "?" in text else "")  # a bare path?query
+
+
+def redact_urls_in(text: str) -> str:
+    """Every URL in a message redacted as :func:`redact_url` does; other text untouched."""
+    return _URL.sub(_redact_match, text) if "://" in text else text
 
 
 def _queue_of(key: str | None) -> str | None:
@@ -91,7 +118,9 @@ class JsonFormatter(logging.Formatter):
         out.update(job_context(record))
         if record.name == "gunicorn.access" and isinstance(record.args, Mapping):
             out.update(_access_fields(record.args))
-        if record.exc_info:
+        if record.exc_text:
+            out["exc"] = record.exc_text
+        elif record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         if record.stack_info:
             out["stack"] = self.formatStack(record.stack_info)
@@ -122,6 +151,46 @@ class OmitTaskResults(logging.Filter):
             if isinstance(getattr(record, "data", None), Mapping):
                 record.data = record.args
         return True
+
+
+class RedactUrls(logging.Filter):
+    """A handler's safety net: URLs in a record's message and arguments lose their query,
+    fragment and credentials (:func:`redact_url`) before any formatter sees them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str):
+            record.msg = redact_urls_in(record.msg)
+        args = record.args
+        if isinstance(args, dict):  # in place: gunicorn's access atoms are a dict subclass
+            for key, value in list(args.items()):
+                redacted = _redact_arg(value)
+                if redacted is not value:
+                    args[key] = redacted
+        elif isinstance(args, Mapping):
+            record.args = {k: _redact_arg(v) for k, v in args.items()}
+        elif isinstance(args, tuple):
+            record.args = tuple(_redact_arg(v) for v in args)
+        if record.exc_info and not record.exc_text:  # formatters use the cached text
+            record.exc_text = redact_urls_in(logging.Formatter().formatException(record.exc_info))
+        return True
+
+
+def _redact_arg(value):
+    if value is None or isinstance(value, (bool, int, float)):
+        return value  # %d and %.1f keep working
+    text = value if isinstance(value, str) else str(value)
+    if "://" not in text:
+        return value
+    redacted = redact_urls_in(text)
+    return value if redacted == text else redacted
+
+
+def redact_handlers(loggers: list[logging.Logger]) -> None:
+    """Install :class:`RedactUrls` on every handler of these loggers (once each)."""
+    for logger in loggers:
+        for handler in logger.handlers:
+            if not any(isinstance(f, RedactUrls) for f in handler.filters):
+                handler.addFilter(RedactUrls())
 
 
 def omit_task_results() -> None:
@@ -156,12 +225,17 @@ def connect_celery(log_format: str | None) -> None:
     def root_ready(logger=None, **_kwargs):
         omit_task_results()
         quiet_libraries()
-        if logger is not None and wants_json(log_format):
-            use_json([logger] + [lg for lg in (get_multiprocessing_logger(),) if lg is not None])
+        if logger is not None:
+            loggers = [logger] + [lg for lg in (get_multiprocessing_logger(),) if lg is not None]
+            redact_handlers(loggers)
+            if wants_json(log_format):
+                use_json(loggers)
 
     def task_logger_ready(logger=None, **_kwargs):
-        if logger is not None and wants_json(log_format):
-            use_json([logger])
+        if logger is not None:
+            redact_handlers([logger])
+            if wants_json(log_format):
+                use_json([logger])
 
     after_setup_logger.connect(root_ready, weak=False, dispatch_uid="whisperq.logs.root")
     after_setup_task_logger.connect(task_logger_ready, weak=False, dispatch_uid="whisperq.logs.task")
@@ -179,5 +253,7 @@ def configure_web(log_format: str | None) -> None:
         handler.setFormatter(JsonFormatter() if json_wanted else logging.Formatter(TEXT_FORMAT))
         root.addHandler(handler)
         root.setLevel(logging.INFO)
+    gunicorn = [logging.getLogger("gunicorn.error"), logging.getLogger("gunicorn.access")]
+    redact_handlers([root] + gunicorn)
     if json_wanted:
-        use_json([logging.getLogger("gunicorn.error"), logging.getLogger("gunicorn.access")])
+        use_json(gunicorn)

@@ -67,14 +67,18 @@ class Database:
     @property
     def engine(self) -> Engine:
         if self._engine is None:
+            # hide_parameters: bound values (key hashes, owners, transcripts) stay out of
+            # SQL error messages and echo logs.
             if self.url.startswith("sqlite"):
                 path = self.url.split("///", 1)[-1]
                 if path and path != ":memory:":
                     private_dir(Path(path).parent)
-                engine = create_engine(self.url, connect_args={"timeout": 10})
+                engine = create_engine(self.url, connect_args={"timeout": 10}, hide_parameters=True)
                 event.listen(engine, "connect", _sqlite_pragmas)
             else:
-                engine = create_engine(self.url, pool_pre_ping=True, pool_size=5, max_overflow=5)
+                engine = create_engine(
+                    self.url, pool_pre_ping=True, pool_size=5, max_overflow=5, hide_parameters=True
+                )
             self._engine = engine
             self._sessions = sessionmaker(engine, expire_on_commit=False, info=self.session_info)
         return self._engine

@@ -1,10 +1,12 @@
 """A worker's own metrics over HTTP, for Prometheus to scrape (tasks.worker starts it).
 
-Off unless WHISPERQ_METRICS_PORT is set. Each Celery worker serves one port, on HOST:
-the base port plus its pool's offset (prepare +0, inference +1, notify +2), so that one
-host running the Procfile exposes base..base+2. A second worker of the same pool on the
-same host finds its port taken and takes the first free one from base+3 up to base+99
-(it logs which). In Kubernetes, one pool per Deployment, each pod serves its pool's port.
+Off unless WHISPERQ_METRICS_PORT is set. Each Celery worker serves one port, on
+WHISPERQ_METRICS_ADDRESS (127.0.0.1 unless set: the port asks for no token, so a scraper on
+another machine, as in Kubernetes, needs 0.0.0.0 set deliberately): the base port plus its
+pool's offset (prepare +0, inference +1, notify +2), so that one host running the Procfile
+exposes base..base+2. A second worker of the same pool on the same host finds its port taken
+and takes the first free one from base+3 up to base+99 (it logs which). In Kubernetes, one
+pool per Deployment, each pod serves its pool's port.
 
 Threads pools (inference, notify) run jobs in the worker process itself and serve its
 registry. The prefork pool (prepare) runs them in child processes: their metrics go
@@ -15,6 +17,7 @@ prefork children's memory, and `whisperq_gpu_memory_bytes` where a model runs on
 """
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import shutil
@@ -106,7 +109,14 @@ def serve(worker, host: str | None = None) -> int | None:
     except Exception:
         log.exception("worker metrics not served")
         return None
-    port = listen(registry, host or settings.host, ports(settings.metrics_port, pool))
+    address = host or settings.metrics_address
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        log.error("worker metrics not served: WHISPERQ_METRICS_ADDRESS=%r is not an IP address; set it to 127.0.0.1 "
+                  "(this host only) or 0.0.0.0 (every interface, for a scraper on another machine)", address)
+        return None
+    port = listen(registry, address, ports(settings.metrics_port, pool))
     if port is not None and pool in OFFSETS and port != settings.metrics_port + OFFSETS[pool]:
         log.warning("metrics port %d was taken; this %s worker serves its metrics on %d instead",
                     settings.metrics_port + OFFSETS[pool], pool, port)

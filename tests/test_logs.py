@@ -89,3 +89,89 @@ def test_web_logging_set_up_like_basic_config(fmt, monkeypatch):
         assert isinstance(root.handlers[0].formatter, JsonFormatter) is (fmt == "json")
     finally:
         root.handlers, root.level = saved, level
+
+
+# --- no secrets from URLs or SQL parameters ------------------------------------------
+
+PRESIGNED = "https://bucket.s3.amazonaws.com/a/b.wav?X-Amz-Signature=deadbeefsig&X-Amz-Credential=AKIAX"
+
+
+def test_redact_url_keeps_scheme_host_and_path():
+    from config.logs import redact_url
+
+    assert redact_url(PRESIGNED) == "https://bucket.s3.amazonaws.com/a/b.wav?\u2026"
+    assert redact_url("https://hooks.example.com/h?token=s3cret#frag") == "https://hooks.example.com/h?\u2026"
+    assert redact_url("https://alice:pw@example.com:8443/x") == "https://***@example.com:8443/x"
+    assert redact_url("https://example.com/plain") == "https://example.com/plain"
+    assert redact_url("/v1/jobs?token=abc") == "/v1/jobs?\u2026"
+    assert redact_url(None) == ""
+
+
+def test_log_lines_lose_url_queries_and_credentials():
+    from config.logs import RedactUrls
+
+    def formatted(rec, formatter):
+        RedactUrls().filter(rec)
+        return formatter.format(rec)
+
+    for formatter in (JsonFormatter(), logging.Formatter("%(message)s")):
+        line = formatted(record("job %s: fetching %s (%d tries)", "j-1", PRESIGNED, 2), formatter)
+        assert "deadbeefsig" not in line and "AKIAX" not in line
+        assert "https://bucket.s3.amazonaws.com/a/b.wav?\u2026" in line and "2 tries" in line
+        line = formatted(record("webhook to https://u:hunter2@h.example/cb?token=t0k3n failed"), formatter)
+        assert "hunter2" not in line and "t0k3n" not in line and "h.example/cb" in line
+        try:
+            raise ConnectionError(f"cannot reach {PRESIGNED}")
+        except ConnectionError:
+            rec = record("fetch failed", exc_info=sys.exc_info())
+        line = formatted(rec, formatter)
+        assert "deadbeefsig" not in line and "ConnectionError" in line
+
+
+def test_access_log_atoms_stay_a_mapping_without_the_referrer_query():
+    from config.logs import RedactUrls
+
+    class Atoms(dict):  # gunicorn's SafeAtoms: a dict subclass the access format reads from
+        pass
+
+    atoms = Atoms(h="127.0.0.1", r="GET /v1/jobs HTTP/1.1", s=200, f="https://app.example/?session=abc",
+                  D=1500, U="/v1/jobs")
+    rec = logging.LogRecord("gunicorn.access", logging.INFO, __file__, 1, '%(h)s "%(r)s" %(s)s "%(f)s"', (), None)
+    rec.args = atoms
+    RedactUrls().filter(rec)
+    assert rec.args is atoms
+    assert rec.getMessage() == '127.0.0.1 "GET /v1/jobs HTTP/1.1" 200 "https://app.example/?\u2026"'
+
+
+def test_web_logging_installs_the_redaction(monkeypatch):
+    from config.logs import RedactUrls, configure_web
+
+    root = logging.getLogger()
+    saved, level = root.handlers[:], root.level
+    root.handlers = []
+    try:
+        configure_web("json")
+        assert any(isinstance(f, RedactUrls) for f in root.handlers[0].filters)
+    finally:
+        root.handlers, root.level = saved, level
+
+
+def test_sql_parameters_stay_out_of_errors_and_echo(tmp_path, caplog):
+    from sqlalchemy import Column, Integer, MetaData, String, Table, insert
+    from sqlalchemy.exc import IntegrityError
+
+    from models.db import Database
+
+    db = Database(f"sqlite:///{tmp_path}/params.db")
+    things = Table("things", MetaData(), Column("id", Integer, primary_key=True), Column("secret", String, unique=True))
+    things.create(db.engine)
+    db.engine.echo = True
+    with caplog.at_level(logging.INFO, logger="sqlalchemy.engine"):
+        with pytest.raises(IntegrityError) as raised:
+            with db.session() as session:
+                session.execute(insert(things).values(secret="sk-bound-value-1"))
+                session.execute(insert(things).values(secret="sk-bound-value-1"))
+    assert "UNIQUE constraint failed" in str(raised.value)
+    assert "sk-bound-value-1" not in str(raised.value)
+    assert caplog.records and "sk-bound-value-1" not in caplog.text
+    db.dispose()

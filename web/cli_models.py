@@ -22,12 +22,17 @@ def _rt():
 def list_models() -> None:
     """Each model with the weights and version it runs now, its aliases and shadow."""
     from models.speech.catalog import version_of
+    from models.speech.swaps import history
 
     rt = _rt()
     settings = rt.settings
     for spec in settings.models:
         active = rt.active_spec(spec.name)
         swapped = " (swapped)" if active.weights != spec.weights else ""
+        newest = (history(rt.db, spec.name) or [None])[-1]
+        if newest is not None and newest.weights != active.weights:  # models.speech.swaps refused it
+            swapped += (f" (the swap to {newest.weights} is refused: its weights changed after it was recorded; "
+                        f"`whisperq models swap {spec.name} {newest.weights}` records them as they are now)")
         default = " [default]" if spec.name == settings.default_model and not settings.routes.default else ""
         click.echo(f"{spec.name}{default}: {spec.engine}, {active.weights}{swapped}, "
                    f"{version_of(active, settings.data_dir)[:19]}")

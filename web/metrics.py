@@ -17,9 +17,14 @@ Queue depth: on Redis each queue is one list per priority step, counted directly
 (`priority` = high, normal, low). RabbitMQ gives one count per queue (`priority="all"`);
 the split by tier is then `whisperq_jobs_waiting`, from the database. `sum by (queue)`
 of `whisperq_queue_depth` is the queue's depth on either broker.
+
+Who may read it: with WHISPERQ_METRICS_TOKEN set, whoever sends it (or an admin key) as a
+bearer token; without, this machine only (loopback, not through a proxy), since the usage
+series name every API key. Anyone else gets 403 saying to set the token.
 """
 from __future__ import annotations
 
+import ipaddress
 import logging
 import threading
 import time
@@ -42,6 +47,8 @@ log = logging.getLogger(__name__)
 bp = Blueprint("metrics", __name__)
 
 CACHE_SECONDS = 2.0
+# Headers a reverse proxy adds: a request it forwards arrives from loopback but is not local.
+PROXY_HEADERS = ("Forwarded", "X-Forwarded-For", "X-Real-IP")
 POOLS = tuple(QUEUES.values())
 # Redis priority step -> tier: the tier with the largest step at or below it (step 9,
 # which no tier uses, counts as low).
@@ -276,17 +283,31 @@ def metrics():
     return Response(encoder(current_app.extensions["whisperq_metrics_registry"]), content_type=content_type)
 
 
+def _from_this_machine() -> bool:
+    """Whether the request came over loopback (127.0.0.0/8, ::1), not through a proxy."""
+    try:
+        address = ipaddress.ip_address(request.remote_addr or "")
+    except ValueError:
+        return False
+    address = getattr(address, "ipv4_mapped", None) or address
+    return address.is_loopback and not any(h in request.headers for h in PROXY_HEADERS)
+
+
 def _check_token() -> None:
     """With WHISPERQ_METRICS_TOKEN set, /metrics needs it (or an admin key) as a bearer
-    token, as Prometheus sends with `authorization: {credentials: ...}` in its scrape job."""
+    token, as Prometheus sends with `authorization: {credentials: ...}` in its scrape job.
+    Without one it answers this machine only: it names every API key and its usage."""
     from models.access.apikeys import BadKey, authenticate
-    from models.errors import Unauthorized
+    from models.errors import Forbidden, Unauthorized
 
     from .auth import bearer_token, matches
 
     rt = current_app.extensions["whisperq"]
     if not rt.settings.metrics_token:
-        return
+        if _from_this_machine():
+            return
+        raise Forbidden("/metrics answers only this machine (127.0.0.1) while WHISPERQ_METRICS_TOKEN is unset; "
+                        "set WHISPERQ_METRICS_TOKEN and have Prometheus send it as a bearer token")
     try:
         token = bearer_token()
         if token is not None and (matches(token, rt.settings.metrics_token) or matches(token, rt.settings.admin_token)

@@ -275,9 +275,13 @@ def paths() -> dict:
                     "content": {"text/plain": {"schema": STRING}, "application/openmetrics-text": {"schema": STRING}}},
             "401": {"description": "WHISPERQ_METRICS_TOKEN is set and the request does not carry it as a bearer "
                                    "token (JSON when the Accept header asks for it, else a page).",
+                    "content": {JSON: {"schema": ref("Error")}, "text/html": {"schema": STRING}}},
+            "403": {"description": "WHISPERQ_METRICS_TOKEN is not set and the request does not come from loopback "
+                                   "(or came through a proxy): set the token to scrape from elsewhere.",
                     "content": {JSON: {"schema": ref("Error")}, "text/html": {"schema": STRING}}}},
             tag="operations",
-            description="Needs `Authorization: Bearer $WHISPERQ_METRICS_TOKEN` when that is set; open otherwise.")},
+            description="Needs `Authorization: Bearer $WHISPERQ_METRICS_TOKEN` when that is set; answers loopback "
+                        "only otherwise.")},
         "/openapi.json": {"get": op("openapi", "This document", {
             "200": ok("The OpenAPI document.", {"type": "object"})}, security=ANYONE, tag="operations")},
     }

@@ -11,6 +11,9 @@ AES-256-GCM tokens ``wqe2:KEYID:base64(nonce || ciphertext)`` whose associated d
 the value's place (table, column and row id, see :func:`seal_value`): a token copied into
 another row or column fails authentication. ``wqe1:`` tokens, written before values were
 bound to their place, still decrypt; ``whisperq encryption rotate`` rewrites them bound.
+A plaintext value where a sealed one belongs, or a plain file in the store, is refused
+(:class:`PlaintextRefused`) unless WHISPERQ_ALLOW_PLAINTEXT_ROWS is set: that is for data
+written before encryption existed; set it, run ``whisperq encryption rotate``, then unset it.
 Each master key is split with HKDF into a value key and per-file keys, so no two uses share
 a key and nonce.
 """
@@ -47,6 +50,17 @@ class DecryptionError(ValueError):
         self.missing_key = missing_key
 
 
+class PlaintextRefused(DecryptionError):
+    """Plaintext where sealed data belongs: written before encryption, or put there by someone
+    who could write the database or the store but has no key."""
+
+    def __init__(self, what: str):
+        super().__init__(
+            f"{what} is plaintext where sealed data belongs, and is refused. If it was written before "
+            "encryption, set WHISPERQ_ALLOW_PLAINTEXT_ROWS=1, run `whisperq encryption rotate` (it seals it), "
+            "then unset WHISPERQ_ALLOW_PLAINTEXT_ROWS")
+
+
 def new_key_line(key_id: str | None = None) -> str:
     """A fresh ``KEYID:BASE64`` entry for WHISPERQ_ENCRYPTION_KEYS."""
     key_id = key_id or "k" + secrets.token_hex(4)
@@ -65,6 +79,13 @@ class Keyring:
 
     keys: tuple[tuple[str, bytes], ...] = field(repr=False)  # never print key material
     source: str = "WHISPERQ_ENCRYPTION_KEYS"
+    # WHISPERQ_ALLOW_PLAINTEXT_ROWS: values and files written before encryption read as they are.
+    allow_plaintext: bool = False
+
+    def check_plaintext(self, what: str) -> None:
+        """PlaintextRefused unless plaintext (data from before encryption) is allowed now."""
+        if not self.allow_plaintext:
+            raise PlaintextRefused(what)
 
     @property
     def active(self) -> str:
@@ -100,8 +121,9 @@ _warned: set[str] = set()
 
 def keyring_for(settings) -> Keyring:
     """The settings' keys, or else the key generated once into the data dir."""
+    allow_plaintext = bool(getattr(settings, "allow_plaintext_rows", False))
     if settings.encryption_keys:
-        return Keyring(tuple(parse_keys(settings.encryption_keys)))
+        return Keyring(tuple(parse_keys(settings.encryption_keys)), allow_plaintext=allow_plaintext)
     from config.files import generated_secret
 
     path = Path(settings.data_dir) / KEY_FILE
@@ -111,7 +133,7 @@ def keyring_for(settings) -> Keyring:
         log.warning("WHISPERQ_ENCRYPTION_KEYS is not set: audio and transcripts are encrypted with a key generated "
                     "into %s, beside the data; in production set WHISPERQ_ENCRYPTION_KEYS from a secret store", path)
     try:
-        return Keyring(tuple(parse_keys(path.read_text().strip())), source=str(path))
+        return Keyring(tuple(parse_keys(path.read_text().strip())), source=str(path), allow_plaintext=allow_plaintext)
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
 
@@ -160,11 +182,14 @@ def value_is_bound(value) -> bool:
 
 
 def decrypt_value(value: str, keyring: Keyring | None = None, place: str | None = None) -> str:
-    """The text of a token; a value without a prefix (written before encryption) as it is.
-    A bound (``wqe2``) token needs the `place` it was sealed for."""
+    """The text of a token. A bound (``wqe2``) token needs the `place` it was sealed for. A
+    value that is no token is refused whatever the settings: a plaintext column value is
+    :class:`SealedAttribute`'s to allow, and a token from outside (an owner token in a broker
+    message) must never pass as plaintext."""
     key_id = value_key_id(value)
     if key_id is None:
-        return value
+        where = f" at {place.split(':', 1)[0]} of row {place.split(':', 1)[-1]}" if place else ""
+        raise DecryptionError(f"the value{where} is not a sealed token; plaintext is not accepted here")
     keyring = keyring or current_keyring()
     bound = value_is_bound(value)
     if bound and place is None:
@@ -185,7 +210,8 @@ def decrypt_value(value: str, keyring: Keyring | None = None, place: str | None 
 class SealedAttribute:
     """The plaintext view of a mapped column that holds a bound token: reading decrypts
     (once per token), writing seals the value for its table, column and row. The row's id
-    must be set before the value is. A value stored before encryption reads as it is.
+    must be set before the value is. A plaintext value (stored before encryption) is refused
+    unless WHISPERQ_ALLOW_PLAINTEXT_ROWS is set (Keyring.allow_plaintext).
 
         result_text_token: Mapped[str | None] = mapped_column("result_text", Text)
         result_text = SealedAttribute("result_text_token", "jobs.result_text")
@@ -214,7 +240,9 @@ class SealedAttribute:
             text = decrypt_value(token, place=self._place(obj))
             value = json.loads(text) if self.as_json else text
         else:
-            value = token  # None, or a value written before encryption
+            if token is not None:  # a value written before encryption, or by someone without the key
+                current_keyring().check_plaintext(f"{self.place} of row {getattr(obj, 'id', None)}")
+            value = token
         cache[self.name] = (token, value)
         return value
 
@@ -230,5 +258,6 @@ class SealedAttribute:
 
 __all__ = [
     "parse_keys", "new_key_line", "Keyring", "keyring_for", "set_keyring", "current_keyring", "DecryptionError",
+    "PlaintextRefused",
     "decrypt_value", "seal_value", "value_key_id", "value_is_bound", "SealedAttribute",
 ]

@@ -284,7 +284,9 @@ def open_decrypted(path, keyring: Keyring | None = None, what: str | None = None
 
 
 def open_stored(path: str | Path, keyring: Keyring | None = None, what: str | None = None):
-    """A stored file's plaintext: decrypted, or as it is for one written before encryption."""
+    """A stored file's plaintext: decrypted; a plain file (written before encryption) only
+    where WHISPERQ_ALLOW_PLAINTEXT_ROWS allows it, else PlaintextRefused."""
     if is_encrypted(path):
         return open_decrypted(path, keyring, what)
+    (keyring or current_keyring()).check_plaintext(what or f"file {path}")
     return open(path, "rb")

@@ -1,6 +1,8 @@
 """Loading the engine the settings name: faster-whisper, or openai-whisper (its extra).
 
-A process keeps the engine it loads (models.runtime.Runtime.engine)."""
+A process keeps the engine it loads (models.runtime.Runtime.engine). Swapped-in weights reach
+here only once their hash was checked against the one recorded for the swap
+(models.speech.swaps.ActiveWeights); the engine then names that verified version."""
 from __future__ import annotations
 
 import logging
@@ -18,9 +20,12 @@ log = logging.getLogger(__name__)
 
 def load_engine(settings: Settings, spec: ModelSpec | None = None) -> SpeechEngine:
     """A served model's engine (the default model's for None), loaded."""
+    from models.speech.swaps import verified_version
+
     spec = spec or settings.model()
     path = weights_path(spec, settings.data_dir)
-    version = version_of(spec, settings.data_dir)  # of the weights read now: results name what ran
+    # of the weights read now: results name what ran (a swap's as verified when taken up)
+    version = verified_version(spec) or version_of(spec, settings.data_dir)
     log.info("loading the model %s (%s) from %s (device=%s)", spec.name, spec.engine, path, settings.device)
     if spec.engine == "openai-whisper":
         from models.speech.openai_engine import load_engine as load_openai_whisper  # needs the extra

@@ -9,9 +9,17 @@ history stays. An inference worker looks at the newest row when a job of that mo
 then starts new jobs on them, while the jobs already running finish on the weights they
 began with (their windows are batched apart) — drain, load, switch. A job records the
 version of the weights that transcribed it.
+
+Each row records the weights' SHA-256 when it was written. A process takes a row up only if
+the weights hash to it then (read afresh, not from the hash cache): weights changed on disk
+after the swap are refused, with an error in the log, and the weights in force before keep
+serving (in a process that had none yet, the configured ones). `whisperq models swap` again
+records the weights as they are now.
 """
 from __future__ import annotations
 
+import hashlib
+import logging
 import threading
 import time
 from dataclasses import replace
@@ -24,14 +32,22 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from models.db import Base, UTCDateTime, utcnow
 from models.errors import InvalidRequest
-from models.speech.catalog import version_of, weights_path
+from models.speech.catalog import WeightsUnavailable, version_of, weights_file, weights_path
 
 if TYPE_CHECKING:
     from config.registry import ModelSpec
     from config.settings import Settings
     from models.db import Database
 
+log = logging.getLogger(__name__)
+
 CHECK_EVERY = 2.0  # seconds a worker trusts what it last read
+# (model, weights) -> the version they hashed to when this process last took them up.
+_verified: dict[tuple[str, str], str] = {}
+
+
+class WeightsChanged(WeightsUnavailable):
+    """A swap's weights no longer hash to what was recorded when it was swapped."""
 
 
 class ModelWeights(Base):
@@ -67,10 +83,14 @@ def check_weights(settings: Settings, spec: ModelSpec, weights: str) -> ModelSpe
 
 
 def swap(settings: Settings, db: Database, name: str, weights: str) -> ModelWeights:
-    """Make `weights` the model's from now on; its workers take them up as jobs start."""
+    """Make `weights` the model's from now on; its workers take them up as jobs start. The
+    version recorded is the weights' hash read now (the cached one may predate a change)."""
     spec = check_weights(settings, settings.model(name), weights)
-    version = version_of(spec, settings.data_dir)  # assembles bundled:base if need be
-    weights_path(spec, settings.data_dir)
+    published = version_of(spec, settings.data_dir)  # assembles bundled:base if need be
+    version = current_version(spec, settings.data_dir)
+    if spec.bundled == "base" and version != published:
+        raise InvalidRequest(f"the base model's weights in {weights_path(spec, settings.data_dir)} are not the "
+                             "published ones; delete that directory and they are joined again from the extra")
     return _append(db, spec.name, spec.weights, version, "swap")
 
 
@@ -112,12 +132,38 @@ def _append(db: Database, name: str, weights: str, version: str, action: str) ->
         return row
 
 
+def current_version(spec: ModelSpec, data_dir: Path) -> str:
+    """The SHA-256 of the weights as they are on disk now (never the cached hash)."""
+    digest = hashlib.sha256()
+    with weights_file(weights_path(spec, data_dir)).open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return f"sha256:{digest.hexdigest()}"
+
+
+def verify_weights(spec: ModelSpec, data_dir: Path, recorded: str) -> None:
+    """Raise WeightsChanged unless the spec's weights hash to the version recorded for them."""
+    try:
+        actual = current_version(spec, data_dir)
+    except OSError as exc:
+        raise WeightsChanged(f"the weights {spec.weights} of the model {spec.name!r} cannot be read ({exc}); "
+                             f"restore them, or `whisperq models rollback {spec.name}`") from None
+    if actual != recorded:
+        raise WeightsChanged(
+            f"the weights {spec.weights} of the model {spec.name!r} hash to {actual[:19]}…, not the "
+            f"{recorded[:19]}… recorded when they were swapped in: they changed on disk since, and are not "
+            f"loaded. Restore them, or if the change is meant, `whisperq models swap {spec.name} {spec.weights}` "
+            "again to record them as they are now")
+
+
 class ActiveWeights:
-    """What each model name runs now, read from the database at most every CHECK_EVERY seconds."""
+    """What each model name runs now, read from the database at most every CHECK_EVERY seconds.
+    A newer row is taken up only if its weights still hash to its recorded version."""
 
     def __init__(self, settings: Settings, db: Database, every: float = CHECK_EVERY):
         self.settings, self.db, self.every = settings, db, every
         self._seen: dict[str, tuple[float, str]] = {}
+        self._rows: dict[str, int | None] = {}  # the newest row each model's weights were decided on
         self._lock = threading.Lock()
 
     def spec(self, name: str | None) -> ModelSpec:
@@ -127,7 +173,33 @@ class ActiveWeights:
         if seen is None or now - seen[0] >= self.every:
             with self._lock:
                 with self.db.session() as session:
-                    weights = session.execute(select(ModelWeights.weights).where(ModelWeights.model == spec.name)
-                                              .order_by(ModelWeights.id.desc()).limit(1)).scalar_one_or_none()
-                seen = self._seen[spec.name] = (now, weights or spec.weights)
+                    row = session.execute(select(ModelWeights.id, ModelWeights.weights, ModelWeights.version)
+                                          .where(ModelWeights.model == spec.name)
+                                          .order_by(ModelWeights.id.desc()).limit(1)).one_or_none()
+                weights = self._take_up(spec, row, seen[1] if seen else None)
+                seen = self._seen[spec.name] = (now, weights)
         return replace(spec, weights=seen[1])
+
+    def _take_up(self, spec: ModelSpec, row, in_force: str | None) -> str:
+        """The weights to run after reading the newest row: its own if they verify, else
+        those in force (the configured ones in a process that had none yet)."""
+        row_id = row.id if row is not None else None
+        if in_force is not None and self._rows.get(spec.name, -1) == row_id:
+            return in_force  # decided on this row already
+        self._rows[spec.name] = row_id
+        if row is None:
+            return spec.weights
+        try:
+            verify_weights(replace(spec, weights=row.weights), self.settings.data_dir, row.version)
+        except WeightsUnavailable as exc:
+            keep = in_force or spec.weights
+            log.error("model %s: swap refused: %s; it keeps running %s", spec.name, exc, keep)
+            return keep
+        _verified[(spec.name, row.weights)] = row.version
+        return row.weights
+
+
+def verified_version(spec: ModelSpec) -> str | None:
+    """The version a swap's weights were verified to have when this process took them up (the
+    loader names it: the hash cache, keyed by size and time, could be stale); None otherwise."""
+    return _verified.get((spec.name, spec.weights))
