@@ -79,10 +79,11 @@ def direct() -> float:
     return JOBS * len(samples) / audio.SAMPLE_RATE / (time.perf_counter() - started)
 
 
-def ceiling() -> tuple[float, int]:
+def ceiling() -> tuple[float, str]:
     from config import Settings
     from models.speech import audio
     from models.speech.batching import Batcher
+    from models.speech.catalog import model_path
     from models.speech.engines import FasterWhisperEngine, batch_size, engine_threads, parallel_batches
     from models.speech.windows import split_windows
 
