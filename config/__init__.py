@@ -5,8 +5,6 @@ from .celeryconfig import (
     PREPARE_QUEUE,
     broker_priority,
     celery_config,
-    publish_notify,
-    publish_transcribe,
 )
 from .languages import LANGUAGES
 from .priorities import PRIORITIES, Priority
@@ -16,5 +14,5 @@ from .settings import Settings
 
 __all__ = [
     "Settings", "ConfigError", "PRIORITIES", "Priority", "LANGUAGES", "private_dir", "celery_config", "broker_priority",
-    "publish_transcribe", "publish_notify", "PREPARE_QUEUE", "INFERENCE_QUEUE", "NOTIFY_QUEUE",
+    "PREPARE_QUEUE", "INFERENCE_QUEUE", "NOTIFY_QUEUE",
 ]

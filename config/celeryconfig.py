@@ -154,45 +154,6 @@ def celery_config(settings: Settings) -> dict:
     )
 
 
-def publish_transcribe(app: Celery, job, countdown: float | None = None, reply_to: str | None = None,
-                       ignore_result: bool | None = None) -> None:
-    """Send a job's transcribe message: its id and audio reference only, never audio.
-
-    A job submitted through the API (its audio in the store, or fetched by URL) keeps its
-    transcript in the job row, encrypted, and never in the result backend: whichever path
-    publishes it (first publish, retry, sweeper, dead-letter replay), its message asks the
-    backend to keep nothing. A transcribe.delay() caller's job keeps its result for .get().
-    Preparation runs in the prefork pool, where Celery enforces time limits; they grow
-    with the audio's length (unknown for transcribe.delay(path): the longest allowed)."""
-    if ignore_result is None:
-        ignore_result = bool(getattr(job, "audio_owned", False) or getattr(job, "audio_url", None))
-    settings: Settings = app.conf.whisperq_settings
-    hard = settings.prepare_time_limit(job.audio_duration)
-    app.send_task(
-        "whisperq.transcribe",
-        args=[job.audio_ref],
-        kwargs={"language": job.language, "priority": job.priority, "task": job.task},
-        task_id=job.id,
-        queue=PREPARE_QUEUE,
-        priority=broker_priority(job.priority, app.conf.broker_url),
-        countdown=countdown,
-        reply_to=reply_to,
-        ignore_result=ignore_result,
-        time_limit=hard,
-        soft_time_limit=hard * 0.8,
-        retry=True,
-        retry_policy=PUBLISH_RETRY,
-    )
-
-
-def publish_notify(app: Celery, delivery_ids: list[str]) -> None:
-    """Send webhook deliveries (rows of models.delivery.notify) to the notification pool."""
-    for delivery_id in delivery_ids:
-        app.send_task("whisperq.notify", args=[delivery_id], queue=NOTIFY_QUEUE, ignore_result=True,
-                      priority=broker_priority("normal", app.conf.broker_url), retry=True,
-                      retry_policy=PUBLISH_RETRY)
-
-
 def declare_dead_letter_queue(app: Celery) -> None:
     """On RabbitMQ, make sure the dead-letter exchange and its queue exist."""
     if is_redis(app.conf.broker_url):

@@ -209,20 +209,29 @@ class Env:
         return value.lower()
 
 
-def input_dirs(value: str | None, data_dir: Path) -> tuple[Path, ...]:
-    """WHISPERQ_INPUT_DIRS: where transcribe.delay(path) may read, absolute directories
-    separated by commas (default: the data dir's inbox/)."""
+def input_dirs(value: str | None, data_dir: Path) -> tuple[tuple[str | None, Path], ...]:
+    """WHISPERQ_INPUT_DIRS: where callers may name files (transcribe.delay(path), MQTT `path`),
+    separated by commas: `DIR` is shared by every caller, `KEY=DIR` is the API key KEY's own
+    (its id, or the id's first 8 or more characters, as `whisperq keys list` shows it). A file
+    in a key's own directory is that key's alone, even inside a shared one. Default: the data
+    dir's inbox/, shared. Returns (key or None, directory) pairs."""
     if value is None or not value.strip():
-        return (data_dir / "inbox",)
-    dirs = []
+        return ((None, data_dir / "inbox"),)
+    dirs: list[tuple[str | None, Path]] = []
     for part in value.replace(os.pathsep, ",").split(","):
         part = part.strip()
         if not part:
             continue
+        owner = None
+        if not part.startswith("/") and "=" in part:
+            owner, _, part = (x.strip() for x in part.partition("="))
+            if len(owner) < 8 or not owner.replace("-", "").isalnum():
+                raise ConfigError(f"WHISPERQ_INPUT_DIRS: {owner!r} is not an API key id; write KEY=DIR with the key's "
+                                  "id or at least its first 8 characters (`whisperq keys list`)")
         if not os.path.isabs(part):
-            raise ConfigError(f"WHISPERQ_INPUT_DIRS: {part!r} is not an absolute path; list absolute directories, "
-                              "separated by commas")
-        dirs.append(Path(os.path.realpath(part)))
+            raise ConfigError(f"WHISPERQ_INPUT_DIRS: {part!r} is not an absolute path; list absolute directories "
+                              "(DIR, shared, or KEY=DIR, one key's own), separated by commas")
+        dirs.append((owner, Path(os.path.realpath(part))))
     return tuple(dirs)
 
 

@@ -85,6 +85,7 @@ class Settings:
     fetch_timeout_seconds: float
     public_url: str | None
     metrics_port: int
+    metrics_address: str  # where workers serve /metrics (tasks.metrics): loopback unless set
     alert_queue_age_seconds: float
     alert_queue_depth: int
     alert_failure_rate: float
@@ -95,13 +96,14 @@ class Settings:
     secret_key: str | None
     metrics_token: str | None
     encryption_keys: str | None
+    allow_plaintext_rows: bool  # data from before encryption reads (models.security.crypto): to rotate it
     audio_retention_seconds: float | None
     result_retention_seconds: float | None
     retention_interval_seconds: float
     rate_limit_premium: str | None
     rate_limit_standard: str | None
     rate_limit_batch: str | None
-    input_dirs: tuple[Path, ...]
+    input_grants: tuple[tuple[str | None, Path], ...]  # WHISPERQ_INPUT_DIRS: (key or None for shared, dir)
     anonymous_max_priority: str
     sync_waits: int
     max_audio_seconds_premium: float
@@ -176,6 +178,7 @@ class Settings:
             fetch_timeout_seconds=env.float("WHISPERQ_FETCH_TIMEOUT", 120.0, low=1.0),
             public_url=env.url("WHISPERQ_PUBLIC_URL", None, schemes=("http", "https")),
             metrics_port=env.int("WHISPERQ_METRICS_PORT", 0, low=0, high=65535 - METRICS_PORT_SPAN),
+            metrics_address=env.str("WHISPERQ_METRICS_ADDRESS", "127.0.0.1").strip(),
             alert_queue_age_seconds=env.float("WHISPERQ_ALERT_QUEUE_AGE_SECONDS", 600.0, low=0.0),
             alert_queue_depth=env.int("WHISPERQ_ALERT_QUEUE_DEPTH", 1000, low=0, high=10**9),
             alert_failure_rate=env.float("WHISPERQ_ALERT_FAILURE_RATE", 0.05, low=0.0),
@@ -185,13 +188,14 @@ class Settings:
             secret_key=env.str("WHISPERQ_SECRET_KEY", None),
             metrics_token=env.str("WHISPERQ_METRICS_TOKEN", None),
             encryption_keys=env.encryption_keys("WHISPERQ_ENCRYPTION_KEYS"),
+            allow_plaintext_rows=env.bool("WHISPERQ_ALLOW_PLAINTEXT_ROWS", False),
             audio_retention_seconds=env.duration("WHISPERQ_AUDIO_RETENTION", 3600.0),
             result_retention_seconds=env.duration("WHISPERQ_RESULT_RETENTION", 7 * 24 * 3600.0),
             retention_interval_seconds=env.float("WHISPERQ_RETENTION_INTERVAL", 300.0, low=1.0),
             rate_limit_premium=env.rate("WHISPERQ_RATE_LIMIT_PREMIUM", "600/minute"),
             rate_limit_standard=env.rate("WHISPERQ_RATE_LIMIT_STANDARD", "120/minute"),
             rate_limit_batch=env.rate("WHISPERQ_RATE_LIMIT_BATCH", "60/minute"),
-            input_dirs=_input_dirs(env.str("WHISPERQ_INPUT_DIRS", None), data_dir),
+            input_grants=_input_dirs(env.str("WHISPERQ_INPUT_DIRS", None), data_dir),
             max_audio_seconds_premium=env.float("WHISPERQ_MAX_AUDIO_SECONDS_PREMIUM", 4 * 3600.0, low=1.0),
             max_audio_seconds_standard=env.float("WHISPERQ_MAX_AUDIO_SECONDS_STANDARD", 4 * 3600.0, low=1.0),
             max_audio_seconds_batch=env.float("WHISPERQ_MAX_AUDIO_SECONDS_BATCH", 4 * 3600.0, low=1.0),

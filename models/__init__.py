@@ -15,12 +15,13 @@ Packages, lowest first; each may import config, the packages below it, and the f
 - ``models.access`` - API keys and tiers, and admission at the front door. May import jobs.
 - ``models.delivery`` - outbound HTTP under the address guard: webhooks, the outbox, fetching
   audio by URL. May import jobs and access.
-- ``models.pipeline`` - the two worker stages: preparing a job and running inference. May
-  import speech, jobs and delivery.
+- ``models.pipeline`` - the one door every job enters by (``door``: one Submission, one
+  ``admit``, whichever way it came in), then the two worker stages: preparing a job and
+  running inference. May import speech, jobs, access and delivery.
 - ``models.maintenance`` - work over every store at once: retention, key rotation and the
   training-data export.
 - ``models.runtime`` - the per-process wiring (settings, database, storage, keyring, engines,
-  batchers, the outbox's publisher): may import everything; the rest import it only for
+  batchers, the broker seam): may import everything; the rest import it only for
   type annotations.
 
 ``models`` never imports ``tasks`` or ``web``; import-linter's contracts in setup.cfg enforce the order. This

@@ -2,9 +2,10 @@
 
 A Runtime holds the settings, the database, the audio storage and the keyring from the
 start; a model's engine and batcher are built on first use (only an inference worker uses
-them, and only for the models it is sent); the publisher (how the outbox sends webhook
-deliveries to the notification pool) is given by whoever owns a Celery app:
-``web.create_app`` and ``tasks.app.runtime``.
+them, and only for the models it is sent); the broker (the one seam through which models
+reach the queues: publish a job, publish webhook deliveries, forget a result) is given by
+whoever owns a Celery app (``tasks.broker.CeleryBroker``, set by ``web.create_app``,
+``tasks.app.runtime`` and the CLI).
 Building a Runtime installs the outbox's session hooks and makes its keyring the one the
 sealed columns use.
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from config import Settings
 from models.db import Database
@@ -29,10 +30,23 @@ if TYPE_CHECKING:
     from models.speech.engines import SpeechEngine
 
 
+class Broker(Protocol):
+    """What models ask of the queues; implemented once, in tasks.broker."""
+
+    def publish_job(self, job: Any, countdown: float | None = None, reply_to: str | None = None) -> None:
+        """Send a job's transcribe message (its id and audio reference only)."""
+
+    def publish_notify(self, delivery_ids: list[str]) -> None:
+        """Send webhook deliveries to the notification pool."""
+
+    def forget_result(self, job_id: str) -> None:
+        """Remove a job's entry from the result backend, if it has one."""
+
+
 @dataclass(eq=False)
 class Runtime:
     settings: Settings
-    publisher: Callable[[list[str]], None] | None = None  # sends new webhook deliveries; None: the sweeper does
+    broker: Broker | None = None  # None: nothing is published (the sweeper sends what is owed later)
     db: Database = field(init=False)
     storage: Storage = field(init=False)
     keyring: Keyring = field(init=False)

@@ -5,8 +5,8 @@ get theirs from here, as Flask's ``celery_init_app`` pattern does.
 ``celery_for(settings)`` builds an app and touches nothing else; ``init_celery(settings)``
 builds the process's app: the default app that the tasks (declared with ``shared_task``)
 bind to. A process that never called it gets one from the environment on first use
-(``get_celery()``). ``runtime()`` is the worker's models.runtime.Runtime, whose outbox
-publishes webhook deliveries through the process's app.
+(``get_celery()``). ``runtime()`` is the worker's models.runtime.Runtime, whose broker seam
+(tasks.broker.CeleryBroker) publishes through the process's app.
 
 Building an app connects to nothing: the broker is contacted on the first publish or when a
 worker starts. Without CELERY_BROKER_URL it fails with a message saying how to fix that.
@@ -17,7 +17,7 @@ import threading
 
 from celery import Celery
 
-from config import Settings, celery_config, publish_notify
+from config import Settings, celery_config
 from models.runtime import Runtime, get_runtime
 
 _app: Celery | None = None
@@ -64,6 +64,8 @@ def get_celery() -> Celery:
 def runtime() -> Runtime:
     """This process's runtime (from the environment), publishing through this process's app."""
     rt = get_runtime()
-    if rt.publisher is None:
-        rt.publisher = lambda ids: publish_notify(get_celery(), ids)
+    if rt.broker is None:
+        from tasks.broker import CeleryBroker
+
+        rt.broker = CeleryBroker()  # this process's app, whenever it is built
     return rt

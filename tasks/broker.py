@@ -1,5 +1,6 @@
-"""What the broker itself holds, read directly: the sweeper needs to know whether a job's
-message still waits in a queue.
+"""The broker seam (models.runtime.Broker) over Celery: the one place where a job's message,
+a webhook delivery's message and a result's removal are sent; and what the broker itself
+holds, read directly: the sweeper needs to know whether a job's message still waits in a queue.
 
 On Redis a queue is one list per priority step (``whisperq.prepare``, ``whisperq.prepare:3``,
 ...), and a message handed to a consumer moves to the ``unacked`` hash until it is acked.
@@ -16,13 +17,76 @@ import logging
 import time
 from datetime import timedelta
 
-from config import publish_notify, publish_transcribe
-from config.celeryconfig import is_redis, queues_for
+from celery import Celery
+
+from config import NOTIFY_QUEUE, PREPARE_QUEUE, Settings, broker_priority
+from config.celeryconfig import PUBLISH_RETRY, is_redis, queues_for
 from config.priorities import REDIS_PRIORITY_STEPS
 
 log = logging.getLogger(__name__)
 
 SCAN_CHUNK = 500
+
+
+def publish_transcribe(app: Celery, job, countdown: float | None = None, reply_to: str | None = None) -> None:
+    """Send a job's transcribe message: its id and audio reference only, never audio.
+
+    Only a transcribe.delay() caller's job keeps its transcript in the result backend (for
+    r.get()); every other job keeps it in its row, encrypted, and whichever path publishes it
+    (first publish, retry, sweeper, dead-letter replay) asks the backend to keep nothing.
+    Preparation runs in the prefork pool, where Celery enforces time limits; they grow with
+    the audio's length (unknown for transcribe.delay(path): the longest allowed)."""
+    from models.pipeline.door import keeps_result
+
+    settings: Settings = app.conf.whisperq_settings
+    hard = settings.prepare_time_limit(job.audio_duration)
+    app.send_task(
+        "whisperq.transcribe",
+        args=[job.audio_ref],
+        kwargs={"language": job.language, "priority": job.priority, "task": job.task},
+        task_id=job.id,
+        queue=PREPARE_QUEUE,
+        priority=broker_priority(job.priority, app.conf.broker_url),
+        countdown=countdown,
+        reply_to=reply_to,
+        ignore_result=not keeps_result(job),
+        time_limit=hard,
+        soft_time_limit=hard * 0.8,
+        retry=True,
+        retry_policy=PUBLISH_RETRY,
+    )
+
+
+def publish_notify(app: Celery, delivery_ids: list[str]) -> None:
+    """Send webhook deliveries (rows of models.delivery.notify) to the notification pool."""
+    for delivery_id in delivery_ids:
+        app.send_task("whisperq.notify", args=[delivery_id], queue=NOTIFY_QUEUE, ignore_result=True,
+                      priority=broker_priority("normal", app.conf.broker_url), retry=True,
+                      retry_policy=PUBLISH_RETRY)
+
+
+class CeleryBroker:
+    """models.runtime.Broker through a Celery app (the process's, or one given)."""
+
+    def __init__(self, app: Celery | None = None):
+        self._app = app
+
+    @property
+    def app(self) -> Celery:
+        if self._app is None:
+            from tasks.app import get_celery
+
+            return get_celery()
+        return self._app
+
+    def publish_job(self, job, countdown: float | None = None, reply_to: str | None = None) -> None:
+        publish_transcribe(self.app, job, countdown=countdown, reply_to=reply_to)
+
+    def publish_notify(self, delivery_ids: list[str]) -> None:
+        publish_notify(self.app, delivery_ids)
+
+    def forget_result(self, job_id: str) -> None:
+        self.app.AsyncResult(job_id).forget()
 
 
 def redis_queue_keys(app, queue: str) -> list[str]:
@@ -88,10 +152,11 @@ def run_sweep(app, grace: timedelta | None = None, rt=None):
 
     rt = rt or runtime()
     waiting = waiting_in_broker(app)  # read before holdings: messages move from queues to workers
-    report = sweep(rt, holdings(app), lambda job: publish_transcribe(app, job),
-                   grace=GRACE if grace is None else grace, waiting=waiting, confirm=lambda ids: still_lost(app, ids))
+    broker = CeleryBroker(app)
+    report = sweep(rt, holdings(app), broker, grace=GRACE if grace is None else grace, waiting=waiting,
+                   confirm=lambda ids: still_lost(app, ids))
     # Webhook deliveries whose message was lost (or never sent): send them now.
     late = overdue(rt)
-    publish_notify(app, late)
+    broker.publish_notify(late)
     report.notifications_resent = len(late)
     return report

@@ -10,4 +10,4 @@ from tasks.app import runtime
 
 @shared_task(name="whisperq.retention", bind=True, ignore_result=True)
 def retention(self) -> dict:
-    return run_retention(runtime(), celery=self.app)
+    return run_retention(runtime())

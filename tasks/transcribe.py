@@ -16,21 +16,25 @@ import logging
 import os
 import socket
 import traceback
+import uuid
 
 from celery import Task, shared_task
 from celery.exceptions import Ignore, Reject
 
-from config import broker_priority, publish_transcribe
+from config import broker_priority
 from config.celeryconfig import inference_queue
-from models.errors import InvalidRequest, PermanentJobError, TransientJobError, WhisperqError
+from models.errors import (InvalidRequest, JobNotFound, ModelNotServed, PermanentJobError, TransientJobError,
+                           WhisperqError)
 from models.jobs.deadletter import bury
 from models.jobs.operations import fail_job, get_job, schedule_retry
+from models.pipeline.door import keeps_result
 from models.pipeline.inference import infer_job
 from models.pipeline.messages import Finished, MalformedMessage, Prepared
 from models.pipeline.preparation import prepare_job
 from models.pipeline.shadowing import shadow_job, shadow_message
 from models.retry import Verdict, classify
 from models.speech.catalog import check_model
+from models.storage import prepared_ref
 from tasks.app import runtime
 
 log = logging.getLogger(__name__)
@@ -56,9 +60,12 @@ OPTIONS = ("language", "priority", "task", "model", "word_timestamps", "prompt",
 
 
 class TranscribeTask(Task):
-    """Checks every option as the API does, before anything is queued (a bad one raises a
-    ValueError saying what to send; a bad key, PermissionError), resolves `api_key` to the
-    job's owner and its tier's priorities, and maps the priority tier on the publishing side."""
+    """transcribe.delay() is a way in like any other: the one door (models.pipeline.door)
+    checks the job before anything is queued (a bad option raises a ValueError saying what to
+    send; a bad key or a path outside the key's input directories, PermissionError or
+    ValueError), resolves `api_key` to the job's owner, and seals that owner into a token
+    bound to the job id, which the preparation pool checks: the message never carries the key,
+    and no other message can claim it. The priority tier is mapped on the publishing side."""
 
     def apply_async(self, args=None, kwargs=None, **options):
         args, kwargs = list(args or ()), dict(kwargs or {})
@@ -72,57 +79,39 @@ class TranscribeTask(Task):
         if not os.path.isabs(audio):
             raise ValueError(f"transcribe.delay() takes the absolute path of a file under WHISPERQ_INPUT_DIRS, readable "
                              f"by the workers, not {audio!r}")
-        checked = checked_options(self.app.conf.whisperq_settings, {**kwargs, "_audio": audio})
+        task_id = options.setdefault("task_id", str(uuid.uuid4()))
+        checked = checked_options(self.app.conf.whisperq_settings, {**kwargs, "_audio": audio, "_job_id": task_id})
         options.setdefault("priority", broker_priority(checked["priority"], self.app.conf.broker_url))
         return super().apply_async((audio,), checked, **options)
 
 
-def _length(path: str | None) -> float | None:
-    """The audio's length from its header where this process can read the file (the workers
-    read it later, so it may not be here); None where not."""
-    from models.speech import audio as audio_io
-
-    try:
-        with open(path, "rb") as fh:
-            return audio_io.probe(fh).duration
-    except Exception:  # unreadable here, or not audio: the worker says which
-        return None
-
-
 def checked_options(settings, given: dict) -> dict:
-    """The job's options from transcribe.delay()'s keywords, checked as the API checks them."""
-    from models.access import quotas
-    from models.access.apikeys import ANONYMOUS, authenticate, key_collects
-    from models.pipeline.options import check_served, parse_options
+    """The message's options from transcribe.delay()'s keywords, through the one door as the
+    API checks them; `owner` and its sealed `owner_token` from `api_key`."""
+    from models.access.apikeys import ANONYMOUS, authenticate
+    from models.pipeline import door
 
     given = dict(given)
-    audio = given.pop("_audio", None)
+    audio, job_id = given.pop("_audio", None), given.pop("_job_id", None)
     key = given.pop("api_key", None)
     unknown = sorted(set(given) - set(OPTIONS))
     if unknown:
         raise TypeError(f"transcribe got unknown option(s) {', '.join(unknown)}; the options are "
                         f"{', '.join(OPTIONS)} and api_key (whose key owns the job)")
+    rt = runtime()
     who = ANONYMOUS
-    if key is not None:
-        try:
-            who = authenticate(runtime(), key)
-        except WhisperqError as exc:
-            raise PermissionError(str(exc)) from None
-    checked = parse_options(given, settings, default_priority=who.default_priority())
-    if key is not None:
-        try:
-            who.check_priority(checked["priority"])
-        except WhisperqError as exc:
-            raise PermissionError(str(exc)) from None
-    if checked["model"] is not None and checked["model"] != settings.default_model:
-        check_served(runtime(), checked["model"])  # ModelNotServed, as the API's 503
-    if who.owner is not None:  # the key's monthly quota, as at the API's door (QuotaExceeded is a WhisperqError)
-        try:
-            quotas.check(runtime(), who.owner, _length(audio), tier=who.tier)
-        except WhisperqError as exc:
-            raise PermissionError(str(exc)) from None
-    checked["owner"] = who.owner
-    checked["collect"] = checked["collect"] or (who.owner is not None and key_collects(runtime(), who.owner))
+    try:
+        if key is not None:
+            who = authenticate(rt, key)
+        admitted = door.admit(rt, door.Submission(who, "delay", fields={k: v for k, v in given.items() if v is not None},
+                                                  path=audio, job_id=job_id), local=False)
+    except (InvalidRequest, ModelNotServed):
+        raise
+    except WhisperqError as exc:  # a bad key, a priority or a path not the key's, a spent quota, a full queue
+        raise PermissionError(str(exc)) from None
+    checked = {k: v for k, v in admitted.options.items() if k in OPTIONS}
+    if who.owner is not None:
+        checked["owner"], checked["owner_token"] = who.owner, door.owner_token(job_id, who.owner)
     return checked
 
 
@@ -140,14 +129,18 @@ def _after_failure(task: Task, job_id: str, exc: BaseException):
         # Celery records the rejection as the task's failure, so r.get() raises it; on
         # RabbitMQ the rejected message goes on to the dead-letter exchange.
         raise JobDeadLettered(f"{reason} (the job is in the dead-letter queue)", requeue=False)
-    publish_transcribe(task.app, get_job(rt, job_id), countdown=delay, reply_to=task.request.reply_to)
+    rt.broker.publish_job(get_job(rt, job_id), countdown=delay, reply_to=task.request.reply_to)
     raise Ignore()
 
 
-def _ignores_result(task: Task) -> bool:
-    """A job from the API keeps its transcript in the job row (encrypted) only: its
-    messages ask the result backend to keep nothing, through the replace and retries."""
-    return bool(getattr(task.request, "ignore_result", False))
+def _answer(rt, job_id: str, result: dict | None) -> dict | None:
+    """What a task returns to the result backend: a transcribe.delay() job's transcript (its
+    caller reads it with r.get()); for every other job nothing, whatever its message asked:
+    the job row is the truth, and a message naming someone else's job gets nothing back."""
+    try:
+        return result if keeps_result(get_job(rt, job_id)) else None
+    except JobNotFound:
+        return None
 
 
 # resultrepr_maxsize=0: the task-succeeded event (which Flower shows) carries no transcript.
@@ -155,26 +148,29 @@ def _ignores_result(task: Task) -> bool:
              resultrepr_maxsize=0)
 def transcribe(self, audio: str, language: str | None = None, priority: str = "normal", task: str = "transcribe",
                model: str | None = None, word_timestamps: bool = False, prompt: str | None = None,
-               temperature: float | None = None, callback_url: str | None = None, collect: bool = False,
-               owner: str | None = None) -> dict:
+               temperature: float | None = None, callback_url: str | None = None, collect: bool | None = None,
+               owner: str | None = None, owner_token: str | None = None, api_key: str | None = None) -> dict | None:
     job_id = self.request.id
     worker = self.request.hostname or socket.gethostname()
     options = {"language": language, "priority": priority, "task": task, "model": model,
                "word_timestamps": word_timestamps, "prompt": prompt, "temperature": temperature,
-               "callback_url": callback_url, "collect": collect, "owner": owner}
+               "callback_url": callback_url, "collect": collect, "owner": owner, "owner_token": owner_token,
+               "api_key": api_key}
+    rt = runtime()
     try:
-        prepared = prepare_job(runtime(), job_id, audio, options, worker=worker, worker_id=worker_id())
+        prepared = prepare_job(rt, job_id, audio, options, worker=worker, worker_id=worker_id())
     except Exception as exc:
         return _after_failure(self, job_id, exc)
-    if isinstance(prepared, Finished):
-        return prepared.result
+    if isinstance(prepared, Finished):  # a duplicate delivery: nothing runs, nothing is answered
+        raise Ignore()
     if prepared.shadow:
         _send_shadow(self, prepared)
     tier = prepared.priority
+    keep = _answer(rt, job_id, {}) is not None
     return self.replace(
         infer.s(prepared.to_message()).set(queue=inference_queue(self.app.conf.whisperq_settings, prepared.model),
                                            priority=broker_priority(tier, self.app.conf.broker_url),
-                                           reply_to=self.request.reply_to, ignore_result=_ignores_result(self))
+                                           reply_to=self.request.reply_to, ignore_result=not keep)
     )
 
 
@@ -198,10 +194,14 @@ def infer(self, message: dict) -> dict:
     except InvalidRequest as exc:
         fail_job(rt, job_id, str(exc))
         raise PermanentJobError(str(exc)) from None
+    if prepared.samples_ref != prepared_ref(prepared.job_id):  # only the preparation pool's own samples are read
+        raise Reject(f"job {prepared.job_id}: an inference message naming samples not its own was dropped",
+                     requeue=False)
     try:
-        return infer_job(rt, prepared, rt.batcher_for(prepared.model), worker=worker, worker_id=worker_id())
+        result = infer_job(rt, prepared, rt.batcher_for(prepared.model), worker=worker, worker_id=worker_id())
     except Exception as exc:
         return _after_failure(self, prepared.job_id, exc)
+    return _answer(rt, prepared.job_id, result)
 
 
 def _send_shadow(task: Task, prepared: Prepared) -> None:
@@ -224,6 +224,8 @@ def shadow(self, message: dict) -> None:
         prepared = Prepared.from_message(message)
     except Exception as exc:
         raise Reject(f"a malformed shadow message was dropped: {exc}", requeue=False) from None
+    if prepared.samples_ref != prepared_ref(f"{prepared.job_id}.shadow"):
+        raise Reject(f"job {prepared.job_id}: a shadow message naming samples not its own was dropped", requeue=False)
     try:
         check_model(rt.settings, prepared.model)
         shadow_job(rt, prepared)

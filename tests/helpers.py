@@ -207,3 +207,13 @@ class LiveServer:
 
     def __exit__(self, *exc) -> None:
         self.httpd.shutdown()
+
+
+def wait_for_line(worker, line: str, timeout: float = 120.0) -> None:
+    """Until a pool's log has `line`: the event that proves a message was taken and handled."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if line in worker.output():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"no {line!r} in the workers' logs within {timeout} s")

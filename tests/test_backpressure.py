@@ -155,10 +155,10 @@ def test_one_key_cannot_fill_the_queue_and_url_jobs_count_at_the_estimate_until_
     WHISPERQ_URL_AUDIO_ESTIMATE_SECONDS, then at its real length. Its own database, so the
     backlog is only this test's."""
     from models.access.apikeys import create_key
-    from web import uploads
+    from tasks.broker import CeleryBroker
 
     sent = []
-    monkeypatch.setattr(uploads, "publish_transcribe", lambda celery, job, **kw: sent.append(job.id))
+    monkeypatch.setattr(CeleryBroker, "publish_job", lambda self, job, **kw: sent.append(job.id))
     app = app_with(settings, database_url=f"sqlite:///{tmp_path / 'door.db'}", queue_budget_jobs=10,
                    queue_budget_seconds=10**6, high_reserve=0.0, queue_key_share=0.3, max_audio_seconds=3600.0)
     rt = app.extensions["whisperq"]

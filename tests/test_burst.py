@@ -10,7 +10,8 @@ from sqlalchemy import func, select
 
 from helpers import CLIPS, lost_with_a_kill
 
-pytestmark = [pytest.mark.integration, pytest.mark.burst]
+pytestmark = [pytest.mark.integration, pytest.mark.burst,
+              pytest.mark.timeout(2400)]  # the drain alone may take 1800 s (its own deadline)
 
 BURST = 500
 

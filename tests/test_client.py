@@ -171,7 +171,7 @@ def test_a_callback_to_a_private_address_is_refused_at_submit(client, settings):
 
 
 def test_a_job_run_twice_sends_one_webhook(client, worker, celery_app):
-    from config import publish_transcribe
+    from tasks.broker import publish_transcribe
     from models.jobs.operations import get_job
     from models.runtime import get_runtime
 
@@ -204,6 +204,7 @@ def test_a_queued_job_cancelled_never_runs(client, worker, celery_app):
     assert client.post(f"/v1/jobs/{job['job_id']}/cancel").status_code == 409  # already finished
 
 
+@pytest.mark.timeout(900)  # waits up to 300 s for the job (setup.cfg's default is 300)
 def test_a_running_job_cancelled_stops_at_a_window_boundary_and_keeps_its_part(client, worker, tmp_path):
     samples, text = long_recording(repeats=24)  # about six minutes: windows in several batches
     path = write_wav(tmp_path / "long.wav", samples)
@@ -301,6 +302,7 @@ def test_word_timestamps_on_request(client, worker):
 
 # --- where is my job --------------------------------------------------------------------------
 
+@pytest.mark.timeout(900)  # waits up to 300 s per job of the first batch (setup.cfg's default is 300)
 def test_queue_position_progress_and_estimates(client, worker, celery_app):
     """Queue 20 jobs, then compare each job's first estimated finish with its real one."""
     clips = ["fox.flac", "report.opus"]

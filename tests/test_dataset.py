@@ -31,9 +31,10 @@ MADE_BY = {"name": "tiny.en", "version": "sha256:0123abcd", "engine": "faster-wh
 @pytest.fixture()
 def app(settings, private_db, tmp_path, monkeypatch):
     """The web app on the private database and data dir; its task messages are held back."""
-    from web import create_app, uploads
+    from tasks.broker import CeleryBroker
+    from web import create_app
 
-    monkeypatch.setattr(uploads, "publish_transcribe", lambda celery, job, **kw: None)
+    monkeypatch.setattr(CeleryBroker, "publish_job", lambda self, job, **kw: None)
     private = dataclasses.replace(settings, database_url=private_db, data_dir=tmp_path / "data",
                                   audio_retention_seconds=3600.0, result_retention_seconds=None)
     app = create_app({"SETTINGS": private, "TESTING": True})
@@ -114,7 +115,8 @@ def test_a_job_is_collected_when_it_asks_or_its_key_collects(app, rt):
     key_id = next(k["id"] for k in listed if k["name"] == "call centre")
     assert next(k for k in listed if k["id"] == key_id)["collect"] is True
     assert upload(client, token=token)["collect"] is True  # the key collects every job
-    assert upload(client, token=token, collect="false")["collect"] is True  # a job cannot opt its key out
+    # A job that says collect=false is not collected: the key's setting is its default, not an override.
+    assert upload(client, token=token, collect="false")["collect"] is False
 
     off = whisperq(rt, "keys", "collect", key_id, "off")
     assert off.exit_code == 0 and "not collected" in off.output

@@ -129,16 +129,16 @@ def test_racing_delay_calls_are_held_to_the_quota_once_decoded(settings, private
 
     fox = audio.probe(FOX).duration
     rt = Runtime(dataclasses.replace(settings, database_url=private_db, quota_hours_batch=1.5 * fox / 3600,
-                                     input_dirs=(Path(FOX).parent,)))
+                                     input_grants=((None, Path(FOX).parent),)))
     rt.db.upgrade()
-    record, _token = create_key(rt, "delay-race", "batch")
+    record, token = create_key(rt, "delay-race", "batch")
     first, second = str(uuid.uuid4()), str(uuid.uuid4())
-    prepared = prepare_job(rt, first, FOX, {"owner": record.id, "language": "en"})
+    prepared = prepare_job(rt, first, FOX, {"api_key": token, "language": "en"})
     assert prepared.duration == pytest.approx(fox, abs=0.05)
     with pytest.raises(PermanentJobError, match="monthly audio quota"):
-        prepare_job(rt, second, FOX, {"owner": record.id, "language": "en"})
+        prepare_job(rt, second, FOX, {"api_key": token, "language": "en"})
     failed = get_job(rt, second)
-    assert failed.status == "FAILED" and "nothing was billed" in failed.error and "audio at audio_url" not in failed.error
+    assert failed.status == "FAILED" and "monthly audio quota" in failed.error and failed.owner == record.id
     month = month_figures(rt, record.id, utcnow())
     assert month.in_flight_audio_seconds == pytest.approx(prepared.duration, abs=0.001) and month.audio_seconds == 0
     rt.db.dispose()

@@ -46,6 +46,7 @@ def wait_for_stage(client, job_id: str, stage: str, timeout: float = 60):
     raise AssertionError(f"job {job_id} never reached stage {stage}")
 
 
+@pytest.mark.timeout(900)  # waits up to 300 s for the job after the kill (setup.cfg's default is 300)
 def test_kill_9_of_the_inference_worker_mid_job_costs_one_attempt(client, worker, tmp_path, database):
     samples, text = long_recording(repeats=4)
     path = write_wav(tmp_path / "long.wav", samples)
@@ -84,6 +85,7 @@ def wait_for_workers(celery_app, worker, timeout: float = 90) -> None:
     raise AssertionError(f"workers did not answer after the broker restart:\n{worker.output()[-4000:]}")
 
 
+@pytest.mark.timeout(900)  # a broker restart, then waits up to 300 s (setup.cfg's default is 300)
 def test_a_broker_restart_with_jobs_queued_and_running_loses_none(broker_stack, database):
     from models.jobs.record import Job
 
@@ -113,7 +115,7 @@ def test_a_broker_restart_with_jobs_queued_and_running_loses_none(broker_stack, 
 
 
 def test_the_same_message_twice_gives_one_transcript(client, worker, celery_app, database):
-    from config import publish_transcribe
+    from tasks.broker import publish_transcribe
     from models.jobs.operations import get_job
     from models.jobs.record import Job
     from models.runtime import get_runtime
@@ -133,6 +135,7 @@ def test_the_same_message_twice_gives_one_transcript(client, worker, celery_app,
     assert client.get(f"/v1/jobs/{job_id}").get_json()["result"] == job["result"]
 
 
+@pytest.mark.timeout(900)  # waits of 300 + 120 + 120 s (setup.cfg's default is 300)
 def test_a_poison_job_reaches_the_dead_letters_and_replays_once_fixed(client, worker, celery_app, tmp_path, settings):
     from tasks import transcribe
     from web.cli import cli

@@ -233,7 +233,10 @@ def test_values():
     assert token.startswith("wqe2:a:") and "fox" not in token
     assert decrypt_value(token, keys, place) == "the quick brown fox ✓"
     assert crypto.seal_value("same", place, keys) != crypto.seal_value("same", place, keys)  # a fresh nonce each time
-    assert decrypt_value("written before encryption", keys) == "written before encryption"
+    with pytest.raises(DecryptionError, match="not a sealed token"):  # a token or nothing
+        decrypt_value("written before encryption", keys)
+    with pytest.raises(DecryptionError, match="jobs.result_text of row job-1 is not a sealed token"):
+        decrypt_value("written before encryption", dataclasses.replace(keys, allow_plaintext=True), place)
     assert decrypt_value(legacy_token("an older value", keys), keys) == "an older value"
     with pytest.raises(DecryptionError) as err:
         decrypt_value(token, ring(B), place)
@@ -287,6 +290,70 @@ def test_swapped_transcripts_fail_to_decrypt(database):
             s.execute(sql("DELETE FROM jobs WHERE id IN (:a, :b)"), {"a": ids[0], "b": ids[1]})
 
 
+def test_plaintext_where_a_sealed_value_belongs_is_refused_unless_allowed(database):
+    """Someone who can write the database but has no key must not be able to plant a
+    transcript (or a webhook secret) that reads as genuine: plaintext is refused, except while
+    WHISPERQ_ALLOW_PLAINTEXT_ROWS lets rows from before encryption be read (and rotated)."""
+    from sqlalchemy import text as sql
+
+    from models.jobs.record import Job, new_job_id
+
+    job_id = new_job_id()
+    with database.session() as s:
+        s.add(Job(id=job_id, audio_ref="", status="COMPLETED", priority="normal"))
+    try:
+        with database.engine.begin() as conn:
+            conn.execute(sql("UPDATE jobs SET result_text = 'planted words', result_segments = '[]' WHERE id = :id"),
+                         {"id": job_id})
+        for column in ("result_text", "result_segments"):
+            with database.session() as s:
+                with pytest.raises(crypto.PlaintextRefused, match=f"jobs.{column} of row {job_id} is plaintext") as err:
+                    getattr(s.get(Job, job_id), column)
+                assert "WHISPERQ_ALLOW_PLAINTEXT_ROWS=1" in str(err.value)
+                assert "whisperq encryption rotate" in str(err.value)
+        crypto.set_keyring(dataclasses.replace(crypto.current_keyring(), allow_plaintext=True))
+        with database.session() as s:
+            job = s.get(Job, job_id)
+            assert (job.result_text, job.result_segments) == ("planted words", [])
+    finally:
+        with database.session() as s:
+            s.execute(sql("DELETE FROM jobs WHERE id = :id"), {"id": job_id})
+
+
+def test_a_plain_file_in_the_store_is_refused_unless_allowed(tmp_path):
+    from models.security.sealed import open_stored
+
+    plain = tmp_path / "audio.flac"
+    plain.write_bytes(FOX)
+    with pytest.raises(crypto.PlaintextRefused, match="stored file x is plaintext.*WHISPERQ_ALLOW_PLAINTEXT_ROWS=1"):
+        open_stored(plain, ring(A), what="stored file x")
+    with open_stored(plain, dataclasses.replace(ring(A), allow_plaintext=True)) as fh:
+        assert fh.read() == FOX
+    sealed = seal(tmp_path / "sealed", FOX, ring(A))
+    with open_stored(sealed, ring(A)) as fh:
+        assert fh.read() == FOX
+
+
+def test_the_plaintext_flag_comes_from_the_settings(tmp_path):
+    from config import Settings
+
+    for env, allowed in (({}, False), ({"WHISPERQ_ALLOW_PLAINTEXT_ROWS": "1"}, True)):
+        s = Settings.from_env({"WHISPERQ_DATA_DIR": str(tmp_path), "WHISPERQ_ENCRYPTION_KEYS": A, **env})
+        assert s.allow_plaintext_rows is allowed and crypto.keyring_for(s).allow_plaintext is allowed
+
+
+def test_a_plaintext_owner_token_names_no_one():
+    """A raw broker message's owner_token must be one this deployment sealed for that job: a
+    plain key id in its place would let any producer act as any key."""
+    from models.errors import InvalidRequest
+    from models.pipeline.door import owner_from_token, owner_token
+
+    crypto.set_keyring(dataclasses.replace(ring(A), allow_plaintext=True))  # not even while rows may be plain
+    assert owner_from_token("job-1", owner_token("job-1", "key-1")) == "key-1"
+    with pytest.raises(InvalidRequest, match="not issued by this deployment"):
+        owner_from_token("job-1", "key-1")
+
+
 def test_a_sealed_value_needs_its_row_id():
     from models.jobs.record import Job
 
@@ -301,9 +368,10 @@ def private_rt(tmp_path, settings):
     """A runtime on its own data dir and database, under key A."""
     from models.runtime import Runtime
 
-    def make(keys: str | None = A) -> Runtime:
+    def make(keys: str | None = A, allow_plaintext: bool = False) -> Runtime:
         rt = Runtime(dataclasses.replace(settings, data_dir=tmp_path / "data", encryption_keys=keys,
-                                         database_url=f"sqlite:///{tmp_path / 'jobs.db'}"))
+                                         database_url=f"sqlite:///{tmp_path / 'jobs.db'}",
+                                         allow_plaintext_rows=allow_plaintext))
         rt.db.upgrade()
         return rt
 
@@ -398,16 +466,20 @@ def test_an_upload_spool_is_encrypted_as_it_arrives(private_rt):
 
 
 def test_an_upload_from_any_stream_is_spooled_encrypted(private_rt, monkeypatch):
-    """submit_upload's fallback, for a FileStorage that UploadRequest did not parse."""
+    """sealed_upload's fallback, for a FileStorage that UploadRequest did not parse."""
     from werkzeug.datastructures import FileStorage
 
+    from models.access.apikeys import ANONYMOUS
+    from models.pipeline import intake
+    from tasks.broker import CeleryBroker
     from web import uploads
 
     app = upload_app(private_rt)
     rt = app.extensions["whisperq"]
-    monkeypatch.setattr(uploads, "publish", lambda *a: None)  # this private job must not reach the workers
+    monkeypatch.setattr(CeleryBroker, "publish_job", lambda *a, **kw: None)  # this private job must not reach the workers
     with app.test_request_context():
-        job, created = uploads.submit_upload(rt, None, FileStorage(io.BytesIO(FOX), "fox.flac"), {})
+        job, created = intake.submit(rt, uploads.upload_submission(rt, ANONYMOUS, "api",
+                                                                 FileStorage(io.BytesIO(FOX), "fox.flac"), {}))
     assert created and job.audio_duration == pytest.approx(4.3, abs=0.05)
     assert_not_plain(rt.storage.path(job.audio_ref), FOX)
     assert list(rt.storage.tmp_dir.iterdir()) == []
@@ -487,7 +559,7 @@ def test_rotation(private_rt, monkeypatch):
     from models.pipeline import preparation
     from web.cli import cli
 
-    rt = private_rt(A)
+    rt = private_rt(A, allow_plaintext=True)  # rows and a file from before encryption, read to be sealed
     spool = rt.storage.spool(io.BytesIO(FOX))
     job = jobs.create_job(rt, spool.path, filename="fox.flac", duration=4.3, language="en",
                           priority="normal")
@@ -512,10 +584,14 @@ def test_rotation(private_rt, monkeypatch):
     env = {"WHISPERQ_DATA_DIR": str(rt.settings.data_dir), "DATABASE_URL": rt.settings.database_url}
     runner = CliRunner()
 
-    def whisperq(*args: str, keys: str):
-        result = runner.invoke(cli, ["encryption", *args], env={**env, "WHISPERQ_ENCRYPTION_KEYS": keys},
-                               catch_exceptions=False)
+    def whisperq(*args: str, keys: str, plaintext: str = "1"):
+        result = runner.invoke(cli, ["encryption", *args], catch_exceptions=False, env={
+            **env, "WHISPERQ_ENCRYPTION_KEYS": keys, "WHISPERQ_ALLOW_PLAINTEXT_ROWS": plaintext})
         return result
+
+    refused = whisperq("rotate", keys=A, plaintext="")  # without the flag, what is plaintext stays unread
+    assert refused.exit_code == 1 and refused.output.count("WHISPERQ_ALLOW_PLAINTEXT_ROWS=1") == 2, refused.output
+    assert "legacy.flac is plaintext" in refused.output and "jobs.result_text of row 1e9acy" in refused.output
 
     status = json.loads(whisperq("status", "--json", keys=f"{B},{A}").output)
     assert status["active"] == "b" and status["files"] == {"a": 2, "(unencrypted)": 1}
@@ -530,7 +606,7 @@ def test_rotation(private_rt, monkeypatch):
 
     status = json.loads(whisperq("status", "--json", keys=B).output)
     assert status["files"] == {"b": 3} and status["transcripts"] == {"b": 3}
-    rt_b = private_rt(B)  # the old key dropped: everything still reads
+    rt_b = private_rt(B)  # the old key and the plaintext flag dropped: everything still reads
     for ref in (job.audio_ref, "audio/le/legacy.flac"):
         assert_not_plain(rt_b.storage.path(ref), FOX)
         with rt_b.storage.open(ref) as fh:
@@ -630,7 +706,7 @@ def test_every_path_that_publishes_an_api_job_keeps_it_out_of_the_result_backend
     result backend to keep one. A transcribe.delay() job keeps its result for .get()."""
     import io as _io
 
-    from config import publish_transcribe
+    from tasks.broker import publish_transcribe
     from models.jobs.operations import get_job
     from models.runtime import Runtime
 
@@ -643,7 +719,7 @@ def test_every_path_that_publishes_an_api_job_keeps_it_out_of_the_result_backend
     headers, _body = published[-1]
     assert headers["ignore_result"] is True
     delay_job = dataclasses.replace(job) if dataclasses.is_dataclass(job) else job
-    delay_job.audio_owned, delay_job.audio_url = False, None  # as transcribe.delay(path) records it
+    delay_job.origin = "delay"  # as the preparation pool records a transcribe.delay() job
     published.clear()
     publish_transcribe(celery_app, delay_job)
     assert published[-1][0]["ignore_result"] is False

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
+import logging
 import re
 import shutil
 import socket
@@ -295,6 +296,32 @@ def test_a_rolled_back_change_counts_nothing(settings, database):
     assert total(after, "whisperq_jobs_finished_total") == before + 1
 
 
+def test_worker_metrics_listen_on_loopback_unless_told(monkeypatch, caplog):
+    """The worker port asks for no token: it binds 127.0.0.1 whatever HOST the web binds,
+    and another address only when WHISPERQ_METRICS_ADDRESS names it (a scraper elsewhere)."""
+    from types import SimpleNamespace
+
+    from config import Settings
+    from tasks import metrics as worker_metrics
+
+    bound = []
+    monkeypatch.setattr(worker_metrics, "pool_name", lambda app: "inference")
+    monkeypatch.setattr(worker_metrics, "registry_for", lambda *a, **k: object())
+    monkeypatch.setattr(worker_metrics, "listen", lambda registry, host, candidates: bound.append(host) or 9201)
+    monkeypatch.setitem(worker_metrics._state, "prefork", False)
+    for env, address in (({"HOST": "0.0.0.0"}, "127.0.0.1"), ({"WHISPERQ_METRICS_ADDRESS": "0.0.0.0"}, "0.0.0.0"),
+                         ({"WHISPERQ_METRICS_ADDRESS": "::1"}, "::1")):
+        s = Settings.from_env({"WHISPERQ_METRICS_PORT": "9200", **env})
+        assert s.metrics_address == address
+        worker = SimpleNamespace(app=SimpleNamespace(conf=SimpleNamespace(whisperq_settings=s)), hostname="w@h")
+        assert worker_metrics.serve(worker) == 9201 and bound[-1] == address
+    s = Settings.from_env({"WHISPERQ_METRICS_PORT": "9200", "WHISPERQ_METRICS_ADDRESS": "everywhere"})
+    worker = SimpleNamespace(app=SimpleNamespace(conf=SimpleNamespace(whisperq_settings=s)), hostname="w@h")
+    with caplog.at_level(logging.ERROR, logger="tasks.metrics"):
+        assert worker_metrics.serve(worker) is None and bound[-1] == "::1"
+    assert "WHISPERQ_METRICS_ADDRESS='everywhere' is not an IP address; set it to 127.0.0.1" in caplog.text
+
+
 def test_worker_ports_follow_the_pool():
     from tasks.metrics import ports
 
@@ -353,6 +380,7 @@ def _submit(client, priority: str) -> str:
 
 
 @pytest.mark.integration
+@pytest.mark.timeout(900)  # waits of 180 + 300 s (setup.cfg's default is 300)
 def test_queue_depth_per_priority_is_the_brokers_own(client, app, worker, celery_app, tmp_path):
     from conftest import start_worker, stop_worker
 
@@ -558,3 +586,39 @@ whisperq_queue_depth{priority="low",queue="whisperq.inference"} 28
     rabbit = autoscale.decide(common + 'whisperq_queue_depth{priority="all",queue="whisperq.inference"} 40\n', args)
     assert rabbit["depth"] == {"high": 10, "normal": 0, "low": 30}  # split as the database has them
     assert rabbit["workers"] == 3  # 4 + 10 + 7.5 = 21.5 slots
+
+
+# Who may read /metrics.
+
+
+def test_without_a_token_metrics_answer_this_machine_only(app):
+    from models.access.apikeys import create_key
+
+    create_key(app.extensions["whisperq"], "metrics-visibility-test", "standard")
+    client = app.test_client()
+    assert not app.extensions["whisperq"].settings.metrics_token
+    for local in ("127.0.0.1", "::1", "127.0.0.2", "::ffff:127.0.0.1"):
+        resp = client.get("/metrics", environ_base={"REMOTE_ADDR": local})
+        assert resp.status_code == 200 and "metrics-visibility-test" in resp.get_data(as_text=True)
+    for remote, headers in (("10.1.2.3", {}), ("192.0.2.7", {}), ("127.0.0.1", {"X-Forwarded-For": "203.0.113.9"}),
+                            ("127.0.0.1", {"Forwarded": "for=203.0.113.9"})):
+        resp = client.get("/metrics", environ_base={"REMOTE_ADDR": remote}, headers=headers)
+        assert resp.status_code == 403, (remote, headers)
+        body = resp.get_data(as_text=True)
+        assert "WHISPERQ_METRICS_TOKEN" in body and "metrics-visibility-test" not in body
+
+
+def test_with_a_token_metrics_need_it_from_anywhere(settings, database):
+    import dataclasses
+
+    from web import create_app
+
+    secured = create_app({"SETTINGS": dataclasses.replace(settings, metrics_token="scrape-secret-1"), "TESTING": True})
+    client = secured.test_client()
+    for remote in ("127.0.0.1", "10.1.2.3"):
+        assert client.get("/metrics", environ_base={"REMOTE_ADDR": remote}).status_code == 401
+        ok = client.get("/metrics", environ_base={"REMOTE_ADDR": remote},
+                        headers={"Authorization": "Bearer scrape-secret-1"})
+        assert ok.status_code == 200 and "whisperq_jobs" in ok.get_data(as_text=True)
+        wrong = client.get("/metrics", environ_base={"REMOTE_ADDR": remote}, headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401

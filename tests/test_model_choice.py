@@ -114,6 +114,76 @@ def test_base_weights_that_are_not_the_expected_ones_are_refused(tmp_path, monke
     assert [p.name for p in (tmp_path / "models" / "whisper-base").iterdir()] == []
 
 
+def _tiny_copy(where: Path) -> Path:
+    from models.speech.engines import bundled_model_path
+
+    where.mkdir()
+    for f in Path(bundled_model_path()).iterdir():
+        if f.is_file():
+            (where / f.name).write_bytes(f.read_bytes())
+    return where
+
+
+def _tamper(model_bin: Path) -> None:
+    """Change one byte, keeping the size and the modification time (what a hash cache keys on)."""
+    stat = model_bin.stat()
+    with model_bin.open("r+b") as fh:
+        fh.seek(stat.st_size // 2)
+        byte = fh.read(1)
+        fh.seek(stat.st_size // 2)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+    os.utime(model_bin, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def test_swapped_weights_changed_on_disk_are_refused_and_the_previous_keep_serving(
+        settings, database, tmp_path, monkeypatch, caplog):
+    import dataclasses
+
+    from click.testing import CliRunner
+
+    from models.runtime import Runtime
+    from models.speech import loader
+    from models.speech.swaps import ActiveWeights, ModelWeights, WeightsChanged, swap, verify_weights
+    from web.cli import cli
+
+    name = "next"  # tiny.en's weights under another name (conftest)
+    loaded: list[str] = []
+
+    def fake_load(_settings, spec=None):  # what the runtime would load, without loading it
+        loaded.append(spec.weights)
+        return f"engine of {spec.weights}"
+
+    monkeypatch.setattr(loader, "load_engine", fake_load)
+    with database.session() as session:
+        session.query(ModelWeights).filter(ModelWeights.model == name).delete()
+    rt = Runtime(settings)
+    rt._parts[("swaps", "")] = ActiveWeights(settings, rt.db, every=0)
+    try:
+        good, bad = _tiny_copy(tmp_path / "good"), _tiny_copy(tmp_path / "bad")
+        swap(settings, database, name, str(good))
+        assert rt.engine_for(name) == f"engine of {good}"
+        row = swap(settings, database, name, str(bad))
+        _tamper(bad / "model.bin")
+        with caplog.at_level("ERROR", logger="models.speech.swaps"):
+            assert rt.engine_for(name) == f"engine of {good}"  # the engine before keeps serving
+            assert rt.engine_for(name) == f"engine of {good}"
+        assert loaded == [str(good)]  # the changed weights were never loaded
+        refusals = [r.getMessage() for r in caplog.records if "swap refused" in r.getMessage()]
+        assert len(refusals) == 1 and "changed on disk" in refusals[0] and f"keeps running {good}" in refusals[0]
+        with pytest.raises(WeightsChanged, match=f"`whisperq models swap {name} {bad}` again"):
+            verify_weights(dataclasses.replace(settings.model(name), weights=str(bad)), settings.data_dir, row.version)
+        # a process that had nothing in force yet runs the configured weights
+        assert ActiveWeights(settings, database, every=0).spec(name).weights == "bundled:tiny.en"
+        listed = CliRunner().invoke(cli, ["models", "list"], catch_exceptions=False)
+        assert f"the swap to {bad} is refused" in listed.output, listed.output
+        # swapped again, the weights as they are now are recorded and taken up
+        swap(settings, database, name, str(bad))
+        assert rt.engine_for(name) == f"engine of {bad}" and loaded == [str(good), str(bad)]
+    finally:
+        with database.session() as session:
+            session.query(ModelWeights).filter(ModelWeights.model == name).delete()
+
+
 # --- the API ------------------------------------------------------------------------------------
 
 
@@ -161,6 +231,7 @@ def test_a_model_no_worker_serves_is_refused_and_nothing_kept(client, settings):
 
 
 @pytest.mark.integration
+@pytest.mark.timeout(900)  # waits up to 300 s per job (setup.cfg's default is 300)
 def test_each_model_runs_in_its_own_pool_and_every_result_names_what_made_it(client, worker, celery_app, tmp_path):
     """A job for base goes to base's queue and its worker; a default job to the default pool. The
     two-language recording comes back in both languages, each part in its own."""
@@ -203,6 +274,7 @@ def test_each_model_runs_in_its_own_pool_and_every_result_names_what_made_it(cli
 
 
 @pytest.mark.integration
+@pytest.mark.timeout(900)  # waits up to 300 s for the result (setup.cfg's default is 300)
 def test_delay_takes_a_model(worker, celery_app, tmp_path):
     import shutil
 

@@ -378,7 +378,7 @@ def test_bad_requests_get_an_error_saying_what_to_fix_and_make_no_job(bridge, li
         "bad-json": (b"{not json", "not JSON"),
         "bad-language": ({"path": FOX, "language": "xx"}, "language 'xx' is not a Whisper language code"),
         "bad-priority": ({"path": FOX, "priority": "urgent"}, "priority 'urgent' is not one of"),
-        "outside": ({"path": "/etc/hostname"}, "is outside WHISPERQ_INPUT_DIRS"),
+        "outside": ({"path": "/etc/hostname"}, "is outside your input directories"),
         "relative": ({"path": "fox.flac"}, "path must be the absolute path"),
         "missing": ({"path": str(FIXTURES / "no-such.flac")}, "there is no file"),
         "not-audio": ({"path": str(not_audio)}, "decoded"),
@@ -498,6 +498,7 @@ def restartable_mosquitto(mosquitto):
 
 
 @pytest.mark.integration
+@pytest.mark.timeout(900)  # a Mosquitto restart, then waits of 240 + 120 s (setup.cfg's default is 300)
 def test_nothing_is_lost_while_mosquitto_restarts_and_the_bridge_is_away(bridge, listener, restartable_mosquitto,
                                                                          settings):
     """Jobs that finish while Mosquitto is down and the bridge is killed (its unsent replies

@@ -7,7 +7,8 @@ import pytest
 from helpers import (CLIPS, LONG_FORM, PIPELINE_MARGIN, long_form, long_recording, pipeline_wer, wait_for_job,
                      word_error_rate, write_wav)
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration,
+              pytest.mark.timeout(900)]  # waits of up to 600 s for a backlog of jobs
 
 
 def submit(client, name: str, **fields) -> str:

@@ -282,7 +282,7 @@ def test_a_dead_letter_whose_audio_was_purged_cannot_be_replayed(rt, tmp_path):
     run_retention(rt)
 
     with pytest.raises(AudioPurged, match="WHISPERQ_AUDIO_RETENTION") as caught:
-        replay(rt, None, failed)
+        replay(rt, failed)
     assert caught.value.http_status == 409
     resp = client.post(f"/v1/admin/dead-letters/{failed}/replay", headers=ADMIN)
     assert resp.status_code == 409 and resp.get_json()["error"]["code"] == "audio_deleted"

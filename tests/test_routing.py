@@ -87,20 +87,21 @@ def test_ab_split_over_hundreds_of_jobs_through_the_api_is_the_weights(settings,
     (a share this test cannot be unlucky with, and a broken split still fails)."""
     from models.jobs.operations import discard_job, get_job
     from models.jobs.workers import beat, forget
+    from tasks.broker import CeleryBroker
     from web import create_app
-    from web import uploads
 
     s = routed(WHISPERQ_ALIASES="default=tiny.en:90|base:10", WHISPERQ_DEFAULT_MODEL="default",
                WHISPERQ_SHADOW="tiny.en=base:20")
     app = create_app({"SETTINGS": s, "TESTING": True})
     rt = app.extensions["whisperq"]
     sent: list[str] = []
-    monkeypatch.setattr(uploads, "publish", lambda _rt, _celery, job: sent.append(job.id))
+    monkeypatch.setattr(CeleryBroker, "publish_job", lambda self, job, **kw: sent.append(job.id))
     fake = f"ab-test/{uuid.uuid4().hex[:8]}"  # an inference worker serving base, as far as the door can tell
     beat(rt, fake, "ab-test", "inference", 1, __import__("models.db", fromlist=["utcnow"]).utcnow(), ("base",))
     client = app.test_client()
     try:
-        data = client.get("/v1/models").get_json()["data"]
+        admin = {"Authorization": f"Bearer {s.admin_token}"}  # the weights and shadows: an admin's only
+        data = client.get("/v1/models", headers=admin).get_json()["data"]
         alias = next(m for m in data if m["id"] == "default")
         assert alias["variants"] == [{"id": "tiny.en", "weight": 90}, {"id": "base", "weight": 10}]
         assert alias["default"] is True and next(m for m in data if m["id"] == "tiny.en")["shadow"] == {
@@ -197,6 +198,7 @@ def extra_pool(celery_app, database, tmp_path_factory):
 
 
 @pytest.mark.integration
+@pytest.mark.timeout(900)  # waits of 300 + 120 s (setup.cfg's default is 300)
 def test_a_shadow_decodes_apart_and_its_agreement_is_recorded(client, worker, extra_pool, database):
     """Every tiny.en job also decoded by base, apart: the client sees tiny.en's transcript only;
     the two are compared (WER) in the database and in `whisperq models compare`."""
@@ -234,6 +236,7 @@ def test_a_shadow_decodes_apart_and_its_agreement_is_recorded(client, worker, ex
 
 
 @pytest.mark.integration
+@pytest.mark.timeout(1500)  # waits of 300 + 600 + 300 s (setup.cfg's default is 300)
 def test_a_hot_swap_under_a_burst_loses_nothing_and_each_job_names_the_weights_that_ran_it(
         client, worker, extra_pool, database):
     """`next` runs tiny.en's weights; mid-burst it is swapped to base's, with no restart. Every job
@@ -294,6 +297,7 @@ def test_a_hot_swap_under_a_burst_loses_nothing_and_each_job_names_the_weights_t
 
 
 @pytest.mark.integration
+@pytest.mark.timeout(900)  # waits of 120 + 300 + 300 s (setup.cfg's default is 300)
 def test_a_rerun_on_another_model_is_a_new_job_linked_to_the_first(client, worker, extra_pool, settings):
     resp = _submit(client, "fox.flac", language="en")
     first = wait_for_job(client, resp.get_json()["job_id"])
@@ -327,14 +331,15 @@ def test_a_rerun_on_another_model_is_a_new_job_linked_to_the_first(client, worke
 
 
 @pytest.mark.integration
+@pytest.mark.timeout(900)  # waits up to 300 s for the replay (setup.cfg's default is 300)
 def test_a_dead_letter_is_replayed_on_another_model(client, worker, extra_pool, settings, monkeypatch):
     from models.jobs.deadletter import bury
     from models.runtime import Runtime
-    from web import uploads
+    from tasks.broker import CeleryBroker
 
     held: list[str] = []
     with monkeypatch.context() as m:  # the job is recorded, never sent: then it "fails" for good
-        m.setattr(uploads, "publish", lambda _rt, _celery, job: held.append(job.id))
+        m.setattr(CeleryBroker, "publish_job", lambda self, job, **kw: held.append(job.id))
         job_id = _submit(client, "fox.flac", language="en").get_json()["job_id"]
     rt = Runtime(settings)
     bury(rt, job_id, "whisperq.infer", "the model crashed", None)

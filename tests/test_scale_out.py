@@ -25,7 +25,8 @@ from conftest import Pools, _state, stop_worker
 from helpers import CLIPS, long_recording, lost_with_a_kill, need_service, write_wav
 from hosts import second_host
 
-pytestmark = [pytest.mark.integration, pytest.mark.hosts]
+pytestmark = [pytest.mark.integration, pytest.mark.hosts,
+              pytest.mark.timeout(1200)]  # a second host's set-up, then waits of up to 360 s
 
 TEST_POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/whisperq_test"
 VHOST = "whisperq-hosts"

@@ -136,12 +136,12 @@ def test_what_fuzzing_found_stays_fixed(client, app, monkeypatch):
     resp = client.post(f"/v1/admin/dead-letters/{ids[0]}/replay", headers=ADMIN)
     assert resp.status_code == 202, resp.get_json()
     # A broker that is away is a 503 with Retry-After, and the job stays dead-lettered.
-    import config
+    from tasks.broker import CeleryBroker
 
     def unreachable(*args, **kwargs):
         raise ConnectionError("broker away")
 
-    monkeypatch.setattr(config, "publish_transcribe", unreachable)
+    monkeypatch.setattr(CeleryBroker, "publish_job", unreachable)
     resp = client.post(f"/v1/admin/dead-letters/{ids[1]}/replay", headers=ADMIN)
     assert resp.status_code == 503 and resp.headers["Retry-After"]
     assert client.get(f"/v1/admin/dead-letters/{ids[1]}", headers=ADMIN).status_code == 200

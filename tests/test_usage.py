@@ -54,10 +54,11 @@ def door_for(settings, tmp_path, monkeypatch, name: str = "usage", **changes) ->
     """An app that needs keys, on a database of its own (so "every key" is this test's keys
     only), whose jobs are recorded but not sent to a worker: the tests end them themselves."""
     from models.access.apikeys import create_key
-    from web import create_app, uploads
+    from tasks.broker import CeleryBroker
+    from web import create_app
 
     published: list = []
-    monkeypatch.setattr(uploads, "publish_transcribe", lambda celery, job, **kw: published.append(job.id))
+    monkeypatch.setattr(CeleryBroker, "publish_job", lambda self, job, **kw: published.append(job.id))
     values = dict(database_url=f"sqlite:///{tmp_path / f'{name}.db'}", allow_anonymous=False, rate_limit_premium=None,
                   rate_limit_standard=None, rate_limit_batch=None, max_audio_seconds=MAX_AUDIO, url_audio_estimate_seconds=URL_ESTIMATE,
                   queue_budget_jobs=10**6, queue_budget_seconds=10**9, queue_key_share=1.0,
@@ -311,10 +312,10 @@ def test_two_uploads_racing_for_the_last_seconds_do_not_both_pass(settings, tmp_
     """Both pass the check before storing (room for one), then both rows go in before either
     checks again: each counts the other, so neither passes (the safe side), both are told to
     try again in a second, and neither leaves anything behind. One alone then gets in."""
-    from web import uploads
+    from models.pipeline import intake as the_door
 
     door = door_for(settings, tmp_path, monkeypatch, quota_hours_standard=1.5 * FOX_SECONDS / 3600)
-    real, together = uploads.create_job, threading.Barrier(2, timeout=30)
+    real, together = the_door.create_job, threading.Barrier(2, timeout=30)
 
     def in_step(*args, **kwargs):
         together.wait()  # both have passed the first check
@@ -322,7 +323,7 @@ def test_two_uploads_racing_for_the_last_seconds_do_not_both_pass(settings, tmp_
         together.wait()  # both rows are in
         return job
 
-    monkeypatch.setattr(uploads, "create_job", in_step)
+    monkeypatch.setattr(the_door, "create_job", in_step)
     files, answers = stored_files(settings), []
     clients = [door.app.test_client() for _ in range(2)]
     threads = [threading.Thread(target=lambda c=c: answers.append(upload(c, door.token("alice")))) for c in clients]
@@ -334,7 +335,7 @@ def test_two_uploads_racing_for_the_last_seconds_do_not_both_pass(settings, tmp_
     for answer in answers:
         assert answer.headers["Retry-After"] == "1" and "same moment" in answer.get_json()["error"]["message"]
     assert stored_files(settings) == files and job_count(door.rt) == 0 and door.published == []
-    monkeypatch.setattr(uploads, "create_job", real)
+    monkeypatch.setattr(the_door, "create_job", real)
     assert upload(door.client, door.token("alice")).status_code == 202
     assert upload(door.client, door.token("alice")).status_code == 429
 

@@ -6,6 +6,7 @@ import io
 import json
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -40,12 +41,12 @@ def roomy(settings, database, monkeypatch):
     other test."""
     import dataclasses
 
-    import web.uploads
     from models.jobs.operations import discard_job
+    from tasks.broker import CeleryBroker
     from web import create_app
 
     made: list[str] = []
-    monkeypatch.setattr(web.uploads, "publish_transcribe", lambda celery, job, **kw: made.append(job.id))
+    monkeypatch.setattr(CeleryBroker, "publish_job", lambda self, job, **kw: made.append(job.id))
     app = create_app({"SETTINGS": dataclasses.replace(settings, queue_budget_seconds=10 ** 7), "TESTING": True})
     yield app.test_client()
     for job_id in made:
@@ -135,7 +136,9 @@ def test_delay_refuses_a_relative_path_before_anything_is_queued():
 
 @pytest.mark.integration
 @pytest.mark.parametrize("given", ["/etc/passwd", "/tmp/../etc/hostname", "STORE", "LINK"])
-def test_delay_reads_only_files_in_the_input_directories(client, worker, settings, tmp_path, given):
+def test_delay_reads_only_files_in_the_input_directories(client, worker, settings, tmp_path, given, celery_app):
+    """transcribe.delay() refuses the path before anything is queued; the same path in a raw
+    message (no delay(): any producer may write one) makes a FAILED job, never retried."""
     from tasks import transcribe
 
     # Another job's stored audio: the store is never readable through delay().
@@ -149,12 +152,14 @@ def test_delay_reads_only_files_in_the_input_directories(client, worker, setting
         link = tmp_path / "innocent.flac"
         os.symlink("/etc/hostname", link)
         given = str(link)
-    result = transcribe.delay(given)
+    with pytest.raises(ValueError, match="outside your input directories|data directory"):
+        transcribe.delay(given)
+    result = celery_app.send_task("whisperq.transcribe", args=[given])
     with pytest.raises(Exception):
         result.get(timeout=60)
     job = client.get(f"/v1/jobs/{result.id}").get_json()
     assert job["status"] == "FAILED" and job["attempts"] == 0, job
-    assert "WHISPERQ_INPUT_DIRS" in job["error"] or "data directory" in job["error"], job["error"]
+    assert "input directories" in job["error"] or "data directory" in job["error"], job["error"]
     assert other["status"] == "COMPLETED"
 
 
@@ -172,8 +177,12 @@ def test_input_dirs_must_be_absolute(settings):
     from config import ConfigError, Settings
 
     env = {"WHISPERQ_DATA_DIR": str(settings.data_dir)}
-    assert Settings.from_env(env).input_dirs == (settings.data_dir / "inbox",)
-    assert Settings.from_env(dict(env, WHISPERQ_INPUT_DIRS="/srv/a, /srv/b")).input_dirs[1].name == "b"
+    assert Settings.from_env(env).input_grants == ((None, settings.data_dir / "inbox"),)
+    assert Settings.from_env(dict(env, WHISPERQ_INPUT_DIRS="/srv/a, /srv/b")).input_grants[1][1].name == "b"
+    owned = Settings.from_env(dict(env, WHISPERQ_INPUT_DIRS="/srv/shared, 0123abcd=/srv/team-a")).input_grants
+    assert owned == ((None, Path("/srv/shared")), ("0123abcd", Path("/srv/team-a")))
+    with pytest.raises(ConfigError, match="not an API key id"):
+        Settings.from_env(dict(env, WHISPERQ_INPUT_DIRS="ab=/srv/team-a"))
     with pytest.raises(ConfigError, match="WHISPERQ_INPUT_DIRS"):
         Settings.from_env(dict(env, WHISPERQ_INPUT_DIRS="incoming"))
 
@@ -183,12 +192,12 @@ def test_synchronous_waits_are_capped_in_all_and_per_client(settings, database, 
     import dataclasses
     import threading
 
-    import web.uploads
     from models.jobs.operations import discard_job
+    from tasks.broker import CeleryBroker
     from web import create_app
 
     made: list[str] = []
-    monkeypatch.setattr(web.uploads, "publish_transcribe", lambda celery, job, **kw: made.append(job.id))  # never done
+    monkeypatch.setattr(CeleryBroker, "publish_job", lambda self, job, **kw: made.append(job.id))  # never done
     app = create_app({"SETTINGS": dataclasses.replace(settings, sync_wait_seconds=3.0, sync_waits=2,
                                                       sync_waits_per_client=1), "TESTING": True})
     answers: dict[str, list[tuple[int, float]]] = {}

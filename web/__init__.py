@@ -5,9 +5,10 @@ from typing import Any, Mapping
 
 from flask import Flask, request
 
-from config import Settings, publish_notify
+from config import Settings
 from models.runtime import Runtime
 from tasks.app import init_celery
+from tasks.broker import CeleryBroker
 
 
 MAX_HEADER_BYTES = 16 * 1024
@@ -40,7 +41,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     runtime.db.upgrade()
     app.extensions["whisperq"] = runtime
     app.extensions["celery"] = celery = init_celery(settings)  # the process's one Celery app
-    runtime.publisher = lambda ids: publish_notify(celery, ids)  # the outbox's webhook deliveries
+    runtime.broker = CeleryBroker(celery)  # the one seam to the queues
 
     from . import admin, admission, api, auth, batches, errors, health, metrics, openai_api, openapi, pages, security
 

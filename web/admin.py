@@ -46,7 +46,7 @@ def replay_dead_letter(job_id: str):
     model = (body or {}).get("model")
     if model is not None and not isinstance(model, str):
         raise InvalidRequest("model must be the name of a model or alias (GET /v1/models lists them)")
-    job = replay(_rt(), current_app.extensions["celery"], job_id, model=model or None)
+    job = replay(_rt(), job_id, model=model or None)
     return jsonify({"job_id": job.id, "status": job.status, "model": job.model}), 202
 
 

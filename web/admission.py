@@ -1,14 +1,14 @@
-"""Admission at the front door (see models.access.admission): disk floor, per-client rate, the
-queue budget and the key's monthly quota (models.access.quotas), checked before an upload is
-read, then again once its priority (and, in web.uploads, its audio's length) is known."""
+"""The web's part of admission: the per-client rate (by key, else address) and, before a body
+is read, what the one door (models.pipeline.door) can refuse without it. Everything after
+the body is the door's."""
 from __future__ import annotations
 
 import logging
 
 from flask import current_app, g, request
 
-from models.access import quotas
-from models.access.admission import Backlog, RateLimited, check_disk, check_queue, rate_limiter
+from models.access.admission import RateLimited, rate_limiter
+from models.pipeline.door import check_before_body
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +45,9 @@ def _limiter():
 
 
 def admit_submission() -> None:
-    """Before the body is read: refuse when the disk is low, the client is over its rate,
-    the queue is past even the high-priority budget, or the key's monthly quota is spent."""
+    """Before the body is read: the client's rate here, then what the one door refuses before
+    any body (models.pipeline.door.check_before_body: disk floor, queue budget, spent quota)."""
     rt = current_app.extensions["whisperq"]
-    check_disk(rt)
     limiter = _limiter()
     if limiter is not None:
         try:
@@ -57,34 +56,7 @@ def admit_submission() -> None:
             raise
         except Exception as exc:  # Redis away: serve rather than refuse everyone
             log.warning("rate limit not checked: %s", exc)
-    check_queue(rt, "high")
-    who = g.get("principal")
-    if who is not None and request.headers.get("Idempotency-Key") is None:  # a retry gets its job back, not 429
-        quotas.check(rt, who.owner, tier=who.tier)
-
-
-def admit_priority(priority: str) -> None:
-    """Once the priority is known: the key's tier must allow it (403), normal and low may
-    not use the high reserve, and a key may not hold more than its share of the queue."""
-    from .auth import current
-
-    who = current()
-    who.check_priority(priority)
-    if priority != "high" or who.owner is not None:
-        check_queue(current_app.extensions["whisperq"], priority, owner=who.owner)
-
-
-def admit_batch(priority: str, seconds: list[float]) -> None:
-    """A batch of jobs of `seconds` each (a URL's at WHISPERQ_URL_AUDIO_ESTIMATE_SECONDS until
-    its length is known): its priority as for one job, and the queue budget and the key's
-    share with all its jobs in. The whole batch gets in, or none of it: where its jobs sent
-    one after another, the longest last, would all have got in."""
-    from .auth import current
-
-    who = current()
-    who.check_priority(priority)
-    ahead = Backlog(len(seconds) - 1, sum(seconds) - max(seconds))
-    check_queue(current_app.extensions["whisperq"], priority, owner=who.owner, ahead=ahead)
+    check_before_body(rt, g.principal, idempotent=request.headers.get("Idempotency-Key") is not None)
 
 
 def add_rate_headers(response):

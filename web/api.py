@@ -20,9 +20,11 @@ from models.jobs.record import Job, JobStatus, Stage
 from models.runtime import Runtime
 from models.speech.formats import FORMATS, MIME_TYPES, render
 
-from .admission import admit_priority, admit_submission
-from .auth import current, scope, scoped_idempotency_key
-from .uploads import submit_rerun, submit_upload, submit_url
+from models.pipeline import intake
+
+from .admission import admit_submission
+from .auth import current, scope
+from .uploads import rerun_submission, upload_submission, url_submission
 from .waits import JobWatch
 
 bp = Blueprint("api", __name__, url_prefix="/v1")
@@ -50,22 +52,19 @@ def job_body(job: Job, detail: bool = True) -> dict:
 @bp.post("/jobs")
 def create():
     admit_submission()  # before the body is read
-    celery = current_app.extensions["celery"]
-    key = scoped_idempotency_key(request.headers.get("Idempotency-Key"))
+    key = request.headers.get("Idempotency-Key")
     who = current()
     if request.mimetype == "application/json":
         try:
             payload = json.loads(request.get_data(cache=False) or b"null")
         except ValueError as exc:
             raise InvalidRequest(f"the body is not valid JSON ({exc})") from None
-        job, created = submit_url(runtime(), celery, payload, idempotency_key=key, admit=admit_priority,
-                                  owner=who.owner, default_priority=who.default_priority())
+        job, created = intake.submit(runtime(), url_submission(who, "api", payload, key))
     elif request.mimetype == "multipart/form-data":
         if "boundary" not in request.mimetype_params:
             raise InvalidRequest("malformed multipart body: the Content-Type has no boundary")
-        job, created = submit_upload(runtime(), celery, request.files.get("file"), request.form,
-                                     files=request.files, idempotency_key=key, admit=admit_priority,
-                                     owner=who.owner, default_priority=who.default_priority())
+        job, created = intake.submit(runtime(), upload_submission(runtime(), who, "api", request.files.get("file"),
+                                                                request.form, request.files, key))
     else:
         raise UnsupportedMediaType(
             "send the audio as multipart/form-data with the file in field 'file', or JSON with its URL in "
@@ -236,8 +235,8 @@ def rerun(job_id: str):
         body = json.loads(request.get_data(cache=False) or b"{}")
     except ValueError as exc:
         raise InvalidRequest(f"the body is not valid JSON ({exc})") from None
-    job = submit_rerun(runtime(), current_app.extensions["celery"], job_id, body, owner=scope(), admit=admit_priority,
-                       default_priority=who.default_priority())
+    job, _ = intake.submit(runtime(), rerun_submission(runtime(), who, job_id, body))
+    log.info("job %s re-runs job %s on %s", job.id, job_id, job.model)
     body = job_body(job, detail=False)
     return jsonify(body), 202, {"Location": body["status_url"]}
 

@@ -202,16 +202,3 @@ def scope():
 
     found = g.principal
     return ANY if found.admin else found.owner
-
-
-def scoped_idempotency_key(key: str | None) -> str | None:
-    """Idempotency keys are each client's own: two keys using the same one do not meet."""
-    import hashlib
-
-    owner = g.principal.owner
-    if key is None or owner is None:
-        return key
-    from .uploads import check_idempotency_key
-
-    check_idempotency_key(key)
-    return "k:" + hashlib.sha256(f"{owner}\0{key}".encode()).hexdigest()

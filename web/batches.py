@@ -2,10 +2,10 @@
 request), `GET /v1/batches/<id>` (its state and its jobs, a page at a time) and
 `POST /v1/batches/<id>/cancel`.
 
-A batch is validated whole before anything is stored: every item's URL through the address
-guard or every file as an upload is checked (name, size, container, length by its header),
-every item's options through parse_options as at every door, the tier's priority, the
-queue budget and the key's monthly quota with all of its jobs counted. Then its row and
+A batch is validated whole before anything is stored: every item through the one door
+(models.pipeline.door.admit, as POST /v1/jobs: its URL through the address guard or its
+file's name, size, container and length by its header, its options, the tier's priority),
+then the queue budget and the key's monthly quota with all of its jobs counted. Then its row and
 all its jobs (with the files' audio) go in in one transaction, and are published. A
 refusal stores nothing: the files spooled for it are removed when the request ends."""
 from __future__ import annotations
@@ -13,26 +13,25 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from typing import Any
 
 from flask import Blueprint, current_app, jsonify, request, url_for
 
-from models.access import quotas
+from models.access.apikeys import Principal
 from models.delivery.notify import deliveries_of
 from models.delivery.outbound import check_url
-from models.errors import BrokerUnavailable, InvalidRequest, JobNotReady, UnsupportedMediaType, WhisperqError
-from models.jobs import idempotency
-from models.jobs.batches import Batch, Standing, batch_jobs, create_batch, discard_batch, get_batch, unfinished_ids
-from models.jobs.operations import cancel_job, fail_job
+from models.errors import InvalidRequest, JobNotReady, UnsupportedMediaType, WhisperqError
+from models.jobs.batches import Standing, batch_jobs, get_batch, unfinished_ids
+from models.jobs.operations import cancel_job
 from models.jobs.record import Job, JobStatus
+from models.pipeline import door, intake
+from models.pipeline.door import Admission, Submission
+from models.pipeline.options import FIELDS
 from models.runtime import Runtime
-from models.storage import clean_filename
 
-from .admission import admit_batch, admit_submission
+from .admission import admit_submission
 from .api import listing_args
-from .auth import current, scope, scoped_idempotency_key
-from .uploads import (FIELDS, check_fields, check_idempotency_key, check_served, checked_audio_url, measure_upload,
-                      parse_options, publish, sealed_upload, with_key_options)
+from .auth import current, scope
+from .uploads import check_fields, sealed_upload
 
 bp = Blueprint("batches", __name__, url_prefix="/v1")
 log = logging.getLogger(__name__)
@@ -47,9 +46,9 @@ def runtime() -> Runtime:
     return current_app.extensions["whisperq"]
 
 
-def check_batch(rt: Runtime, body, default_priority: str) -> tuple[list[dict[str, Any]], str | None, str]:
-    """Each job's fields (audio_url, options), the batch's callback_url and its priority; or
-    InvalidRequest naming the item and what to change."""
+def check_batch(rt: Runtime, who: Principal, body) -> tuple[list[Admission], str | None]:
+    """Each job of a JSON batch through the one door (its URL, its options, the tier's
+    priority), the batch's callback_url; or InvalidRequest naming the item and what to change."""
     if not isinstance(body, dict):
         raise InvalidRequest(f"send a JSON object such as {EXAMPLE}")
     unknown = sorted(set(body) - {"audio_urls", "items", "callback_url", *SHARED})
@@ -68,12 +67,8 @@ def check_batch(rt: Runtime, body, default_priority: str) -> tuple[list[dict[str
         raise InvalidRequest(f"the batch has {len(raw)} items; at most {limit} go in one batch "
                              "(WHISPERQ_MAX_BATCH_ITEMS): split it in several")
     shared = {k: v for k, v in body.items() if k in SHARED}
-    callback = body.get("callback_url")
-    if callback is not None:
-        if not isinstance(callback, str):
-            raise InvalidRequest("callback_url must be a string: the http(s) URL to POST batch.completed to")
-        callback = check_url(callback.strip(), rt.settings, "callback_url") if callback.strip() else None
-    items, served = [], set()
+    callback = _callback(rt, body.get("callback_url"))
+    admitted = []
     for n, entry in enumerate(raw):
         entry = {"audio_url": entry} if "audio_urls" in body else entry
         where = f"{'items' if 'items' in body else 'audio_urls'}[{n}]"
@@ -83,31 +78,39 @@ def check_batch(rt: Runtime, body, default_priority: str) -> tuple[list[dict[str
         if wrong:
             raise InvalidRequest(f"{where}: unknown field(s) {', '.join(repr(w) for w in wrong)}; an item takes "
                                  f"{', '.join(repr(f) for f in ITEM)} (the priority is the batch's)")
+        url = entry.get("audio_url")
         try:
-            options = parse_options({**shared, **{k: v for k, v in entry.items() if k != "audio_url"}},
-                                    rt.settings, default_priority)
-            url, name = checked_audio_url(rt, entry.get("audio_url"))
-        except InvalidRequest as exc:
-            raise InvalidRequest(f"{where}: {exc}") from None
-        if options["model"] not in served:
-            check_served(rt, options["model"])
-            served.add(options["model"])
-        items.append({**options, "audio_url": url, "filename": name})
-    return items, callback, items[0]["priority"]
+            if not isinstance(url, str) or not url.strip():
+                raise InvalidRequest("audio_url is missing: give the http(s) URL of the audio")
+            fields = {**shared, **{k: v for k, v in entry.items() if k != "audio_url"}}
+            admitted.append(door.admit(rt, Submission(who, "batch", fields=fields, audio_url=url.strip()),
+                                       queue=False, quota=False))
+        except WhisperqError as exc:
+            exc.args = (f"{where}: {exc}",) + exc.args[1:]
+            raise
+    return admitted, callback
+
+
+def _callback(rt: Runtime, value) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidRequest("callback_url must be a string: the http(s) URL to POST batch.completed to")
+    return check_url(value.strip(), rt.settings, "callback_url") if value.strip() else None
 
 
 @bp.post("/batches")
 def create():
     admit_submission()  # before the body is read
     rt, who = runtime(), current()
-    key = scoped_idempotency_key(request.headers.get("Idempotency-Key"))
+    key = door.scoped_key(who, "batch", request.headers.get("Idempotency-Key"))
     if request.mimetype == "multipart/form-data":
         if "boundary" not in request.mimetype_params:
             raise InvalidRequest("malformed multipart body: the Content-Type has no boundary")
         request.max_content_length = rt.settings.max_batch_upload_bytes
         request.max_form_parts = rt.settings.max_batch_items + len(SHARED) + 2
         # The files not moved into the store are removed as the request ends (UploadRequest).
-        return _create(rt, who, key, *check_files(rt, request.form, request.files, who.default_priority()))
+        return _create(rt, who, key, *check_files(rt, who, request.form, request.files))
     if request.mimetype != "application/json":
         raise UnsupportedMediaType(f"send the batch as JSON (Content-Type: application/json), such as {EXAMPLE}, or "
                                    "its files as multipart/form-data, each in a field named 'file' "
@@ -117,16 +120,16 @@ def create():
         body = json.loads(request.get_data(cache=False) or b"null")
     except ValueError as exc:
         raise InvalidRequest(f"the body is not valid JSON ({exc})") from None
-    items, callback, priority = check_batch(rt, body, who.default_priority())
-    fingerprint = hashlib.sha256(json.dumps(["batch", callback, items], sort_keys=True).encode()).hexdigest()
-    each = rt.settings.unfetched_audio_seconds  # the fetch checks each URL's real length
-    return _create(rt, who, key, items, callback, priority, [each] * len(items), fingerprint)
+    admitted, callback = check_batch(rt, who, body)
+    fingerprint = hashlib.sha256(json.dumps(["batch", callback, [[a.submission.audio_url, a.options] for a in admitted]],
+                                            sort_keys=True).encode()).hexdigest()
+    return _create(rt, who, key, admitted, callback, fingerprint)
 
 
-def check_files(rt: Runtime, form, files, default_priority: str):
+def check_files(rt: Runtime, who: Principal, form, files):
     """A batch of uploaded files (multipart: each in a field 'file', the batch's options and
-    callback_url as fields): each file checked as POST /v1/jobs checks an upload, measured
-    by its header. Returns what _create takes."""
+    callback_url as fields): each file through the one door as POST /v1/jobs takes an upload,
+    measured by its header. Returns what _create takes."""
     check_fields(form, files)  # a single upload's fields: 'file' (here one per file) and the options
     uploads = files.getlist("file")
     limit = rt.settings.max_batch_items
@@ -136,76 +139,32 @@ def check_files(rt: Runtime, form, files, default_priority: str):
     if len(uploads) > limit:
         raise InvalidRequest(f"the batch has {len(uploads)} files; at most {limit} go in one batch "
                              "(WHISPERQ_MAX_BATCH_ITEMS): split it in several")
-    options = parse_options(form, rt.settings, default_priority)
-    check_served(rt, options["model"])
-    callback = (form.get("callback_url") or "").strip()
-    callback = check_url(callback, rt.settings, "callback_url") if callback else None
-    items, seconds, digest = [], [], hashlib.sha256(json.dumps(["files", callback, options], sort_keys=True).encode())
+    callback = _callback(rt, form.get("callback_url"))
+    fields = {k: v for k, v in form.items() if k != "callback_url"}
+    admitted, digest = [], hashlib.sha256(json.dumps(["files", callback, fields], sort_keys=True).encode())
     for n, upload in enumerate(uploads):
         where = f"file[{n}]" + (f" ({upload.filename!r})" if upload.filename else "")
         try:
             if not upload.filename:
                 raise InvalidRequest("the file has no name: send it with a UTF-8 file name")
             spooled = sealed_upload(rt, upload)
-            info = measure_upload(rt, spooled)
+            admitted.append(door.admit(rt, Submission(who, "batch", fields=fields, upload=spooled,
+                                                      filename=upload.filename), queue=False, quota=False))
         except WhisperqError as exc:
             exc.args = (f"{where}: {exc}",) + exc.args[1:]
             raise
         digest.update(spooled.sha256.digest() + upload.filename.encode())
-        seconds.append(info.duration)
-        items.append({**options, "filename": clean_filename(upload.filename), "spool": spooled,
-                      "duration": info.duration, "audio_format": info.format})
-    return items, callback, options["priority"], seconds, digest.hexdigest()
+    return admitted, callback, digest.hexdigest()
 
 
-def _create(rt: Runtime, who, key: str | None, items: list[dict[str, Any]], callback: str | None, priority: str,
-            seconds: list[float], fingerprint: str):
-    """Admit the whole batch (the tier's priority, the queue budget and the key's share and
-    monthly quota with all its jobs counted), record it in one transaction and publish it."""
-    if key is not None:
-        check_idempotency_key(key)
-        earlier = idempotency.lookup(rt, key, fingerprint)
-        if earlier is not None:
-            return _accepted(get_batch(rt, earlier), 200)
-    admit_batch(priority, seconds)
-    quotas.check(rt, who.owner, sum(seconds))
-    spools = [item.pop("spool") for item in items if "spool" in item]
-    rows = [with_key_options(rt, item, who.owner) for item in items]
-    for row, spool in zip(rows, spools):
-        row["spooled"] = spool.path
-    batch, jobs = create_batch(rt, rows, owner=who.owner, callback_url=callback)
-    for spool in spools:
-        spool.release()  # moved into the store
-    quotas.confirm_or_withdraw(rt, jobs[0], withdraw=lambda: discard_batch(rt, batch.id))
-    if key is not None:
-        winner = idempotency.remember(rt, key, fingerprint, batch.id)
-        if winner != batch.id:  # a concurrent request with the same key got there first
-            discard_batch(rt, batch.id)
-            return _accepted(get_batch(rt, winner), 200)
-    _publish_all(rt, batch, jobs, key)
-    log.info("batch %s: %d jobs queued (priority %s)", batch.id, len(jobs), priority)
-    return _accepted(get_batch(rt, batch.id), 202)
-
-
-def _publish_all(rt: Runtime, batch: Batch, jobs: list[Job], key: str | None) -> None:
-    """Publish every job. If the broker fails before the first, the batch is withdrawn (503,
-    nothing stored); after some, those are queued and the rest FAILED, saying to send them
-    again, so the batch still ends and its webhook is still sent."""
-    celery = current_app.extensions["celery"]
-    for n, job in enumerate(jobs):
-        try:
-            publish(rt, celery, job)  # a failed publish removes that job's row
-        except BrokerUnavailable:
-            if n == 0:
-                discard_batch(rt, batch.id)
-                if key is not None:
-                    idempotency.forget(rt, key)
-                raise
-            log.error("batch %s: the broker failed after %d of %d jobs; the rest are FAILED", batch.id, n, len(jobs))
-            for rest in jobs[n + 1:]:
-                fail_job(rt, rest.id, "the job queue became unreachable while the batch was queued; submit this "
-                                      "audio again")
-            return
+def _create(rt: Runtime, who: Principal, key: str | None, admitted: list[Admission], callback: str | None,
+            fingerprint: str):
+    """The whole batch through the one door (the queue budget and the key's share and monthly
+    quota with all its jobs counted, recorded in one transaction, published)."""
+    batch, created = intake.accept_batch(rt, who, admitted, callback, key, fingerprint)
+    if created:
+        log.info("batch %s: %d jobs queued (priority %s)", batch.id, batch.total, admitted[0].priority)
+    return _accepted(get_batch(rt, batch.id, owner=scope()), 202 if created else 200)
 
 
 def _accepted(found: Standing, status: int):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from config import ConfigError, Settings, publish_notify
+from config import ConfigError, Settings
 from models.errors import WhisperqError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -177,14 +177,14 @@ def retention(as_json: bool) -> None:
     past WHISPERQ_RESULT_RETENTION, leftover files), as beat's `whisperq.retention` does."""
     from models.maintenance.retention import run_retention
     from tasks.app import init_celery
+    from tasks.broker import CeleryBroker
 
     rt = _runtime()
     try:
-        celery = init_celery(rt.settings)  # to remove purged jobs' result-backend entries
-        rt.publisher = lambda ids: publish_notify(celery, ids)
+        rt.broker = CeleryBroker(init_celery(rt.settings))  # to remove purged jobs' result-backend entries
     except ConfigError:
-        celery = None
-    counts = run_retention(rt, celery=celery)
+        pass
+    counts = run_retention(rt)
     if as_json:
         click.echo(json.dumps(counts, indent=2))
         return
@@ -233,13 +233,13 @@ def dlq_replay(job_ids: tuple[str, ...], model: str | None) -> None:
     """Queue dead-lettered jobs again, with their attempts reset."""
     from models.jobs.deadletter import replay
     from tasks.app import init_celery
+    from tasks.broker import CeleryBroker
 
     rt = _runtime()
-    celery = init_celery(rt.settings)
-    rt.publisher = lambda ids: publish_notify(celery, ids)
+    rt.broker = CeleryBroker(init_celery(rt.settings))
     for job_id in job_ids:
         try:
-            replay(rt, celery, job_id, model=model)
+            replay(rt, job_id, model=model)
         except WhisperqError as exc:
             raise click.ClickException(str(exc)) from exc
         click.echo(f"{job_id} queued again")

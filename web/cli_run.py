@@ -22,7 +22,7 @@ def run(procfile: str) -> None:
     """Start web, worker and Flower; with no CELERY_BROKER_URL, an embedded Redis too."""
     settings = _settings()
     private_dir(settings.data_dir)
-    for directory in settings.input_dirs:
+    for _, directory in settings.input_grants:
         if settings.data_dir in directory.parents:  # the inbox (the default): there from the start
             private_dir(directory)
     bindir = str(Path(sys.executable).parent)  # gunicorn, celery and supervisord live beside Python
@@ -67,7 +67,7 @@ def run(procfile: str) -> None:
         f"  API          http://{settings.host}:{settings.port}/v1/jobs\n"
         f"  Flower       http://{flower_host}:{settings.flower_port}/{flower_login}\n"
         f"  data         {settings.data_dir}  (logs in {settings.data_dir / 'logs'})\n"
-        f"  inbox        {', '.join(str(d) for d in settings.input_dirs)}  (files for transcribe.delay(path))\n"
+        f"  inbox        {', '.join(str(d) for _, d in settings.input_grants)}  (files for transcribe.delay(path))\n"
     )
     from .supervise import run_supervised
 
@@ -105,4 +105,4 @@ def env() -> None:
             "`make run` (or `whisperq run`), or set WHISPERQ_DATA_DIR to the data dir of the one that runs")
     click.echo(f"export CELERY_BROKER_URL={shlex.quote(broker)}")
     click.echo(f"export WHISPERQ_DATA_DIR={shlex.quote(str(settings.data_dir))}")
-    click.echo(f"# transcribe.delay(path) reads files under: {', '.join(str(d) for d in settings.input_dirs)}")
+    click.echo(f"# transcribe.delay(path) reads files under: {', '.join(str(d) for _, d in settings.input_grants)}")

@@ -23,11 +23,12 @@ from werkzeug.exceptions import HTTPException
 from models.errors import AudioTooLong, BrokerUnavailable, InvalidRequest, UnsupportedAudio, WhisperqError
 from models.jobs.operations import get_job
 from models.jobs.record import JobStatus
+from models.pipeline import intake
 from models.speech.formats import render
 
-from .admission import admit_priority, admit_submission, client_key
+from .admission import admit_submission, client_key
 from .auth import current
-from .uploads import submit_upload
+from .uploads import upload_submission
 
 bp = Blueprint("openai", __name__, url_prefix="/v1")
 
@@ -74,20 +75,24 @@ def _http_error(exc: HTTPException):
 @bp.get("/models")
 def models():
     """OpenAI's model list, each entry with its engine, version (the weights' hash), languages,
-    whether it is the default, and whether a live inference worker serves it."""
+    whether it is the default, and whether a live inference worker serves it. How aliases
+    split their jobs (A/B weights) and which models are shadowed is the operator's business:
+    only an admin sees `variants` and `shadow`."""
     from models.jobs.workers import served_models
     from models.speech.catalog import describe
 
     rt = current_app.extensions["whisperq"]
+    admin = current().admin  # the openai blueprint acts for someone (web.auth)
     served = served_models(rt)
     data = [dict(info.to_dict(), object="model", created=0, owned_by="whisperq", served=info.name in served)
             for info in describe(rt.settings, rt.active_spec)]
     routes = rt.settings.routes
     for alias, variants in routes.aliases:  # A/B: each job draws one variant by weight
         data.append({"id": alias, "object": "model", "created": 0, "owned_by": "whisperq", "default": alias == routes.default,
-                     "variants": [{"id": model, "weight": weight} for model, weight in variants],
                      "served": all(m == rt.settings.default_model or m in served for m, _ in variants)})
-    for entry in data:
+        if admin:
+            data[-1]["variants"] = [{"id": model, "weight": weight} for model, weight in variants]
+    for entry in data if admin else ():
         entry["shadow"] = next(({"candidate": c, "percent": pct} for p, c, pct in routes.shadows if p == entry["id"]), None)
     default = next(entry for entry in data if entry["default"])
     data.insert(0, dict(default, id=ALIAS, default=False, alias_of=default["id"]))
@@ -156,9 +161,9 @@ def transcriptions():
             fields[name] = form[name]
     if model != ALIAS:
         fields["model"] = model
-    job, _ = submit_upload(rt, current_app.extensions["celery"], request.files.get("file"), fields,
-                           files=MultiDict({"file": request.files["file"]}) if "file" in request.files else {},
-                           admit=admit_priority, owner=who.owner)
+    job, _ = intake.submit(rt, upload_submission(
+        rt, who, "openai", request.files.get("file"), fields,
+        MultiDict({"file": request.files["file"]}) if "file" in request.files else {}))
     gate, client = _gate(rt.settings), client_key()
     waited = gate.enter(client)
     try:

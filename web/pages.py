@@ -15,11 +15,12 @@ from config import LANGUAGES, PRIORITIES
 from models.errors import WhisperqError
 from models.jobs.operations import get_job
 from models.jobs.record import Stage
+from models.pipeline import intake
 from models.speech.formats import FORMATS
 
 from . import auth
-from .admission import admit_priority, admit_submission
-from .uploads import submit_upload
+from .admission import admit_submission
+from .uploads import upload_submission
 
 bp = Blueprint("pages", __name__)
 
@@ -101,11 +102,9 @@ def upload():
         auth.check_csrf()
         form = request.form.copy()
         form.pop(auth.CSRF_FIELD, None)
-        job, _ = submit_upload(
-            current_app.extensions["whisperq"], current_app.extensions["celery"], request.files.get("file"),
-            form, files=request.files, admit=admit_priority, owner=g.principal.owner,
-            default_priority=g.principal.default_priority(),
-        )
+        rt = current_app.extensions["whisperq"]
+        job, _ = intake.submit(rt, upload_submission(rt, g.principal, "form", request.files.get("file"), form,
+                                                   request.files))
     except WhisperqError as exc:
         return _form(str(exc), exc.http_status)
     return redirect(url_for("pages.job", job_id=job.id), code=303)

@@ -82,7 +82,7 @@ def install_outbox() -> None:
 
     Every session records a delivery for a job with a callback_url that reaches a final
     state, in the same transaction; after the commit, the session's runtime (``info``)
-    publishes the new deliveries through its publisher. Without one (a process with no
+    publishes the new deliveries through its broker. Without one (a process with no
     Celery app), or if the publish fails, the sweeper sends them (``overdue``)."""
     if not event.contains(Session, "before_flush", _record_state_changes):
         event.listen(Session, "before_flush", _record_state_changes)
@@ -141,10 +141,10 @@ def _record_finished_batches(session: Session, _context) -> None:
 
 def _publish_committed(session: Session) -> None:
     ids = session.info.pop("whisperq_deliveries", None)
-    publish = getattr(session.info.get("runtime"), "publisher", None)
-    if ids and publish is not None:
+    broker = getattr(session.info.get("runtime"), "broker", None)
+    if ids and broker is not None:
         try:
-            publish(ids)
+            broker.publish_notify(ids)
         except Exception as exc:  # the sweeper publishes it later
             log.warning("could not publish webhook deliveries %s now (%s); the sweeper will", ids, exc)
 

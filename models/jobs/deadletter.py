@@ -111,14 +111,14 @@ def take_for_replay(rt: Runtime, job_id: str, model: str | None = None) -> Job:
         return job
 
 
-def replay(rt: Runtime, celery, job_id: str, model: str | None = None) -> Job:
-    """Queue a dead job again with its attempts reset (on `model` if given); it is back in the
-    dead letters if publishing fails."""
-    from config import publish_transcribe
-
+def replay(rt: Runtime, job_id: str, model: str | None = None) -> Job:
+    """Queue a dead job again with its attempts reset (on `model` if given), through the
+    runtime's broker; it is back in the dead letters if publishing fails."""
     job = take_for_replay(rt, job_id, model)
     try:
-        publish_transcribe(celery, job)
+        if rt.broker is None:
+            raise RuntimeError("this process has no broker to publish with")
+        rt.broker.publish_job(job)
     except Exception as exc:
         bury(rt, job_id, "whisperq.transcribe", "replay could not be published", None)
         raise BrokerUnavailable("the job queue is unreachable right now; the job stays in the dead letters, "

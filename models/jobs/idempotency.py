@@ -42,6 +42,15 @@ def lookup(rt: Runtime, key: str, fingerprint: str) -> str | None:
         return row.job_id
 
 
+def seen(rt: Runtime, key: str | None) -> bool:
+    """Whether a request under this key came in the last KEEP (its job is answered again)."""
+    if key is None:
+        return False
+    with rt.db.session() as session:
+        row = session.get(IdempotencyKey, key)
+        return row is not None and row.created_at >= utcnow() - KEEP
+
+
 def remember(rt: Runtime, key: str, fingerprint: str, job_id: str) -> str:
     """Record the key; if a concurrent request won the race, return the winner's job id."""
     try:

@@ -77,6 +77,7 @@ def create_job(
     rerun_of: str | None = None,
     job_id: str | None = None,
     caller_file: str | None = None,
+    origin: str | None = None,
 ) -> Job:
     """Move a validated upload into storage and record its PENDING job (before publishing).
     A job submitted by URL has no file yet: the preparation pool fetches it. A `caller_file`
@@ -95,7 +96,7 @@ def create_job(
                           duration=duration, callback_url=callback_url, word_timestamps=word_timestamps,
                           audio_url=audio_url, language=language, priority=priority, task=task, prompt=prompt,
                           temperature=temperature, owner=owner, audio_format=audio_format, model=model,
-                          collect=collect, rerun_of=rerun_of)
+                          collect=collect, rerun_of=rerun_of, origin=origin)
             session.add(job)
     except BaseException:
         if ref:

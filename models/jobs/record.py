@@ -144,6 +144,9 @@ class Job(Base):
     collect: Mapped[bool | None] = mapped_column(default=False)
     correction_token: Mapped[Any] = mapped_column("correction", JSON, nullable=True)
     corrected_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # The way in it came through (models.pipeline.door.DOORS): a transcribe.delay() job keeps
+    # its transcript in the result backend too (for r.get()); no other job's ever goes there.
+    origin: Mapped[str | None] = mapped_column(String(16))
 
     result_text = SealedAttribute("result_text_token", "jobs.result_text")
     result_segments = SealedAttribute("result_segments_token", "jobs.result_segments", as_json=True)

@@ -26,7 +26,7 @@ from models.jobs.idempotency import forget_old
 from models.jobs.record import Job, JobStatus, Stage, utcnow
 
 if TYPE_CHECKING:
-    from models.runtime import Runtime
+    from models.runtime import Broker, Runtime
 
 log = logging.getLogger(__name__)
 
@@ -48,16 +48,17 @@ class SweepReport:
     notifications_resent: int = 0
 
 
-def sweep(rt: Runtime, holdings: dict[str, set[str]], publish: Callable[[Job], None],
+def sweep(rt: Runtime, holdings: dict[str, set[str]], broker: Broker | None = None,
           grace: timedelta = GRACE, waiting: set[str] | None = None,
           confirm: Callable[[set[str]], set[str]] | None = None) -> SweepReport:
     """One pass. `holdings` maps each worker process that answered now to the job ids it
-    holds; `publish(job)` sends a job's transcribe message again; `waiting` is the ids
+    holds; `broker` (the runtime's by default) sends a job's transcribe message again; `waiting` is the ids
     whose messages wait in the broker's queues, read before `holdings`, or None where the
     broker cannot list them (RabbitMQ, which redelivers by itself); `confirm(ids)` takes a
     second look and returns those still neither waiting nor held."""
     report = SweepReport()
     now = utcnow()
+    publish = (broker or rt.broker).publish_job
     ttl = timedelta(seconds=rt.settings.job_ttl_seconds)
     with rt.db.session() as session:
         queued_since = func.coalesce(Job.queued_at, Job.created_at)

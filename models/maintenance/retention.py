@@ -52,9 +52,9 @@ FINISHED = tuple(s.value for s in JobStatus if s.finished)
 _JOB_FILE = re.compile(r"^\.?([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})(\..*)?$")
 
 
-def run_retention(rt: Runtime, now: datetime | None = None, celery=None, batch: int = BATCH) -> dict[str, int]:
-    """One pass; returns what it deleted, as counts. `celery` (the app) lets it remove
-    purged jobs' result-backend entries too."""
+def run_retention(rt: Runtime, now: datetime | None = None, batch: int = BATCH) -> dict[str, int]:
+    """One pass; returns what it deleted, as counts. With a broker on the runtime, purged
+    jobs' result-backend entries go too."""
     now = now or utcnow()
     counts = dict(audio_purged=0, results_purged=0, files_deleted=0, webhook_deliveries_deleted=0,
                   dead_letters_deleted=0, tmp_deleted=0, orphans_deleted=0, errors=0)
@@ -62,10 +62,7 @@ def run_retention(rt: Runtime, now: datetime | None = None, celery=None, batch: 
     if settings.audio_retention_seconds is not None:
         _purge_audio(rt, now - timedelta(seconds=settings.audio_retention_seconds), now, batch, counts)
     if settings.result_retention_seconds is not None:
-        forget = None
-        if celery is not None:
-            def forget(job_id: str) -> None:
-                celery.AsyncResult(job_id).forget()
+        forget = rt.broker.forget_result if rt.broker is not None else None
         _purge_results(rt, now - timedelta(seconds=settings.result_retention_seconds), now, batch, counts, forget)
         _purge_batches(rt, now - timedelta(seconds=settings.result_retention_seconds), batch, counts)
     _sweep_tmp(rt, now, counts)

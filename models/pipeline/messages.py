@@ -116,7 +116,8 @@ class Prepared:
 
 @dataclass(frozen=True)
 class Finished:
-    """What preparation answers for a job already COMPLETED (a duplicate delivery): its result."""
+    """What preparation answers for a job already COMPLETED (a duplicate delivery, or a message
+    naming someone else's job): that nothing is to be done. It carries no result: a message
+    never gets a stored transcript back."""
 
     job_id: str
-    result: dict

@@ -9,8 +9,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 
 from models.access import quotas
+from models.access.admission import Backlog, QueueFull, check_queue
+from models.access.apikeys import Principal
 from models.speech import audio as audio_io
 from models.errors import (
     AttemptsExhausted,
@@ -21,88 +24,64 @@ from models.errors import (
     PermanentJobError,
     TransientJobError,
     UnsupportedAudio,
+    WhisperqError,
 )
 from models.jobs.operations import TASKS, fail_job
 from models.jobs.record import Job, JobStatus, Stage, utcnow
 from models.jobs.workers import served_models
 from models.pipeline.messages import Finished, Prepared
-from models.pipeline.options import FIELDS, parse_options
+from models.pipeline.options import FIELDS
 from models.speech.catalog import check_language
 from models.speech.windows import split_windows
 from models.security.sealed import open_stored
-from models.storage import caller_file
 
 if TYPE_CHECKING:
     from models.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
+LENGTH_SLACK = 1.0  # seconds a decode may run past its header's length before the header is taken to have lied
+
 
 def _claim(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any], worker: str | None,
-           worker_id: str | None) -> Job | dict:
+           worker_id: str | None) -> Job | None:
     """Begin an attempt: mark the job PROCESSING and count it.
 
-    Returns the stored result instead when the job is already COMPLETED (a duplicate
-    delivery). Raises JobExpired for a job past its time-to-live, PermanentJobError for a
-    FAILED one, and AttemptsExhausted when a redelivery finds no attempts left (a job
-    whose workers keep dying is a poison job: it goes to the dead-letter store).
+    A message naming a job this service does not know (transcribe.delay(), or a raw producer)
+    goes through the one door first (`_admit_message`). Returns None when the job is already
+    COMPLETED (a duplicate delivery, or a message naming someone else's job): nothing is run
+    and nothing is answered. Raises JobExpired for a job past its time-to-live,
+    PermanentJobError for a FAILED one, and AttemptsExhausted when a redelivery finds no
+    attempts left (a job whose workers keep dying is a poison job: it goes to the
+    dead-letter store).
     """
-    refusal = None
+    with rt.db.session() as session:
+        known = session.get(Job, job_id) is not None
+    if not known:
+        _admit_message(rt, job_id, audio_ref, options)
     with rt.db.session(write=True) as session:
-        job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one_or_none()
-        if job is None:
-            # Submitted with transcribe.delay(path): the task id is the job id. A path that
-            # is not the caller's file to give fails at once, for good, saying why.
-            try:
-                audio_ref, refusal = caller_file(audio_ref, rt.settings.input_dirs, rt.settings.data_dir), None
-                # A message written by any producer (docs/messages): its options are checked here too.
-                options = {**options, **parse_options(
-                    {k: v for k, v in options.items() if k in FIELDS and v is not None}, rt.settings,
-                    default_priority=options.get("priority") or "normal")}
-                if options.get("owner") is not None and not _is_key(rt, options["owner"]):
-                    raise InvalidRequest(f"owner {str(options['owner'])[:80]!r} is not the id of an API key "
-                                         "(`whisperq keys list`); leave it out, or give transcribe.delay() api_key=")
-            except ValueError as exc:
-                audio_ref, refusal = str(audio_ref)[:4096], str(exc)
-                options = {}  # the refused job is shown with the defaults, not what was refused
-            model, route, shadow = rt.settings.choose(options.get("model"), job_id)
-            job = Job(
-                id=job_id, status=JobStatus.PENDING.value, task=options.get("task") or "transcribe",
-                language=options.get("language"), priority=options.get("priority") or "normal",
-                model=model, route=route, shadow=shadow, word_timestamps=bool(options.get("word_timestamps")),
-                prompt=options.get("prompt"), temperature=options.get("temperature"),
-                callback_url=options.get("callback_url"), owner=options.get("owner"),
-                collect=bool(options.get("collect")),
-                audio_ref=audio_ref, audio_owned=False, filename=Path(audio_ref).name[:255] or None, attempts=0,
-                created_at=utcnow(),
-            )
-            if refusal is not None:
-                job.status, job.error, job.finished_at = JobStatus.FAILED.value, refusal, utcnow()
-                log.warning("job %s: refused: %s", job_id, refusal)
-            session.add(job)
+        job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one()
         if job.state is JobStatus.COMPLETED:
             log.info("job %s already COMPLETED; duplicate delivery ignored", job_id)
-            return job.result()
+            return None
         if job.state is JobStatus.EXPIRED:
             raise JobExpired(job.error or "the job expired")
         if job.state is JobStatus.CANCELLED:
             raise JobCancelled(f"job {job_id} was cancelled; it is not run")
-        if job.state is JobStatus.FAILED and refusal is None:
-            raise PermanentJobError(job.error or "the job has failed")
+        if job.state.finished:
+            raise PermanentJobError(job.error or f"the job is {job.status}")
         ttl = timedelta(seconds=rt.settings.job_ttl_seconds)
         if job.state is JobStatus.PENDING and not job.attempts and job.waiting_since() < utcnow() - ttl:
             job.expire()
             expired = job.error
         else:
             expired = None
-    if refusal is not None:  # raised after the session has committed the FAILED job
-        raise PermanentJobError(refusal)
     if expired is not None:  # raised after the session has committed the EXPIRED state
         raise JobExpired(expired)
     with rt.db.session(write=True) as session:
         job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one()
         if job.state is JobStatus.COMPLETED:  # another delivery finished in between
-            return job.result()
+            return None
         if job.state.finished:
             raise PermanentJobError(job.error or f"the job is {job.status}")
         if rt.job_retries.exhausted(job.attempts):
@@ -115,6 +94,62 @@ def _claim(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any], wo
         return job
 
 
+def _message_principal(rt: Runtime, job_id: str, options: dict[str, Any]) -> tuple[Principal, str]:
+    """Whom a message's job is for, and which way it came in. Only the key itself (`api_key`)
+    or an owner token this deployment sealed for this very job id (transcribe.delay(api_key=...))
+    names an owner; a bare `owner` key id names no one, and a revoked key is refused."""
+    from models.access.apikeys import ANONYMOUS, authenticate
+    from models.pipeline import door
+
+    key, owner, token = options.get("api_key"), options.get("owner"), options.get("owner_token")
+    if key is not None:
+        if not isinstance(key, str):
+            raise InvalidRequest("api_key must be the API key itself, as a string")
+        return authenticate(rt, key), "raw"
+    if owner is not None:
+        if token is None:
+            raise InvalidRequest("a message names its owner with api_key (the key itself), never with a bare key id; "
+                                 "transcribe.delay(api_key=...) does this for you")
+        if door.owner_from_token(job_id, token) != owner:
+            raise InvalidRequest("owner_token was issued for another owner; submit with transcribe.delay(api_key=...)")
+        return door.principal_of_key_id(rt, owner, "this job's owner"), "delay"
+    return ANONYMOUS, "delay"
+
+
+def _admit_message(rt: Runtime, job_id: str, audio_ref: Any, options: dict[str, Any]) -> None:
+    """A job named only by its message (transcribe.delay(), a raw producer): through the one
+    door as any other way in, its row made PENDING; or, refused, a FAILED row saying why (the
+    message is input from outside: it is never retried), then PermanentJobError."""
+    from models.pipeline import door, intake
+
+    fields = {k: v for k, v in options.items() if k in FIELDS and v is not None}
+    owner = None
+    try:
+        if not isinstance(audio_ref, str):
+            raise InvalidRequest("the message's audio must be the absolute path of a file, as a string")
+        who, origin = _message_principal(rt, job_id, options)
+        owner = who.owner  # a refusal from here on is shown to the key that sent it
+        # local=False: a file shared storage has not shown this host yet is retried by prepare_job.
+        admitted = door.admit(rt, door.Submission(who, origin, fields=fields, path=audio_ref, job_id=job_id),
+                              queue=False, local=False)
+        intake.record(rt, admitted)
+        return
+    except IntegrityError:  # another delivery of the same message made it meanwhile
+        return
+    except (WhisperqError, ValueError) as exc:
+        refusal = str(exc)
+    with rt.db.session(write=True) as session:
+        if session.get(Job, job_id) is None:
+            model, route, shadow = rt.settings.choose(None, job_id)
+            ref = str(audio_ref)[:4096]
+            session.add(Job(id=job_id, status=JobStatus.FAILED.value, error=refusal, finished_at=utcnow(),
+                            task="transcribe", priority="normal", model=model, route=route, shadow=shadow,
+                            audio_ref=ref, audio_owned=False, filename=Path(ref).name[:255] or None, attempts=0,
+                            created_at=utcnow(), origin="raw", owner=owner))
+    log.warning("job %s: refused: %s", job_id, refusal)
+    raise PermanentJobError(refusal)
+
+
 def _tier(rt: Runtime, owner: str | None) -> str | None:
     from models.access.apikeys import ApiKey
 
@@ -122,15 +157,6 @@ def _tier(rt: Runtime, owner: str | None) -> str | None:
         return None
     with rt.db.session() as session:
         return session.scalar(select(ApiKey.tier).where(ApiKey.id == owner))
-
-
-def _is_key(rt: Runtime, key_id) -> bool:
-    from models.access.apikeys import ApiKey
-
-    if not isinstance(key_id, str):
-        return False
-    with rt.db.session() as session:
-        return session.get(ApiKey, key_id) is not None
 
 
 def prepare_job(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any] | None = None,
@@ -142,10 +168,9 @@ def prepare_job(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any
     Permanent problems mark the job FAILED and raise PermanentJobError; transient ones
     raise TransientJobError for the task to retry.
     """
-    claimed = _claim(rt, job_id, audio_ref, options or {}, worker, worker_id)
-    if isinstance(claimed, dict):
-        return Finished(job_id, claimed)
-    job = claimed
+    job = _claim(rt, job_id, audio_ref, options or {}, worker, worker_id)
+    if job is None:
+        return Finished(job_id)
     try:
         if job.task not in TASKS:
             raise InvalidRequest(f"task {job.task!r} is not one of: {', '.join(TASKS)}")
@@ -155,10 +180,9 @@ def prepare_job(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any
         if not rt.storage.exists(job.audio_ref):
             # Shared storage may not have caught up yet: worth another attempt.
             raise TransientJobError(f"the audio file {job.audio_ref!r} does not exist or is not readable by the worker")
-        samples = _decode_stored(rt, job.audio_ref, job.audio_format)
-        if job.owner is not None and job.audio_duration is None:  # transcribe.delay(api_key=...): now measured
-            quotas.check_measured(rt, job, len(samples) / audio_io.SAMPLE_RATE)
-    except quotas.QuotaExceeded as exc:
+        samples = _decode_stored(rt, job.audio_ref, job.audio_format, rt.settings.audio_limit(_tier(rt, job.owner)))
+        check_decoded(rt, job, len(samples) / audio_io.SAMPLE_RATE)
+    except (quotas.QuotaExceeded, QueueFull) as exc:
         fail_job(rt, job_id, str(exc))
         raise PermanentJobError(str(exc)) from exc
     except (UnsupportedAudio, AudioTooLong, InvalidRequest, PermanentJobError) as exc:
@@ -189,15 +213,33 @@ def prepare_job(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any
                     shadow=shadow, shadow_ref=shadow_ref)
 
 
-def _decode_stored(rt: Runtime, ref: str, audio_format: str | None):
+def check_decoded(rt: Runtime, job: Job, seconds: float) -> None:
+    """Limits on what was decoded, not what the header claimed: the key's monthly quota with
+    the job at its decoded length (every job), and, where the audio is longer than the door
+    measured it, the key's share of the queue with that difference added (QueueFull, a
+    refusal for good: the file is not what its header said)."""
+    quotas.check_measured(rt, job, seconds)
+    claimed = job.audio_duration
+    if job.owner is not None and claimed is not None and seconds > claimed + LENGTH_SLACK:
+        try:
+            check_queue(rt, job.priority, owner=job.owner, ahead=Backlog(0, seconds - claimed))
+        except QueueFull as exc:
+            raise QueueFull(f"the audio decodes to {seconds:.1f} s, not the {claimed:.1f} s its header claimed, and "
+                            f"at that length it is past this API key's share of the queue: {exc}", exc.retry_after)
+
+
+def _decode_stored(rt: Runtime, ref: str, audio_format: str | None, max_seconds: float | None = None):
     """The stored audio's samples (decrypted as they are read), its container pinned as the
-    door found it, at most WHISPERQ_MAX_AUDIO_SECONDS of it. A key this worker lacks may be
+    door found it, at most `max_seconds` of it (the job's tier's limit; else
+    WHISPERQ_MAX_AUDIO_SECONDS). A key this worker lacks may be
     a configuration still rolling out: retried. A file that fails authentication is not."""
     from models.security.crypto import DecryptionError
 
     try:
         with rt.storage.open(ref) as fh:
-            return audio_io.decode(fh, format=audio_format, max_seconds=rt.settings.max_audio_seconds)
+            return audio_io.decode(fh, format=audio_format, max_seconds=max_seconds or rt.settings.max_audio_seconds)
+    except PermissionError as exc:  # a caller's file swapped for a link, or made unreadable
+        raise PermanentJobError(f"the audio file could not be read: {exc}") from None
     except DecryptionError as exc:
         log.error("%s", exc)  # for the operator: which file, which key, which chunk
         if exc.missing_key:

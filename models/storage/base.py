@@ -83,12 +83,14 @@ class Storage:
     def open(self, ref: str) -> BinaryIO:
         """A stored file's plaintext (decrypted, seekable), or the caller's own file as it is."""
         if not self.owns(ref):
-            return open(ref, "rb")
+            from models.storage.spool import open_caller_file
+
+            return open_caller_file(ref)
         return self._open(ref)
 
     def exists(self, ref: str) -> bool:
         if not self.owns(ref):
-            return os.path.isfile(ref)
+            return os.path.lexists(ref)  # a link there is refused when it is opened, not waited for
         return self._exists(ref)
 
     def adopt(self, tmp: Path, job_id: str, session=None) -> str:

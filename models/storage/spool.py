@@ -2,13 +2,15 @@
 file name made safe, and a caller's own file (`transcribe.delay(path)`) checked."""
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import os
+import stat
 import tempfile
 import unicodedata
 from pathlib import Path
-from typing import Callable
+from typing import BinaryIO, Callable
 
 from models.security.crypto import Keyring, current_keyring
 from models.security.sealed import EncryptedWriter, open_decrypted
@@ -23,23 +25,52 @@ def clean_filename(name: str | None) -> str | None:
     return name[:200] or None
 
 
-def caller_file(ref: str, input_dirs: tuple[Path, ...], data_dir: Path) -> str:
-    """The file a `transcribe.delay(path)` caller names, resolved (links followed), if it is
-    an absolute path inside one of WHISPERQ_INPUT_DIRS and not in the service's own store;
-    else ValueError saying what to do. The store's files (other jobs' audio, keys) are never
-    readable this way, whatever the input directories are."""
-    listed = ", ".join(str(d) for d in input_dirs)
+def _within(directory: Path, path: Path) -> bool:
+    return directory == path or directory in path.parents
+
+
+def caller_file(ref: str, input_dirs: tuple[Path, ...], data_dir: Path, others: tuple[Path, ...] = ()) -> str:
+    """The file a caller names (`transcribe.delay(path)`, MQTT `path`), resolved (links
+    followed), if it is an absolute path inside one of `input_dirs` (the caller's own and the
+    shared ones), not inside one of `others` (other keys' own) more closely, and not in the
+    service's own store; else ValueError saying what to do. The answer is the same for a file
+    in another key's directory as for one outside every directory, so a refusal tells nothing
+    of other tenants' files. The store's files (other jobs' audio, keys) are never readable
+    this way, whatever the input directories are."""
+    listed = ", ".join(str(d) for d in input_dirs) or "none"
     if not isinstance(ref, str) or not os.path.isabs(ref):
-        raise ValueError(f"transcribe.delay() takes the absolute path of a file under WHISPERQ_INPUT_DIRS ({listed}), "
-                         f"not {ref!r}")
+        raise ValueError(f"give the absolute path of a file in your input directories ({listed}), not {ref!r}")
     real = Path(os.path.realpath(ref))
-    if not any(d == real or d in real.parents for d in input_dirs):
-        raise ValueError(f"{ref!r} is outside WHISPERQ_INPUT_DIRS ({listed}); put the file there, or add its "
-                         "directory to WHISPERQ_INPUT_DIRS")
+    mine = max((len(d.parts) for d in input_dirs if _within(d, real)), default=-1)
+    theirs = max((len(d.parts) for d in others if _within(d, real)), default=-1)
+    if mine < 0 or theirs > mine:
+        raise ValueError(f"{ref!r} is outside your input directories ({listed}); put the file there, or ask an "
+                         "operator to add its directory to WHISPERQ_INPUT_DIRS")
     store = Path(os.path.realpath(data_dir))
-    if (store == real or store in real.parents) and (store / "inbox") not in real.parents:
+    if _within(store, real) and (store / "inbox") not in real.parents:
         raise ValueError(f"{ref!r} is in the service's own data directory; only its inbox/ may be read this way")
     return str(real)
+
+
+def open_caller_file(path: str) -> BinaryIO:
+    """A caller's file, opened as the door resolved it: never through a link. The last part is
+    opened with O_NOFOLLOW, and the file opened must have the very path the door checked, so
+    a file or directory swapped for a link after the door's check is refused, not followed."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise PermissionError(f"{path} became a symbolic link after it was submitted; it is not followed") from None
+        raise
+    try:
+        opened = os.path.realpath(f"/proc/self/fd/{fd}") if os.path.isdir("/proc/self/fd") else path
+        if opened != path or not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise PermissionError(f"{path} was moved or replaced by a link after it was submitted; it is not followed")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 class SealedSpool:

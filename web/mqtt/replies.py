@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import logging
 import queue
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 from flask import Flask
 
@@ -27,7 +28,6 @@ from models.errors import JobNotFound
 from models.jobs.operations import get_job
 
 from ..api import job_body
-from .submit import request_context
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,14 @@ def result_message(body: dict | None, correlation_id: str, job_id: str) -> dict:
     return {"type": "result", "correlation_id": correlation_id, "job_id": job_id,
             "status": body["status"] if body is not None else GONE, "job": body}
 
+
+
+@contextmanager
+def request_context(app: Flask) -> Iterator[None]:
+    """A request context of the bridge's app, for the API's job body (its URLs)."""
+    rt = app.extensions["whisperq"]
+    with app.test_request_context("/v1/jobs", base_url=rt.settings.base_url()):
+        yield
 
 class Replier:
     """Publishes what is owed, from the database, and settles each reply once the broker has

@@ -1,33 +1,33 @@
-"""Who owns an MQTT request's job, and submitting it through the API's own code: web.admission
-(disk floor, rate, queue budget, quota, the tier's priorities) and web.uploads (submit_url and
-submit_path: the same checks, the same job row, the same publish), in a request context of
-the bridge's own app, as POST /v1/jobs runs them.
+"""Who owns an MQTT request's job, and submitting it through the one door
+(models.pipeline.door), as every other way in does: no Flask request, no web code.
 
 Ownership: WHISPERQ_MQTT_CLIENTS maps a client's name to an API key (`*` for any other
-client); its jobs are that key's, with its tier, rate limit, queue share and webhook secret.
-A client with no key acts anonymously where WHISPERQ_ALLOW_ANONYMOUS is on, else is refused.
+client); its jobs are that key's, with its tier, rate limit, queue share, input directories
+and webhook secret. A client with no key acts anonymously where WHISPERQ_ALLOW_ANONYMOUS is
+on, else is refused. A request's idempotency key is its client's and correlation id's, in
+the door's `mqtt` namespace: no HTTP client can name it.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Iterator
+import logging
 
-from flask import Flask, g
+from flask import Flask
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from config import ConfigError
 from config.mqtt import MqttSettings
+from models.access.admission import RateLimited, rate_limiter
 from models.access.apikeys import Principal, find_key, principal_for_key_id
 from models.delivery.mqtt_replies import request_id
-from models.errors import BrokerUnavailable, WhisperqError
-from models.jobs.idempotency import KEEP, IdempotencyKey
-from models.jobs.record import Job, utcnow
+from models.errors import BrokerUnavailable, InvalidRequest, WhisperqError
+from models.jobs.record import Job
+from models.pipeline import door, intake
 from models.runtime import Runtime
 
-from ..admission import admit_priority, admit_submission
 from ..auth import anonymous
-from ..uploads import submit_path, submit_url
 from .requests import Refused, Request
+
+log = logging.getLogger(__name__)
 
 # What passes by itself: the request is kept (not acknowledged) and tried again.
 TRANSIENT = (BrokerUnavailable, OperationalError, InterfaceError, ConnectionError, TimeoutError)
@@ -63,44 +63,52 @@ def principal_for(rt: Runtime, keys: dict[str, str], req: Request) -> Principal:
     return found
 
 
-@contextmanager
-def request_context(app: Flask, client: str | None = None, method: str = "GET") -> Iterator[None]:
-    """A request context of the bridge's app: for the API's own functions (admission reads the
-    principal and the client's address from it, job_body builds its URLs with it)."""
-    rt = app.extensions["whisperq"]
-    with app.test_request_context("/v1/jobs", method=method, base_url=rt.settings.base_url(),
-                                  environ_base={"REMOTE_ADDR": f"mqtt:{client}" if client else "mqtt"}):
-        yield
-
-
 def idempotency_key(req: Request) -> str:
-    """The API's idempotency key for a request: its client's and correlation id's."""
-    return "mqtt:" + request_id(req.client, req.correlation_id)
+    """A request's idempotency key, before the door scopes it: its client's and correlation id's."""
+    return request_id(req.client, req.correlation_id)
+
+
+_limiters: dict[str | None, object] = {}
+
+
+def _rate(rt: Runtime, who: Principal, client: str) -> None:
+    """The per-client rate, as at the API: the key's tier's (by key), else anonymous use's (by client)."""
+    rate = getattr(rt.settings, f"rate_limit_{who.tier}") if who.tier is not None else rt.settings.rate_limit
+    if rate not in _limiters:
+        _limiters[rate] = rate_limiter(rt.settings, rate)
+    limiter = _limiters[rate]
+    if limiter is None:
+        return
+    try:
+        limiter.hit("key:" + who.owner if who.owner is not None else "addr:mqtt:" + client)
+    except RateLimited:
+        raise
+    except Exception as exc:  # Redis away: serve rather than refuse everyone
+        log.warning("rate limit not checked: %s", exc)
 
 
 def submit(app: Flask, req: Request, who: Principal) -> tuple[Job, bool]:
     """The request's job (new, or the one made when it came before); Refused for what the API
     would answer with a 4xx (or 429/503 with a time to come back); TRANSIENT errors pass up."""
-    rt, celery = app.extensions["whisperq"], app.extensions["celery"]
-    key = idempotency_key(req)
-    door = submit_url if req.source == "audio_url" else submit_path
+    rt = app.extensions["whisperq"]
+    sub = door.Submission(who, "mqtt", fields={k: v for k, v in req.body.items() if k not in ("audio_url", "path")},
+                          audio_url=req.body.get("audio_url") if req.source == "audio_url" else None,
+                          path=req.body.get("path") if req.source == "path" else None,
+                          idempotency_key=idempotency_key(req))
     try:
-        with request_context(app, req.client, method="POST"):
-            g.principal = who
-            seen = _seen(rt, key)
-            if not seen:  # a request seen before gets its job back, whatever the queue holds now
-                admit_submission()
-            return door(rt, celery, req.body, idempotency_key=key, admit=None if seen else admit_priority,
-                        owner=who.owner, default_priority=who.default_priority())
+        if sub.audio_url is not None and not isinstance(sub.audio_url, str):
+            raise InvalidRequest("audio_url must be a string: the http(s) URL of the audio")
+        if sub.path is not None and not isinstance(sub.path, str):
+            raise InvalidRequest("path must be a string: the absolute path of an audio file in your input "
+                                      "directories")
+        key = door.scoped_key(who, "mqtt", sub.idempotency_key)
+        if not door.seen(rt, key):  # a request seen before gets its job back, whatever the queue holds now
+            _rate(rt, who, req.client)
+            door.check_before_body(rt, who, idempotent=False)
+        return intake.submit(rt, sub)
     except TRANSIENT:
         raise
     except WhisperqError as exc:
         retry_after = getattr(exc, "retry_after", None) or (5 if exc.http_status == 503 else None)
         raise Refused(exc.code, str(exc), req.reply_topic, req.correlation_id,
                       int(retry_after) if retry_after is not None else None) from None
-
-
-def _seen(rt: Runtime, key: str) -> bool:
-    with rt.db.session() as session:
-        row = session.get(IdempotencyKey, key)
-        return row is not None and row.created_at >= utcnow() - KEEP
