@@ -109,7 +109,7 @@ def checked_options(settings, given: dict) -> dict:
         raise
     except WhisperqError as exc:  # a bad key, a priority or a path not the key's, a spent quota, a full queue
         raise PermissionError(str(exc)) from None
-    checked = {k: v for k, v in admitted.options.items() if k in OPTIONS}
+    checked = {k: v for k, v in admitted.options.fields().items() if k in OPTIONS}
     if who.owner is not None:
         checked["owner"], checked["owner_token"] = who.owner, door.owner_token(job_id, who.owner)
     return checked

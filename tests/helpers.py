@@ -217,3 +217,16 @@ def wait_for_line(worker, line: str, timeout: float = 120.0) -> None:
             return
         time.sleep(0.2)
     raise AssertionError(f"no {line!r} in the workers' logs within {timeout} s")
+
+
+def make_job(rt, spooled=None, **fields):
+    """A PENDING job as the door records one (models.jobs.operations.create_job), from one
+    dict of its options (JobOptions' fields) and where its audio is."""
+    import dataclasses
+
+    from models.jobs.operations import create_job
+    from models.jobs.record import JobOptions
+
+    names = {f.name for f in dataclasses.fields(JobOptions)}
+    options = JobOptions(**{k: v for k, v in fields.items() if k in names})
+    return create_job(rt, spooled, options, **{k: v for k, v in fields.items() if k not in names})

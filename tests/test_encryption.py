@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from helpers import CLIPS, LiveServer, wait_for_job, word_error_rate
+from helpers import CLIPS, LiveServer, make_job, wait_for_job, word_error_rate
 from models.security.crypto import DecryptionError, Keyring, decrypt_value, parse_keys
 from models.security import crypto
 from models.security.sealed import CHUNK_BYTES, MAGIC, EncryptedWriter, open_decrypted
@@ -407,7 +407,7 @@ def test_a_worker_without_the_key_retries_and_a_damaged_file_fails(private_rt):
     made = []
     for _ in range(2):
         spool = rt.storage.spool(io.BytesIO(FOX))
-        made.append(jobs.create_job(rt, spool.path, filename=None, duration=4.3, language="en",
+        made.append(make_job(rt, spool.path, filename=None, duration=4.3, language="en",
                                     priority="normal"))
         spool.release()
     rt_b = private_rt(B)
@@ -430,7 +430,7 @@ def test_fetched_audio_is_written_encrypted(private_rt):
 
     rt = private_rt()
     with Receiver({"/fox.flac": (200, {"Content-Type": "audio/flac"}, FOX)}) as server:
-        job = jobs.create_job(rt, None, filename="fox.flac", duration=None, language="en",
+        job = make_job(rt, None, filename="fox.flac", duration=None, language="en",
                               priority="normal", audio_url=server.url("/fox.flac"))
         preparation.prepare_job(rt, job.id, "")
     stored = jobs.get_job(rt, job.id)
@@ -561,7 +561,7 @@ def test_rotation(private_rt, monkeypatch):
 
     rt = private_rt(A, allow_plaintext=True)  # rows and a file from before encryption, read to be sealed
     spool = rt.storage.spool(io.BytesIO(FOX))
-    job = jobs.create_job(rt, spool.path, filename="fox.flac", duration=4.3, language="en",
+    job = make_job(rt, spool.path, filename="fox.flac", duration=4.3, language="en",
                           priority="normal")
     spool.release()
     preparation.prepare_job(rt, job.id, job.audio_ref)

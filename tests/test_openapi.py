@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 
 import pytest
+
+from helpers import make_job
 import schemathesis
 
 from models.jobs.record import Job
@@ -77,12 +79,11 @@ def conforms(document, api_schema, path: str, method: str, resp) -> None:
 
 
 def _job(rt, **kwargs):
-    from models.jobs.operations import create_job
 
     fields = dict(filename="call.mp3", duration=4.2, language=None, priority="normal",
                   audio_url="http://127.0.0.1:9/call.mp3")
     fields.update(kwargs)
-    return create_job(rt, None, **fields).id
+    return make_job(rt, None, **fields).id
 
 
 def test_real_responses_conform(app, client, document, api_schema):

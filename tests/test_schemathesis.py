@@ -13,6 +13,8 @@ admin token. The broker is the real one: an accepted submission is published.
 from __future__ import annotations
 
 import pytest
+
+from helpers import make_job
 import schemathesis
 
 SEED = 20260608
@@ -70,12 +72,12 @@ def api_schema(settings, database, celery_app, request):
 
 def real_jobs(rt) -> dict[str, list[str]]:
     from models.jobs.deadletter import bury
-    from models.jobs.operations import complete_job, create_job
+    from models.jobs.operations import complete_job
 
     def job(**kwargs) -> str:
         fields = dict(filename="call.mp3", duration=4.2, language=None, priority="normal",
                       audio_url="http://127.0.0.1:9/call.mp3")
-        return create_job(rt, None, **{**fields, **kwargs}).id
+        return make_job(rt, None, **{**fields, **kwargs}).id
 
     def waiting() -> list[str]:
         return [job(priority=p, callback_url="http://127.0.0.1:9/hook") for p in ("high", "normal", "low")]
@@ -116,7 +118,6 @@ def test_what_fuzzing_found_stays_fixed(client, app, monkeypatch):
     import json
 
     from models.jobs.deadletter import bury
-    from models.jobs.operations import create_job
 
     # "²".isdigit() is true, but int("²") raises: a 500 before.
     assert client.get("/v1/jobs?limit=%C2%B2").status_code == 400
@@ -128,7 +129,7 @@ def test_what_fuzzing_found_stays_fixed(client, app, monkeypatch):
     assert "GET" in client.delete("/v1/jobs").headers["Allow"]
 
     rt = app.extensions["whisperq"]
-    ids = [create_job(rt, None, filename="a.mp3", duration=None, language=None, priority="normal",
+    ids = [make_job(rt, None, filename="a.mp3", duration=None, language=None, priority="normal",
                       audio_url="http://127.0.0.1:9/a.mp3").id for _ in range(2)]
     for job_id in ids:
         bury(rt, job_id, "whisperq.transcribe", "the audio could not be fetched", None)

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import make_job
+
 TEMPLATES = Path(__file__).resolve().parent.parent / "web" / "templates"
 COMMON = {
     "X-Content-Type-Options": "nosniff",
@@ -61,9 +63,8 @@ def test_a_405_names_the_allowed_methods(client):
 
 
 def test_the_job_page_is_not_cached(client, app):
-    from models.jobs.operations import create_job
 
-    job = create_job(app.extensions["whisperq"], None, filename="a.mp3", duration=1.0, language=None,
+    job = make_job(app.extensions["whisperq"], None, filename="a.mp3", duration=1.0, language=None,
                      priority="normal", audio_url="http://127.0.0.1:9/a.mp3")
     resp = client.get(f"/jobs/{job.id}")
     assert resp.status_code == 200
@@ -111,10 +112,10 @@ document.addEventListener("securitypolicyviolation", function (e) {
 def test_the_pages_run_in_a_browser_without_a_policy_violation(live_server, app, tmp_path):
     from test_browser import start_chromium
 
-    from models.jobs.operations import complete_job, create_job
+    from models.jobs.operations import complete_job
 
     rt = app.extensions["whisperq"]
-    job = create_job(rt, None, filename="a.mp3", duration=1.0, language=None, priority="normal",
+    job = make_job(rt, None, filename="a.mp3", duration=1.0, language=None, priority="normal",
                      audio_url="http://127.0.0.1:9/a.mp3")
     complete_job(rt, job.id, {"text": "Hello.", "language": "en", "duration": 1.0,
                               "segments": [{"start": 0.0, "end": 1.0, "text": " Hello."}]})

@@ -12,7 +12,7 @@ import uuid
 import pytest
 from sqlalchemy import text
 
-from helpers import CLIPS, need_service
+from helpers import CLIPS, make_job, need_service
 
 from models.security.sealed import MAGIC
 from models.storage.base import audio_ref
@@ -119,10 +119,10 @@ def test_samples_round_trip_and_are_replaced_in_place(rt):
 
 
 def test_a_job_and_its_audio_are_written_together_and_deleted_together(rt):
-    from models.jobs.operations import create_job, delete_job
+    from models.jobs.operations import delete_job
 
     data = CLIPS["fox.flac"]["path"].read_bytes()
-    job = create_job(rt, spooled=spooled(rt, data).path, filename="fox.flac", duration=4.3, audio_format="flac", language="en",
+    job = make_job(rt, spooled(rt, data).path, filename="fox.flac", duration=4.3, audio_format="flac", language="en",
                      priority="normal")
     assert rt.storage.exists(job.audio_ref)
     with rt.storage.open(job.audio_ref) as fh:
@@ -157,7 +157,7 @@ def test_a_row_that_cannot_be_written_leaves_no_audio(rt, monkeypatch):
     monkeypatch.setattr(operations, "Job", refused)
     job_id = str(uuid.uuid4())
     with pytest.raises(RuntimeError, match="refused"):
-        operations.create_job(rt, spooled=spooled(rt, b"audio" * 1000).path, filename=None, duration=1.0,
+        make_job(rt, spooled(rt, b"audio" * 1000).path, filename=None, duration=1.0,
                               audio_format="wav", language="en", priority="normal", job_id=job_id)
     if rt.storage.kind == "postgres":
         assert made and existing(rt, set(made)) == set()  # rolled back with the row

@@ -15,7 +15,7 @@ from datetime import date, datetime, timedelta, timezone
 import pytest
 from sqlalchemy import func, select, update
 
-from helpers import CLIPS, stored_files
+from helpers import CLIPS, make_job, stored_files
 
 FOX = CLIPS["fox.flac"]["path"].read_bytes()
 FOX_SECONDS = 4.3  # its header's length, what the door measures
@@ -344,7 +344,6 @@ def test_many_racing_submissions_never_pass_the_quota(settings, tmp_path, monkey
     """Sixteen threads submit by the models' own functions at once, with room for five: at most
     five get in, every one refused is withdrawn, and one by one the rest of the room fills."""
     from models.access import quotas
-    from models.jobs.operations import create_job
 
     door = door_for(settings, tmp_path, monkeypatch, quota_hours_standard=5 * FOX_SECONDS / 3600)
     owner, start, admitted, refused = door.id("alice"), threading.Barrier(16, timeout=30), [], []
@@ -353,7 +352,7 @@ def test_many_racing_submissions_never_pass_the_quota(settings, tmp_path, monkey
         start.wait()
         try:
             quotas.check(door.rt, owner, FOX_SECONDS)
-            job = create_job(door.rt, None, filename="fox.flac", duration=FOX_SECONDS, language=None,
+            job = make_job(door.rt, None, filename="fox.flac", duration=FOX_SECONDS, language=None,
                              priority="normal", owner=owner)
             quotas.confirm_or_withdraw(door.rt, job)
             admitted.append(job.id)
@@ -383,7 +382,7 @@ def test_the_month_boundary_with_now_passed_in(settings, tmp_path, monkeypatch, 
     from models.access import quotas
     from models.access.statements import report
     from models.access.usage import next_month
-    from models.jobs.operations import complete_job, create_job
+    from models.jobs.operations import complete_job
     from models.jobs.record import Job
 
     door = door_for(settings, tmp_path, monkeypatch, quota_hours_standard=6.0 / 3600)  # 6 s a month
@@ -392,7 +391,7 @@ def test_the_month_boundary_with_now_passed_in(settings, tmp_path, monkeypatch, 
     february = datetime(2026, 2, 1, tzinfo=timezone.utc)
 
     def job_at(when: datetime, seconds: float, done: bool = True) -> str:
-        job = create_job(rt, None, filename="a.flac", duration=seconds, language=None, priority="normal", owner=owner)
+        job = make_job(rt, None, filename="a.flac", duration=seconds, language=None, priority="normal", owner=owner)
         with rt.db.session() as session:
             session.execute(update(Job).where(Job.id == job.id).values(created_at=when))
         if done:
@@ -424,7 +423,7 @@ def test_the_month_boundary_with_now_passed_in(settings, tmp_path, monkeypatch, 
     assert hour.value.retry_after == 3600
     assert next_month(datetime(2026, 12, 31, 23, 0, tzinfo=timezone.utc)) == datetime(2027, 1, 1, tzinfo=timezone.utc)
     # The door's second check counts the job against the month it was made in.
-    late_job = create_job(rt, None, filename="b.flac", duration=2.5, language=None, priority="normal", owner=owner)
+    late_job = make_job(rt, None, filename="b.flac", duration=2.5, language=None, priority="normal", owner=owner)
     with rt.db.session() as session:
         session.execute(update(Job).where(Job.id == late_job.id).values(created_at=january))
     late_job.created_at = january

@@ -121,7 +121,7 @@ def create():
     except ValueError as exc:
         raise InvalidRequest(f"the body is not valid JSON ({exc})") from None
     admitted, callback = check_batch(rt, who, body)
-    fingerprint = hashlib.sha256(json.dumps(["batch", callback, [[a.submission.audio_url, a.options] for a in admitted]],
+    fingerprint = hashlib.sha256(json.dumps(["batch", callback, [[a.submission.audio_url, a.options.fields()] for a in admitted]],
                                             sort_keys=True).encode()).hexdigest()
     return _create(rt, who, key, admitted, callback, fingerprint)
 

@@ -23,7 +23,7 @@ from models.errors import (
     PermanentJobError,
 )
 from models.jobs import metrics
-from models.jobs.record import Job, JobStatus, Stage, new_job_id, utcnow
+from models.jobs.record import Job, JobOptions, JobStatus, Stage, new_job_id, utcnow
 from models.jobs.shadows import forget_shadows, settle_for
 from models.storage import prepared_ref
 
@@ -59,32 +59,25 @@ def check_options(language: str | None, priority: str, task: str) -> None:
 def create_job(
     rt: Runtime,
     spooled: Path | None,
+    options: JobOptions = JobOptions(),
     *,
-    filename: str | None,
-    duration: float | None,
+    filename: str | None = None,
+    duration: float | None = None,
     audio_format: str | None = None,
-    language: str | None,
-    priority: str,
-    task: str = "transcribe",
-    callback_url: str | None = None,
-    word_timestamps: bool = False,
     audio_url: str | None = None,
-    prompt: str | None = None,
-    temperature: float | None = None,
+    caller_file: str | None = None,
     owner: str | None = None,
-    model: str | None = None,
-    collect: bool = False,
     rerun_of: str | None = None,
     job_id: str | None = None,
-    caller_file: str | None = None,
     origin: str | None = None,
 ) -> Job:
-    """Move a validated upload into storage and record its PENDING job (before publishing).
-    A job submitted by URL has no file yet: the preparation pool fetches it. A `caller_file`
-    (a checked path under WHISPERQ_INPUT_DIRS) is read in place and never deleted.
+    """Move a validated upload into storage and record its PENDING job (before publishing),
+    with `options` as the door checked them. A job submitted by URL has no file yet: the
+    preparation pool fetches it. A `caller_file` (a checked path under WHISPERQ_INPUT_DIRS) is
+    read in place and never deleted.
 
-    `model` may name an alias (config.registry): the job's model is chosen here, once, by
-    the alias's weights; a share of a model's jobs is marked for shadow decoding."""
+    `options.model` may name an alias (config.registry): the job's model is chosen here, once,
+    by the alias's weights; a share of a model's jobs is marked for shadow decoding."""
     job_id = job_id or new_job_id()
     ref = ""
     try:
@@ -93,17 +86,15 @@ def create_job(
             # transaction, so a job is never without its audio, nor audio without its job.
             ref = rt.storage.adopt(spooled, job_id, session=session) if spooled is not None else ""
             job = job_row(rt, job_id, ref or caller_file or "", audio_owned=caller_file is None, filename=filename,
-                          duration=duration, callback_url=callback_url, word_timestamps=word_timestamps,
-                          audio_url=audio_url, language=language, priority=priority, task=task, prompt=prompt,
-                          temperature=temperature, owner=owner, audio_format=audio_format, model=model,
-                          collect=collect, rerun_of=rerun_of, origin=origin)
+                          duration=duration, audio_url=audio_url, owner=owner, audio_format=audio_format,
+                          rerun_of=rerun_of, origin=origin, **options.fields())
             session.add(job)
     except BaseException:
         if ref:
             rt.storage.delete(ref)
         raise
     log.info("job %s created (%s, priority %s)", job_id,
-             f"{duration:.1f} s of audio" if duration is not None else "audio to fetch", priority)
+             f"{duration:.1f} s of audio" if duration is not None else "audio to fetch", options.priority)
     return job
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import enum
 import uuid
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
@@ -11,6 +12,25 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from models.db import Base, UTCDateTime, utcnow  # noqa: F401 - utcnow is part of this API
 from models.security.crypto import SealedAttribute
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """How a job is to be transcribed, as a client asked (checked by
+    models.pipeline.options.parse_options at the one door): the job row's own fields."""
+
+    language: str | None = None
+    priority: str = "normal"
+    task: str = "transcribe"
+    model: str | None = None  # a model or an alias (config.registry); None: the default
+    word_timestamps: bool = False
+    prompt: str | None = None
+    temperature: float | None = None
+    callback_url: str | None = None
+    collect: bool = False
+
+    def fields(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 class JobStatus(str, enum.Enum):

@@ -34,7 +34,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -44,7 +44,7 @@ from models.access.apikeys import Principal, key_collects, principal_for_key_id
 from models.errors import Forbidden, IdempotencyConflict, InvalidRequest
 from models.jobs import idempotency
 from models.jobs.operations import get_job
-from models.jobs.record import Job
+from models.jobs.record import Job, JobOptions
 from models.pipeline.options import check_served, parse_options
 from models.security.crypto import DecryptionError, decrypt_value, seal_value
 from models.speech import audio as audio_io
@@ -89,7 +89,7 @@ class Admission:
     """A submission that passed every rule: what `accept` records."""
 
     submission: Submission
-    options: Mapping[str, Any]
+    options: JobOptions
     seconds: float | None  # the audio's length by its header; None until a URL is fetched
     audio_format: str | None = None
     path: str | None = None  # a caller's file, resolved
@@ -103,7 +103,7 @@ class Admission:
 
     @property
     def priority(self) -> str:
-        return self.options["priority"]
+        return self.options.priority
 
 
 # -- who ---------------------------------------------------------------------------------------
@@ -177,14 +177,15 @@ def scoped_key(who: Principal, namespace: str, key: str | None) -> str | None:
     return "i:" + hashlib.sha256(json.dumps([namespace, who.owner, key]).encode()).hexdigest()
 
 
-def _options(rt: Runtime, sub: Submission) -> dict[str, Any]:
+def _options(rt: Runtime, sub: Submission) -> JobOptions:
     options = parse_options(sub.fields, rt.settings, sub.default_priority or sub.who.default_priority())
-    if options["model"] is not None and options["model"] != rt.settings.default_model:
-        check_served(rt, options["model"])
-    sub.who.check_priority(options["priority"])
+    if options.model is not None and options.model != rt.settings.default_model:
+        check_served(rt, options.model)
+    sub.who.check_priority(options.priority)
     said = sub.fields.get("collect")
     if said is None or (isinstance(said, str) and not said.strip()):  # not said: the key's choice
-        options["collect"] = key_collects(rt, sub.rerun_of.owner if sub.rerun_of is not None else sub.who.owner)
+        owner = sub.rerun_of.owner if sub.rerun_of is not None else sub.who.owner
+        options = replace(options, collect=key_collects(rt, owner))
     return options
 
 
@@ -208,12 +209,12 @@ def _path(rt: Runtime, sub: Submission, local: bool = True) -> str:
     return path
 
 
-def _fingerprint(sub: Submission, options: Mapping[str, Any], what: Any) -> str:
+def _fingerprint(sub: Submission, options: JobOptions, what: Any) -> str:
     if sub.upload is not None:
         digest = sub.upload.sha256.copy()
-        digest.update(json.dumps([sub.filename, options], sort_keys=True).encode())
+        digest.update(json.dumps([sub.filename, options.fields()], sort_keys=True).encode())
         return digest.hexdigest()
-    return hashlib.sha256(json.dumps([what, options], sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(json.dumps([what, options.fields()], sort_keys=True).encode()).hexdigest()
 
 
 def idempotent_hit(rt: Runtime, who: Principal, key: str | None, fingerprint: str) -> str | None:
@@ -274,7 +275,7 @@ def admit(rt: Runtime, sub: Submission, *, namespace: str | None = None, queue: 
     owner = sub.rerun_of.owner if sub.rerun_of is not None else sub.who.owner
     counted = seconds if seconds is not None else rt.settings.unfetched_audio_seconds
     if queue:
-        check_queue(rt, options["priority"], owner=owner)
+        check_queue(rt, options.priority, owner=owner)
     if quota:
         quotas.check(rt, owner, counted, tier=sub.who.tier if sub.rerun_of is None else None)
     return Admission(sub, options, seconds, fmt, path, key, fingerprint)

@@ -39,7 +39,7 @@ def _filename(sub: Submission, admitted: Admission) -> str | None:
 def job_fields(admitted: Admission) -> dict[str, Any]:
     """A batch job's row fields (models.jobs.batches.create_batch) from its admission."""
     sub = admitted.submission
-    return {**admitted.options, "audio_url": sub.audio_url, "filename": _filename(sub, admitted),
+    return {**admitted.options.fields(), "audio_url": sub.audio_url, "filename": _filename(sub, admitted),
             "duration": admitted.seconds, "audio_format": admitted.audio_format, "origin": sub.door,
             **({"spooled": sub.upload.path} if sub.upload is not None else {})}
 
@@ -53,12 +53,12 @@ def record(rt: Runtime, admitted: Admission) -> Job:
     if sub.rerun_of is not None and sub.rerun_of.audio_ref:
         spooled = copied = rt.storage.copy_to_spool(sub.rerun_of.audio_ref)
     try:
-        job = create_job(rt, spooled, filename=_filename(sub, admitted), duration=admitted.seconds,
+        job = create_job(rt, spooled, admitted.options, filename=_filename(sub, admitted), duration=admitted.seconds,
                          audio_format=admitted.audio_format, owner=admitted.owner, origin=sub.door,
                          audio_url=sub.audio_url.strip() if sub.audio_url else (
                              sub.rerun_of.audio_url if sub.rerun_of is not None and copied is None else None),
                          caller_file=admitted.path, rerun_of=sub.rerun_of.id if sub.rerun_of is not None else None,
-                         job_id=sub.job_id, **admitted.options)
+                         job_id=sub.job_id)
     except BaseException:
         if copied is not None:
             copied.unlink(missing_ok=True)

@@ -9,6 +9,7 @@ from config.celeryconfig import inference_queue
 from models.delivery.outbound import check_url
 from models.errors import InvalidRequest, ModelNotServed
 from models.jobs.operations import check_options
+from models.jobs.record import JobOptions
 from models.jobs.workers import served_models
 from models.speech.catalog import check_language, multilingual, route_models
 
@@ -30,7 +31,7 @@ def _text(form: Mapping, name: str) -> str | None:
     return value
 
 
-def parse_options(form: Mapping, settings, default_priority: str = "normal") -> dict:
+def parse_options(form: Mapping, settings, default_priority: str = "normal") -> JobOptions:
     language = (_text(form, "language") or "").strip().lower() or None
     if language == "auto":
         language = None
@@ -67,9 +68,9 @@ def parse_options(form: Mapping, settings, default_priority: str = "normal") -> 
             temperature = -1.0
         if not 0.0 <= temperature <= 1.0:
             raise InvalidRequest(f"temperature must be a number from 0 to 1, not {raw_temperature!r}")
-    return {"language": language, "priority": priority, "task": task, "callback_url": callback_url,
-            "word_timestamps": words in TRUE, "prompt": prompt, "temperature": temperature or None, "model": model,
-            "collect": collect in TRUE}
+    return JobOptions(language=language, priority=priority, task=task, callback_url=callback_url,
+                      word_timestamps=words in TRUE, prompt=prompt, temperature=temperature or None, model=model,
+                      collect=collect in TRUE)
 
 
 def check_served(rt: Runtime, model: str | None) -> None:
