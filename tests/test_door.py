@@ -260,3 +260,34 @@ def test_a_file_swapped_for_a_link_after_the_door_is_not_followed(door_rt, tmp_p
     with pytest.raises(PermanentJobError, match="link"):
         prepare_job(rt, job.id, job.audio_ref, {})
     assert get_job(rt, job.id).status == "FAILED"
+
+
+# -- what a message may not claim -----------------------------------------------------------
+
+def test_an_owner_token_names_only_the_job_and_key_it_was_sealed_for(door_rt):
+    from models.errors import InvalidRequest
+    from models.pipeline import door
+
+    token = door.owner_token("job-1", "key-a")
+    assert door.owner_from_token("job-1", token) == "key-a"
+    for job_id, given in (("job-2", token), ("job-1", "key-a"), ("job-1", None)):
+        with pytest.raises(InvalidRequest, match="owner_token"):
+            door.owner_from_token(job_id, given)
+
+
+def test_an_inference_message_naming_samples_not_its_own_is_dropped(door_rt, monkeypatch):
+    import sys
+
+    from celery.exceptions import Reject
+
+    import tasks.transcribe  # noqa: F401 - the module, reached below (its name is also the task's)
+    from models.pipeline.messages import Prepared
+    from models.speech.windows import Window
+
+    module = sys.modules["tasks.transcribe"]
+    monkeypatch.setattr(module, "runtime", lambda: door_rt)
+    theirs = Prepared(str(uuid.uuid4()), f"prepared/ab/{uuid.uuid4()}.npy", 1.0, (Window(((0, 16000),)),))
+    with pytest.raises(Reject, match="not its own"):
+        module.infer.run(theirs.to_message())
+    with pytest.raises(Reject, match="not its own"):
+        module.shadow.run(theirs.to_message())

@@ -93,6 +93,7 @@ class Admission:
     seconds: float | None  # the audio's length by its header; None until a URL is fetched
     audio_format: str | None = None
     path: str | None = None  # a caller's file, resolved
+    audio_url: str | None = None  # as the address guard passed it
     idempotency_key: str | None = None  # scoped
     fingerprint: str | None = None
     earlier: Job | None = None  # the job made before under the same idempotency key
@@ -278,7 +279,7 @@ def admit(rt: Runtime, sub: Submission, *, namespace: str | None = None, queue: 
         check_queue(rt, options.priority, owner=owner)
     if quota:
         quotas.check(rt, owner, counted, tier=sub.who.tier if sub.rerun_of is None else None)
-    return Admission(sub, options, seconds, fmt, path, key, fingerprint)
+    return Admission(sub, options, seconds, fmt, path, url, key, fingerprint)
 
 
 def _length_if_readable(path: str, limit: float) -> float | None:

@@ -29,8 +29,8 @@ def _filename(sub: Submission, admitted: Admission) -> str | None:
         return clean_filename(sub.filename)
     if admitted.path is not None:
         return clean_filename(os.path.basename(admitted.path))
-    if sub.audio_url is not None:
-        return clean_filename(sub.audio_url.rsplit("/", 1)[-1].split("?", 1)[0])
+    if admitted.audio_url is not None:
+        return clean_filename(admitted.audio_url.rsplit("/", 1)[-1].split("?", 1)[0])
     if sub.rerun_of is not None:
         return sub.rerun_of.filename
     return None
@@ -39,7 +39,7 @@ def _filename(sub: Submission, admitted: Admission) -> str | None:
 def job_fields(admitted: Admission) -> dict[str, Any]:
     """A batch job's row fields (models.jobs.batches.create_batch) from its admission."""
     sub = admitted.submission
-    return {**admitted.options.fields(), "audio_url": sub.audio_url, "filename": _filename(sub, admitted),
+    return {**admitted.options.fields(), "audio_url": admitted.audio_url, "filename": _filename(sub, admitted),
             "duration": admitted.seconds, "audio_format": admitted.audio_format, "origin": sub.door,
             **({"spooled": sub.upload.path} if sub.upload is not None else {})}
 
@@ -55,7 +55,7 @@ def record(rt: Runtime, admitted: Admission) -> Job:
     try:
         job = create_job(rt, spooled, admitted.options, filename=_filename(sub, admitted), duration=admitted.seconds,
                          audio_format=admitted.audio_format, owner=admitted.owner, origin=sub.door,
-                         audio_url=sub.audio_url.strip() if sub.audio_url else (
+                         audio_url=admitted.audio_url or (
                              sub.rerun_of.audio_url if sub.rerun_of is not None and copied is None else None),
                          caller_file=admitted.path, rerun_of=sub.rerun_of.id if sub.rerun_of is not None else None,
                          job_id=sub.job_id)
