@@ -76,9 +76,6 @@ class TranscribeTask(Task):
         audio = args[0] if args else kwargs.pop("audio", None)
         if not isinstance(audio, str) or not audio:
             raise TypeError("transcribe needs the audio file's path (a string) as its first argument")
-        if not os.path.isabs(audio):
-            raise ValueError(f"transcribe.delay() takes the absolute path of a file under WHISPERQ_INPUT_DIRS, readable "
-                             f"by the workers, not {audio!r}")
         task_id = options.setdefault("task_id", str(uuid.uuid4()))
         checked = checked_options(self.app.conf.whisperq_settings, {**kwargs, "_audio": audio, "_job_id": task_id})
         options.setdefault("priority", broker_priority(checked["priority"], self.app.conf.broker_url))
@@ -166,7 +163,7 @@ def transcribe(self, audio: str, language: str | None = None, priority: str = "n
     if prepared.shadow:
         _send_shadow(self, prepared)
     tier = prepared.priority
-    keep = _answer(rt, job_id, {}) is not None
+    keep = keeps_result(get_job(rt, job_id))
     return self.replace(
         infer.s(prepared.to_message()).set(queue=inference_queue(self.app.conf.whisperq_settings, prepared.model),
                                            priority=broker_priority(tier, self.app.conf.broker_url),

@@ -209,14 +209,21 @@ class LiveServer:
         self.httpd.shutdown()
 
 
-def wait_for_line(worker, line: str, timeout: float = 120.0) -> None:
-    """Until a pool's log has `line`: the event that proves a message was taken and handled."""
+def wait_until(check, timeout: float, what: str):
+    """`check()`'s first true value, looked for every 0.1 s; AssertionError saying `what`
+    did not happen after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if line in worker.output():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"no {line!r} in the workers' logs within {timeout} s")
+        value = check()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"{what} within {timeout} s")
+
+
+def wait_for_line(worker, line: str, timeout: float = 120.0) -> None:
+    """Until a pool's log has `line`: the event that proves a message was taken and handled."""
+    wait_until(lambda: line in worker.output(), timeout, f"no {line!r} in the workers' logs")
 
 
 def make_job(rt, spooled=None, **fields):

@@ -9,7 +9,7 @@ from datetime import datetime
 import pytest
 
 from helpers import (CLIPS, PIPELINE_MARGIN, Receiver, long_recording, normalise, pipeline_wer, stored_files,
-                     word_error_rate, write_wav)
+                     wait_until, word_error_rate, write_wav)
 
 pytestmark = pytest.mark.integration
 
@@ -21,16 +21,6 @@ def submit(client, name: str = "fox.flac", data: bytes | None = None, **fields) 
     resp = client.post("/v1/jobs", data={"file": (io.BytesIO(audio), name), **fields}, content_type="multipart/form-data")
     assert resp.status_code == 202, resp.get_json()
     return resp.get_json()
-
-
-def wait_until(check, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"{what} within {timeout} s")
 
 
 def wait_final(client, job_id: str, timeout: float = 120) -> dict:

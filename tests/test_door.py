@@ -9,14 +9,13 @@ import io
 import os
 import shutil
 import struct
-import time
 import uuid
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from helpers import CLIPS, wait_for_job, wait_for_line
+from helpers import CLIPS, wait_for_job, wait_for_line, wait_until
 
 FOX = CLIPS["fox.flac"]["path"]
 
@@ -126,19 +125,18 @@ def test_a_raw_message_names_its_owner_only_with_the_key_itself(client, worker, 
 
 
 def finished_row(rt, job_id: str, timeout: float = 120.0):
+    """The job's row once it has finished (the preparation pool makes it from the message)."""
     from models.errors import JobNotFound
     from models.jobs.operations import get_job
 
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def finished():
         try:
             job = get_job(rt, job_id)
-            if job.state.finished:
-                return job
         except JobNotFound:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"job {job_id} did not finish within {timeout} s")
+            return None
+        return job if job.state.finished else None
+
+    return wait_until(finished, timeout, f"job {job_id} did not finish")
 
 
 def test_a_header_that_lies_gains_nothing_at_preparation(door_rt, tmp_path):

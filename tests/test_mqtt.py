@@ -281,8 +281,9 @@ def listener(prefix):
     found.close()
 
 
-@pytest.fixture()
-def bridge(prefix, tmp_path, worker):
+def bridges(prefix: str, tmp_path):
+    """Start bridges with `make(**env)`; each still running is killed, and the bridge's
+    session forgotten, when the test ends (a fixture's body: `yield from bridges(...)`)."""
     made: list[BridgeProcess] = []
 
     def make(**env: str) -> BridgeProcess:
@@ -294,6 +295,11 @@ def bridge(prefix, tmp_path, worker):
         if one.proc is not None and one.proc.poll() is None:
             one.kill()
     _forget_session(f"{prefix}-bridge")
+
+
+@pytest.fixture()
+def bridge(prefix, tmp_path, worker):
+    yield from bridges(prefix, tmp_path)
 
 
 def job_rows(settings) -> int:

@@ -13,14 +13,13 @@ import shutil
 import socket
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
-from helpers import FIXTURES, need_service
-from test_mqtt import FOX, MOSQUITTO, ROOT, BridgeProcess, Listener, _forget_session, check_result
-from test_mqtt import bridge, mosquitto, prefix  # noqa: F401 (fixtures)
+from helpers import FIXTURES, need_service, wait_until
+from test_mqtt import FOX, MOSQUITTO, ROOT, _forget_session, bridges, check_result
+from test_mqtt import bridge, listener, mosquitto, prefix  # noqa: F401 (fixtures)
 
 SHIPPED_CONF = ROOT / "deploy" / "mosquitto" / "whisperq.conf"
 
@@ -77,24 +76,7 @@ def _limits(path: Path) -> dict[str, int]:
 @pytest.fixture()
 def bridge_alone(prefix, tmp_path, database):
     """The bridge without worker pools: enough for requests it refuses."""
-    made: list[BridgeProcess] = []
-
-    def make(**env: str) -> BridgeProcess:
-        made.append(BridgeProcess(prefix, tmp_path, **env))
-        return made[-1]
-
-    yield make
-    for one in made:
-        if one.proc is not None and one.proc.poll() is None:
-            one.kill()
-    _forget_session(f"{prefix}-bridge")
-
-
-@pytest.fixture()
-def listener(prefix):
-    found = Listener(prefix)
-    yield found
-    found.close()
+    yield from bridges(prefix, tmp_path)
 
 
 def peak_rss_kib(pid: int) -> int:
@@ -185,16 +167,21 @@ def _private_mosquitto(tmp_path: Path, extra: str) -> tuple[subprocess.Popen, in
     conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nuser root\n{extra}")
     log = tmp_path / "mosquitto.log"
     broker = subprocess.Popen(["mosquitto", "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=log.open("w"))
-    deadline = time.monotonic() + 20
-    while True:
+
+    def listening() -> bool:
+        assert broker.poll() is None, f"the private Mosquitto exited:\n{log.read_text()}"
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return broker, port
+            return True
         except OSError:
-            if broker.poll() is not None or time.monotonic() > deadline:
-                broker.kill()
-                raise AssertionError(f"the private Mosquitto did not start:\n{log.read_text()}")
-            time.sleep(0.1)
+            return False
+
+    try:
+        wait_until(listening, 20, f"the private Mosquitto did not listen on {port}")
+    except AssertionError:
+        broker.kill()
+        raise
+    return broker, port
 
 
 def test_the_shipped_limits_disconnect_a_client_that_sends_too_big_a_packet(tmp_path):

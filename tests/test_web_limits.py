@@ -130,7 +130,7 @@ def test_delay_refuses_a_relative_path_before_anything_is_queued():
     from tasks import transcribe
 
     for given in ("../../etc/passwd", "relative.flac", "audio/ab/abcdef"):
-        with pytest.raises(ValueError, match="absolute path of a file under WHISPERQ_INPUT_DIRS"):
+        with pytest.raises(ValueError, match="absolute path of an audio file in your input directories"):
             transcribe.delay(given)
 
 

@@ -3,16 +3,10 @@ is read, what the one door (models.pipeline.door) can refuse without it. Everyth
 the body is the door's."""
 from __future__ import annotations
 
-import logging
-
 from flask import current_app, g, request
 
-from models.access.admission import RateLimited, rate_limiter
+from models.access.admission import check_rate
 from models.pipeline.door import check_before_body
-
-log = logging.getLogger(__name__)
-
-_UNSET = object()
 
 
 def client_key() -> str:
@@ -25,37 +19,11 @@ def client_key() -> str:
     return "addr:" + (request.remote_addr or "unknown")
 
 
-def _rate() -> str | None:
-    """The key's tier sets its rate (WHISPERQ_RATE_LIMIT_<TIER>); anonymous use has
-    WHISPERQ_RATE_LIMIT."""
-    settings = current_app.extensions["whisperq"].settings
-    found = g.get("principal")
-    if found is not None and found.tier is not None:
-        return getattr(settings, f"rate_limit_{found.tier}")
-    return settings.rate_limit
-
-
-def _limiter():
-    rate = _rate()
-    limiters = current_app.extensions.setdefault("ratelimiters", {})
-    limiter = limiters.get(rate, _UNSET)
-    if limiter is _UNSET:
-        limiter = limiters[rate] = rate_limiter(current_app.extensions["whisperq"].settings, rate)
-    return limiter
-
-
 def admit_submission() -> None:
     """Before the body is read: the client's rate here, then what the one door refuses before
     any body (models.pipeline.door.check_before_body: disk floor, queue budget, spent quota)."""
     rt = current_app.extensions["whisperq"]
-    limiter = _limiter()
-    if limiter is not None:
-        try:
-            g.ratelimit_headers = limiter.hit(client_key())
-        except RateLimited:
-            raise
-        except Exception as exc:  # Redis away: serve rather than refuse everyone
-            log.warning("rate limit not checked: %s", exc)
+    g.ratelimit_headers = check_rate(rt.settings, g.principal.tier, client_key())
     check_before_body(rt, g.principal, idempotent=request.headers.get("Idempotency-Key") is not None)
 
 

@@ -231,3 +231,28 @@ def rate_limiter(settings, rate=_UNSET) -> RateLimiter | None:
 
     limit, window = parse_rate(rate)
     return RateLimiter(redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2), limit, window)
+
+
+_limiters: dict[tuple, RateLimiter | None] = {}
+
+
+def check_rate(settings, tier: str | None, client: str) -> dict[str, str]:
+    """Count one submission of `client` (a key's bucket, else an address's) at its tier's rate
+    (WHISPERQ_RATE_LIMIT_<TIER>; anonymous use: WHISPERQ_RATE_LIMIT), every way in alike.
+    Returns the RateLimit headers; RateLimited past the rate. With no Redis to count in, or
+    Redis away, nothing is counted: serving beats refusing everyone."""
+    rate = getattr(settings, f"rate_limit_{tier}") if tier is not None else settings.rate_limit
+    key = (settings.redis_url, settings.broker_url, rate)
+    if key not in _limiters:
+        _limiters[key] = rate_limiter(settings, rate)
+    limiter = _limiters[key]
+    if limiter is None:
+        return {}
+    try:
+        return limiter.hit(client)
+    except RateLimited:
+        raise
+    except Exception as exc:
+        log.warning("rate limit not checked: %s", exc)
+        return {}
+

@@ -48,7 +48,7 @@ from models.jobs.record import Job, JobOptions
 from models.pipeline.options import check_served, parse_options
 from models.security.crypto import DecryptionError, decrypt_value, seal_value
 from models.speech import audio as audio_io
-from models.storage import SealedSpool, caller_file
+from models.storage import SealedSpool, caller_file, open_caller_file
 
 if TYPE_CHECKING:
     from models.runtime import Runtime
@@ -191,9 +191,9 @@ def _options(rt: Runtime, sub: Submission) -> JobOptions:
 
 
 def _path(rt: Runtime, sub: Submission, local: bool = True) -> str:
-    """The caller's file, resolved, inside its owner's input directories; the same answer
-    whether it is outside them, in another owner's, or missing there, so a refusal tells
-    nothing of other tenants' files."""
+    """The caller's file, resolved, inside its owner's input directories. A file in another
+    key's directory gets the answer a path outside every directory gets, whether it exists
+    or not: a refusal tells nothing of other tenants' files."""
     given = sub.path.strip() if isinstance(sub.path, str) else None
     listed = ", ".join(str(d) for d in input_dirs_of(rt, sub.who.owner, sub.who.admin)[0]) or (
         "none: an operator gives this key its own with WHISPERQ_INPUT_DIRS")
@@ -242,6 +242,8 @@ def admit(rt: Runtime, sub: Submission, *, namespace: str | None = None, queue: 
     (a batch, all of its jobs at once: `check_share`) or were (a message already queued).
     `local=False`: a path is checked for whose it is, but it may not be readable here
     (transcribe.delay() from another host): measured where it is, else by the workers."""
+    if sub.upload is None and sub.audio_url is None and sub.path is None and sub.rerun_of is None:
+        raise InvalidRequest("no audio: send a file, an audio_url or a path")
     options = _options(rt, sub)
     key = scoped_key(sub.who, namespace or sub.door, sub.idempotency_key)
     path = _path(rt, sub, local) if sub.path is not None else None
@@ -249,6 +251,8 @@ def admit(rt: Runtime, sub: Submission, *, namespace: str | None = None, queue: 
     if url is not None:
         from models.delivery.outbound import check_url
 
+        if not isinstance(url, str) or not url.strip():
+            raise InvalidRequest("audio_url must be the http(s) URL of the audio, as a string")
         url = check_url(url.strip(), rt.settings, "audio_url")
     fingerprint = _fingerprint(sub, options, url or path or (sub.rerun_of.id if sub.rerun_of else None))
     earlier = idempotent_hit(rt, sub.who, key, fingerprint)
@@ -263,7 +267,7 @@ def admit(rt: Runtime, sub: Submission, *, namespace: str | None = None, queue: 
         seconds, fmt = info.duration, info.format
     elif path is not None and local:
         try:
-            with open_caller(path) as fh:
+            with open_caller_file(path) as fh:
                 info = audio_io.probe(fh, max_seconds=limit)
         except OSError as exc:
             raise InvalidRequest(f"the file at path {path!r} could not be read ({exc.strerror or exc}); check that "
@@ -284,7 +288,7 @@ def admit(rt: Runtime, sub: Submission, *, namespace: str | None = None, queue: 
 
 def _length_if_readable(path: str, limit: float) -> float | None:
     try:
-        with open_caller(path) as fh:
+        with open_caller_file(path) as fh:
             return audio_io.probe(fh, max_seconds=limit).duration
     except Exception:  # unreadable here, not audio, too long: the preparation pool fails it, saying why
         return None
@@ -298,12 +302,6 @@ def check_share(rt: Runtime, who: Principal, priority: str, seconds: list[float]
     ahead = Backlog(len(seconds) - 1, sum(seconds) - max(seconds))
     check_queue(rt, priority, owner=who.owner, ahead=ahead)
     quotas.check(rt, who.owner, sum(seconds), tier=who.tier)
-
-
-def open_caller(path: str):
-    from models.storage.spool import open_caller_file
-
-    return open_caller_file(path)
 
 
 def seen(rt: Runtime, key: str | None) -> bool:

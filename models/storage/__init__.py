@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING
 from models.storage.base import Storage, StoredFile, prepared_ref
 from models.storage.local import LocalStorage
 from models.storage.postgres import PostgresStorage, StoredObject
-from models.storage.spool import SealedSpool, caller_file, clean_filename
+from models.storage.spool import SealedSpool, caller_file, clean_filename, open_caller_file
 
 if TYPE_CHECKING:
     from config import Settings
     from models.db import Database
 
 __all__ = ["Storage", "StoredFile", "LocalStorage", "PostgresStorage", "StoredObject", "SealedSpool",
-           "caller_file", "clean_filename", "open_storage", "prepared_ref"]
+           "caller_file", "clean_filename", "open_caller_file", "open_storage", "prepared_ref"]
 
 
 def open_storage(settings: Settings, db: Database) -> Storage:

@@ -83,7 +83,7 @@ class Storage:
     def open(self, ref: str) -> BinaryIO:
         """A stored file's plaintext (decrypted, seekable), or the caller's own file as it is."""
         if not self.owns(ref):
-            from models.storage.spool import open_caller_file
+            from models.storage.spool import open_caller_file  # spool imports this module
 
             return open_caller_file(ref)
         return self._open(ref)

@@ -9,25 +9,22 @@ the door's `mqtt` namespace: no HTTP client can name it.
 """
 from __future__ import annotations
 
-import logging
 
 from flask import Flask
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from config import ConfigError
 from config.mqtt import MqttSettings
-from models.access.admission import RateLimited, rate_limiter
+from models.access.admission import check_rate
 from models.access.apikeys import Principal, find_key, principal_for_key_id
 from models.delivery.mqtt_replies import request_id
-from models.errors import BrokerUnavailable, InvalidRequest, WhisperqError
+from models.errors import BrokerUnavailable, WhisperqError
 from models.jobs.record import Job
 from models.pipeline import door, intake
 from models.runtime import Runtime
 
 from ..auth import anonymous
 from .requests import Refused, Request
-
-log = logging.getLogger(__name__)
 
 # What passes by itself: the request is kept (not acknowledged) and tried again.
 TRANSIENT = (BrokerUnavailable, OperationalError, InterfaceError, ConnectionError, TimeoutError)
@@ -68,42 +65,18 @@ def idempotency_key(req: Request) -> str:
     return request_id(req.client, req.correlation_id)
 
 
-_limiters: dict[str | None, object] = {}
-
-
-def _rate(rt: Runtime, who: Principal, client: str) -> None:
-    """The per-client rate, as at the API: the key's tier's (by key), else anonymous use's (by client)."""
-    rate = getattr(rt.settings, f"rate_limit_{who.tier}") if who.tier is not None else rt.settings.rate_limit
-    if rate not in _limiters:
-        _limiters[rate] = rate_limiter(rt.settings, rate)
-    limiter = _limiters[rate]
-    if limiter is None:
-        return
-    try:
-        limiter.hit("key:" + who.owner if who.owner is not None else "addr:mqtt:" + client)
-    except RateLimited:
-        raise
-    except Exception as exc:  # Redis away: serve rather than refuse everyone
-        log.warning("rate limit not checked: %s", exc)
-
-
 def submit(app: Flask, req: Request, who: Principal) -> tuple[Job, bool]:
     """The request's job (new, or the one made when it came before); Refused for what the API
     would answer with a 4xx (or 429/503 with a time to come back); TRANSIENT errors pass up."""
     rt = app.extensions["whisperq"]
+    audio = {req.source: req.body.get(req.source, "")}  # the door refuses what is not a string, or empty
     sub = door.Submission(who, "mqtt", fields={k: v for k, v in req.body.items() if k not in ("audio_url", "path")},
-                          audio_url=req.body.get("audio_url") if req.source == "audio_url" else None,
-                          path=req.body.get("path") if req.source == "path" else None,
-                          idempotency_key=idempotency_key(req))
+                          idempotency_key=idempotency_key(req), **audio)
     try:
-        if sub.audio_url is not None and not isinstance(sub.audio_url, str):
-            raise InvalidRequest("audio_url must be a string: the http(s) URL of the audio")
-        if sub.path is not None and not isinstance(sub.path, str):
-            raise InvalidRequest("path must be a string: the absolute path of an audio file in your input "
-                                      "directories")
         key = door.scoped_key(who, "mqtt", sub.idempotency_key)
         if not door.seen(rt, key):  # a request seen before gets its job back, whatever the queue holds now
-            _rate(rt, who, req.client)
+            bucket = "key:" + who.owner if who.owner is not None else "addr:mqtt:" + req.client
+            check_rate(rt.settings, who.tier, bucket)
             door.check_before_body(rt, who, idempotent=False)
         return intake.submit(rt, sub)
     except TRANSIENT:
