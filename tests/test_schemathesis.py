@@ -40,7 +40,7 @@ ADMIN = {"Authorization": "Bearer test-admin-token"}  # WHISPERQ_ADMIN_TOKEN in 
 
 
 @pytest.fixture()
-def api_schema(settings, database, celery_app, request):
+def api_schema(settings, database, celery_app, request, monkeypatch):
     # schemathesis 4.32's from_fixture renames the test item per operation through
     # `_nodeid`, which pytest 9 no longer has (it keeps the id in `_id`): give it one.
     if not hasattr(request.node, "_nodeid"):
@@ -51,7 +51,14 @@ def api_schema(settings, database, celery_app, request):
     # One model: a second one no worker serves is refused with 503 by design (tests/test_model_choice.py).
     import dataclasses
 
+    import web.api
     from web import create_app
+
+    # A long-poll (?wait=N) holds its answer until the job changes or N seconds pass, and the
+    # fuzzer asks for up to 60 s: the bound is still checked (1..60, else 400), but the wait is
+    # cut to nothing, so the answer's shape is fuzzed, not its patience (tests/test_polls.py).
+    checked = web.api._wait_seconds
+    monkeypatch.setattr(web.api, "_wait_seconds", lambda value: min(checked(value), 0))
 
     one = dataclasses.replace(settings, models=settings.models[:1], default_model=settings.models[0].name)
     app = create_app({"SETTINGS": one, "TESTING": True})

@@ -6,24 +6,28 @@ import base64
 import hashlib
 import json
 import logging
+import time
 from datetime import datetime, timezone
 
 from flask import Blueprint, Response, current_app, jsonify, request, url_for
 
 from models.access import apikeys
 from models.delivery.notify import deliveries_of
-from models.errors import Forbidden, InvalidRequest, JobNotReady, ResultPurged, UnsupportedMediaType
+from models.errors import Forbidden, InvalidRequest, JobNotFound, JobNotReady, ResultPurged, UnsupportedMediaType
 from models.jobs import corrections
 from models.jobs.eta import estimate, queue_position
-from models.jobs.operations import cancel_job, delete_job, get_job, list_jobs
+from models.jobs.operations import ANY, cancel_job, delete_job, get_job, list_jobs
 from models.jobs.record import Job, JobStatus, Stage
 from models.runtime import Runtime
 from models.speech.formats import FORMATS, MIME_TYPES, render
 
 from models.pipeline import intake
 
-from .admission import admit_submission
+from .admission import admit_submission, client_key
 from .auth import current, scope
+from .pollrate import PollRate
+from .statuscache import BODY_AGE, Entry
+from .statuscache import cache as statuses
 from .uploads import rerun_submission, upload_submission, url_submission
 from .waits import JobWatch
 
@@ -149,32 +153,58 @@ MAX_WAIT = 60
 @bp.get("/jobs/<job_id>")
 def show(job_id: str):
     """The job, with an ETag (send it back in If-None-Match: 304 while nothing changed) and,
-    until it is finished, Retry-After: when polling again is worth it.
+    until it is finished, Retry-After: when polling again is worth it. An unchanged job is
+    answered from memory (web.statuscache); a client polling it faster than Retry-After
+    gets 429 (web.pollrate).
 
-    `?wait=N` (1-60 s) is a long-poll: with the ETag of the job as the client last saw it
-    in If-None-Match, the answer comes as soon as the job itself changes (its status, stage,
-    progress, attempts, webhook deliveries), or after N seconds: 304 if nothing changed, or
-    200 with its new place in the queue. Moving up the queue does not end a wait: in a
-    burst every job ahead that finishes would answer every waiting client, n² answers for n
-    jobs. Under the gevent web worker a waiting request holds no thread."""
+    `?wait=N` (1-60 s) is a long-poll: the answer comes as soon as the job itself changes
+    (its status, stage, progress, attempts, webhook deliveries) from the state in
+    If-None-Match (the ETag as the client last saw it), or without it from the state it has
+    now; or after N seconds, 304 if nothing changed (the unchanged job without If-None-Match).
+    Moving up the queue does not end a wait: in a burst every job ahead that finishes would
+    answer every waiting client, n² answers for n jobs. Under the gevent web worker a
+    waiting request holds no thread."""
     wait = _wait_seconds(request.args.get("wait"))
     rt = runtime()
-    job = get_job(rt, job_id, owner=scope())
-    tag = fingerprint(rt, job)
-    state = tag.split(".", 1)[0]
-    if wait and not job.state.finished and any(
-            held.split(".", 1)[0] == state for held in request.if_none_match.as_set(include_weak=True)):
-        # One reader per process looks at every waiting client's job (web.waits); the body
-        # is built once, at the end.
-        _watch.wait(rt, job_id, state, wait)
-        job = get_job(rt, job_id, owner=scope())
-        tag = fingerprint(rt, job)
-    body = job_body(job)
-    resp = jsonify(body)
-    if not job.state.finished:
-        resp.headers["Retry-After"] = str(poll_after(job, body))
-    resp.set_etag(tag, weak=True)
+    entry = _status(rt, job_id)
+    held = {tag.split(".", 1)[0] for tag in request.if_none_match.as_set(include_weak=True)}
+    if wait and not entry.job.state.finished and (not held or entry.state in held):
+        # One reader per process looks at every waiting client's job (web.waits).
+        _watch.wait(rt, job_id, entry.state, wait)
+        entry = _status(rt, job_id)
+    elif rt.settings.poll_limit and not entry.job.state.finished:
+        _pace.take(client_key(), job_id, poll_after(entry.job, entry.body))
+    resp = Response(entry.payload, mimetype="application/json")
+    if not entry.job.state.finished:
+        resp.headers["Retry-After"] = str(poll_after(entry.job, entry.body))
+    resp.set_etag(entry.etag, weak=True)
     return resp.make_conditional(request)
+
+
+def _status(rt: Runtime, job_id: str) -> Entry:
+    """The job's answer for this request: from the status cache while the job is unchanged
+    (its body rebuilt, without reading the job again, when its place in the queue moved or
+    its estimates are old), else from the database. The owner is checked either way."""
+    entry = statuses.get(rt, job_id)
+    if entry is None:
+        job = get_job(rt, job_id, owner=scope())
+        return statuses.put(_built(rt, job, job_state(rt, job)))
+    if entry.job.deleted_at is not None or (scope() is not ANY and entry.job.owner != scope()):
+        raise JobNotFound(f"no job with id {job_id!r}")
+    if (queue_position(rt, entry.job) != entry.place or entry.host != request.host_url
+            or time.monotonic() - entry.built > BODY_AGE):
+        fresh = _built(rt, entry.job, entry.state)
+        fresh.checked = entry.checked
+        return statuses.put(fresh)
+    return entry
+
+
+def _built(rt: Runtime, job: Job, state: str) -> Entry:
+    body = job_body(job)
+    now = time.monotonic()
+    return Entry(rt=rt, job=job, state=state, place=queue_position(rt, job), body=body,
+                 payload=current_app.json.dumps(body).encode() + b"\n", host=request.host_url,
+                 built=now, checked=now, read=now)
 
 
 def _wait_seconds(value: str | None) -> int:
@@ -195,14 +225,8 @@ def job_state(rt: Runtime, job: Job) -> str:
     return hashlib.sha256(json.dumps(state, default=str).encode()).hexdigest()[:24]
 
 
-def fingerprint(rt: Runtime, job: Job) -> str:
-    """The job's ETag, `STATE.PLACE`: the job itself (job_state) and its place in the queue.
-    Not the estimates, which move with the clock."""
-    place = queue_position(rt, job)
-    return f"{job_state(rt, job)}.{'-' if place is None else place}"
-
-
-_watch = JobWatch(job_state)
+_watch = JobWatch(job_state, statuses)
+_pace = PollRate()
 
 
 def poll_after(job: Job, body: dict) -> int:

@@ -25,8 +25,10 @@ from urllib.parse import urlsplit
 
 from flask import Flask, current_app, g, redirect, request, session, url_for
 
-from models.access.apikeys import PREFIX, BadKey, Principal, authenticate, principal_for_key_id
+from models.access.apikeys import PREFIX, BadKey, Principal
 from models.errors import Forbidden, Unauthorized
+
+from .keycache import keys
 
 # Blueprints whose requests act for someone; the rest (health, metrics, static files,
 # the API description) answer everyone or check their own token.
@@ -132,10 +134,10 @@ def principal() -> Principal:
             # OpenAI's SDKs must send some key ("unused"): where anonymous use is allowed,
             # a token that is no whisperq key is no claim to be anyone.
             return anonymous(rt.settings)
-        return authenticate(rt, token)
+        return keys.by_token(rt, token)  # a verified key is remembered for a second (web.keycache)
     key_id = session.get("key_id")
     if key_id:
-        found = principal_for_key_id(rt, key_id)
+        found = keys.by_key_id(rt, key_id)
         if found is not None:
             g.by_cookie = True
             return found

@@ -149,12 +149,14 @@ def paths() -> dict:
                       {"200": ok("The job.", job, headers=POLLING),
                        "304": {"description": "Not modified: the job is as the ETag sent in If-None-Match says.",
                                "headers": POLLING},
-                       **errors(400, 401, 404, 431)},
+                       **errors(400, 401, 404, 431), "429": error("`rate_limited`: polled faster than its "
+                                                                  "Retry-After; poll at that pace, or use `?wait=`.",
+                                                                  headers=RETRY_AFTER)},
                       parameters=[IF_NONE_MATCH,
                                   query("wait", {"type": "integer", "minimum": 1, "maximum": 60},
-                                        "Long-poll: with If-None-Match, answer as soon as the job itself changes "
-                                        "(not its place in the queue), or after this many seconds: 304 if nothing "
-                                        "changed, else 200.")]),
+                                        "Long-poll: answer as soon as the job itself changes (not its place in the "
+                                        "queue) from the state in If-None-Match (without it: its state now), or "
+                                        "after this many seconds: 304 if nothing changed (without it: 200).")]),
             "delete": op("deleteJob", "Delete a job's audio and transcript (a running job stops)",
                          {"204": ok("Deleted."), **errors(401, 404, 431)}),
         },

@@ -1,9 +1,11 @@
-"""Long-polls: one reader per web process for every client waiting on a job.
+"""Long-polls and the status cache: one reader per web process for every job clients follow.
 
 Each client waiting (`GET /v1/jobs/<id>?wait=N`) registers the state of its job it holds
 (the first part of the ETag, web.api.job_state); every STEP one thread (a greenlet under the
-gevent worker) loads all the jobs being waited on in one query and wakes the clients whose
-job's state changed. A thousand waiting clients cost one query per step, not a thousand.
+gevent worker) loads all the jobs being waited on, and every job whose answer the status
+cache holds (web.statuscache), in one query, wakes the clients whose job's state changed and
+confirms or drops the cached answers. A thousand waiting or polling clients cost one query
+per step, not a thousand. The thread ends when nobody waits and nothing is cached.
 """
 from __future__ import annotations
 
@@ -17,17 +19,20 @@ from sqlalchemy import select
 from models.jobs.record import Job
 from models.runtime import Runtime
 
+from .statuscache import StatusCache
+
 log = logging.getLogger(__name__)
 
 STEP = 0.5  # seconds between looks
 
 
 class JobWatch:
-    def __init__(self, fingerprint: Callable[[Runtime, Job], str], step: float = STEP):
-        self.fingerprint, self.step = fingerprint, step
+    def __init__(self, fingerprint: Callable[[Runtime, Job], str], cache: StatusCache, step: float = STEP):
+        self.fingerprint, self.cache, self.step = fingerprint, cache, step
         self._lock = threading.Lock()
         self._waiting: dict[tuple[int, str], list[tuple[threading.Event, str, Runtime]]] = {}
         self._thread: threading.Thread | None = None
+        cache.on_entry = self.keep
 
     def wait(self, rt: Runtime, job_id: str, tag: str, timeout: float) -> None:
         """Return once the job's state is no longer `tag` (or it is gone), or after `timeout`."""
@@ -35,9 +40,7 @@ class JobWatch:
         key = (id(rt), job_id)
         with self._lock:
             self._waiting.setdefault(key, []).append(entry)
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="whisperq-job-watch", daemon=True)
-                self._thread.start()
+        self.keep()
         try:
             entry[0].wait(timeout)
         finally:
@@ -48,29 +51,45 @@ class JobWatch:
                 if not entries:
                     self._waiting.pop(key, None)
 
+    def keep(self) -> None:
+        """Make sure the reader runs."""
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="whisperq-job-watch", daemon=True)
+                self._thread.start()
+
     def _run(self) -> None:
         while True:
             time.sleep(self.step)
             with self._lock:
-                if not self._waiting:
+                cached = self.cache.watched()
+                if not self._waiting and not cached:
                     self._thread = None
                     return
                 waiting = {key: list(entries) for key, entries in self._waiting.items()}
             try:
-                self._look(waiting)
+                self._look(waiting, cached)
             except Exception:  # the database may be away for a moment: the clients' time-outs still hold
-                log.warning("long-polls not checked this time", exc_info=True)
+                log.warning("long-polls and cached job states not checked this time", exc_info=True)
 
-    def _look(self, waiting) -> None:
-        by_runtime: dict[int, tuple[Runtime, list[str]]] = {}
+    def _look(self, waiting, cached) -> None:
+        by_runtime: dict[int, tuple[Runtime, set[str]]] = {}
         for (rt_id, job_id), entries in waiting.items():
-            by_runtime.setdefault(rt_id, (entries[0][2], []))[1].append(job_id)
+            by_runtime.setdefault(rt_id, (entries[0][2], set()))[1].add(job_id)
+        for job_id, held in cached.items():
+            by_runtime.setdefault(id(held.rt), (held.rt, set()))[1].add(job_id)
         for rt_id, (rt, ids) in by_runtime.items():
+            at = time.monotonic()
             with rt.db.session() as session:
                 jobs = {job.id: job for job in session.scalars(select(Job).where(Job.id.in_(ids)))}
                 for job_id in ids:
                     job = jobs.get(job_id)
-                    now = None if job is None or job.deleted_at is not None else self.fingerprint(rt, job)
-                    for event, tag, _rt in waiting[(rt_id, job_id)]:
+                    if job is not None and job.deleted_at is not None:
+                        job = None
+                    now = None if job is None else self.fingerprint(rt, job)
+                    for event, tag, _rt in waiting.get((rt_id, job_id), ()):
                         if now != tag:
                             event.set()
+                    held = cached.get(job_id)
+                    if held is not None and held.rt is rt:
+                        self.cache.confirm(held, job, now, at)

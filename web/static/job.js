@@ -176,10 +176,13 @@
 
   var etag = null;
 
+  /* The first request reads the job as it is now (no wait) and takes its ETag; each one after
+     is a long-poll from that ETag, answered when the job changes. A 429 or 503 says, in
+     Retry-After, when to come back. */
   function poll() {
     var headers = { Accept: "application/json" };
     if (etag) headers["If-None-Match"] = etag;
-    var url = statusUrl + (statusUrl.indexOf("?") < 0 ? "?" : "&") + "wait=30";
+    var url = etag ? statusUrl + (statusUrl.indexOf("?") < 0 ? "?" : "&") + "wait=30" : statusUrl;
     var sent = Date.now();
     // At most one request a second, even from a server (or proxy) that answers at once.
     function again() { schedule(Math.max(0, 1000 - (Date.now() - sent))); }
@@ -187,12 +190,19 @@
       .then(function (resp) {
         var date = Date.parse(resp.headers.get("Date") || "");
         if (!isNaN(date) && Math.abs(date - Date.now()) > 5000) skew = date - Date.now();
+        var retry = parseInt(resp.headers.get("Retry-After") || "", 10);
         if (resp.status === 304) return { ok: true, status: 304, body: null };
-        etag = resp.headers.get("ETag") || null;
-        return resp.json().then(function (body) { return { ok: resp.ok, status: resp.status, body: body }; });
+        if (resp.ok) etag = resp.headers.get("ETag") || null;
+        return resp.json().then(function (body) {
+          return { ok: resp.ok, status: resp.status, body: body, retry: isNaN(retry) ? null : retry };
+        });
       })
       .then(function (r) {
         if (r.status === 304) { failures = 0; again(); return; }  // unchanged for 30 s: wait again
+        if ((r.status === 429 || r.status === 503) && r.retry !== null) {
+          schedule(Math.min(60, Math.max(1, r.retry)) * 1000);  // as the server asks
+          return;
+        }
         if (!r.ok) {
           var message = r.body && r.body.error && r.body.error.message;
           if (r.status === 404) { showProblem(sentence(message || "This job no longer exists")); return; }

@@ -1,0 +1,184 @@
+"""Status polls: an unchanged job is answered from memory (web.statuscache) without letting one
+key read another's job, a client polling faster than Retry-After is told to slow down
+(web.pollrate), and `?wait=N` without If-None-Match waits for a change."""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+import pytest
+from sqlalchemy import event, text
+
+from helpers import make_job, wait_until
+
+
+def build(settings, **changes):
+    from web import create_app
+
+    return create_app({"SETTINGS": dataclasses.replace(settings, **changes), "TESTING": True})
+
+
+@pytest.fixture()
+def secure(settings, database):
+    """Keys needed (anonymous use off); the poll limit off unless a test turns it on."""
+    return build(settings, allow_anonymous=False, poll_limit=False)
+
+
+@pytest.fixture()
+def keys(secure):
+    from models.access.apikeys import create_key
+
+    rt = secure.extensions["whisperq"]
+    return {name: create_key(rt, f"{name}-polls", "standard", admin=name == "ops")
+            for name in ("alice", "bob", "ops")}
+
+
+def bearer(token: str) -> dict:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def pending(rt, owner=None):
+    return make_job(rt, None, filename="a.mp3", duration=11.0, language=None, priority="normal", owner=owner)
+
+
+@pytest.fixture()
+def queries(secure):
+    """The SQL statements run by this thread (the test client's requests), not by the reader."""
+    seen: list[str] = []
+    me = threading.get_ident()
+
+    def record(_conn, _cursor, statement, *_args):
+        if threading.get_ident() == me:
+            seen.append(statement)
+
+    engine = secure.extensions["whisperq"].db.engine
+    event.listen(engine, "before_cursor_execute", record)
+    yield seen
+    event.remove(engine, "before_cursor_execute", record)
+
+
+def test_an_unchanged_job_is_answered_from_memory(secure, keys, queries):
+    rt = secure.extensions["whisperq"]
+    alice = bearer(keys["alice"][1])
+    job = pending(rt, keys["alice"][0].id)
+    client = secure.test_client()
+    first = client.get(f"/v1/jobs/{job.id}", headers=alice)
+    assert first.status_code == 200 and first.json["status"] == "PENDING"
+    assert any("api_keys" in q for q in queries) and any("jobs.id = " in q for q in queries)  # built once
+
+    queries.clear()
+    again = client.get(f"/v1/jobs/{job.id}", headers={**alice, "If-None-Match": first.headers["ETag"]})
+    same = client.get(f"/v1/jobs/{job.id}", headers=alice)
+    assert again.status_code == 304 and again.data == b"" and again.headers["ETag"] == first.headers["ETag"]
+    assert again.headers["Retry-After"] == first.headers["Retry-After"]
+    assert same.status_code == 200 and same.json == first.json and same.headers["ETag"] == first.headers["ETag"]
+    # Neither the key nor the job was read again (at most the queue's snapshot, once a second).
+    assert not [q for q in queries if "api_keys" in q or "jobs.id = " in q], queries
+
+
+def test_the_cache_answers_no_other_key(secure, keys):
+    rt = secure.extensions["whisperq"]
+    job = pending(rt, keys["alice"][0].id)
+    client = secure.test_client()
+    mine = client.get(f"/v1/jobs/{job.id}", headers=bearer(keys["alice"][1]))
+    assert mine.status_code == 200
+    for tag in ({}, {"If-None-Match": mine.headers["ETag"]}):  # the job is cached now
+        other = client.get(f"/v1/jobs/{job.id}", headers={**bearer(keys["bob"][1]), **tag})
+        assert other.status_code == 404 and other.json["error"]["message"] == f"no job with id {job.id!r}"
+        assert job.id not in other.get_data(as_text=True).replace(f"no job with id {job.id!r}", "")
+        assert client.get(f"/v1/jobs/{job.id}", headers=tag).status_code == 401  # no key at all
+    assert client.get(f"/v1/jobs/{job.id}", headers=bearer(keys["ops"][1])).status_code == 200  # an admin key
+
+
+def test_a_revoked_key_and_a_change_in_this_process_show_at_once(secure, keys):
+    from models.access.apikeys import revoke_key
+    from models.jobs.operations import cancel_job
+
+    rt = secure.extensions["whisperq"]
+    alice = bearer(keys["alice"][1])
+    job = pending(rt, keys["alice"][0].id)
+    client = secure.test_client()
+    tag = client.get(f"/v1/jobs/{job.id}", headers=alice).headers["ETag"]
+    cancel_job(rt, job.id)
+    now = client.get(f"/v1/jobs/{job.id}", headers={**alice, "If-None-Match": tag})
+    assert now.status_code == 200 and now.json["status"] == "CANCELLED"
+    revoke_key(rt, keys["alice"][0].id)
+    assert client.get(f"/v1/jobs/{job.id}", headers=alice).status_code == 401
+
+
+def test_a_change_made_elsewhere_shows_within_a_step(secure, keys):
+    """A worker (another process) changes the row: no flush here tells the cache, the reader does."""
+    rt = secure.extensions["whisperq"]
+    alice = bearer(keys["alice"][1])
+    job = pending(rt, keys["alice"][0].id)
+    client = secure.test_client()
+    assert client.get(f"/v1/jobs/{job.id}", headers=alice).json["status"] == "PENDING"
+    with rt.db.engine.begin() as conn:  # as another process would: around this process's sessions
+        conn.execute(text("UPDATE jobs SET status = 'PROCESSING', stage = 'infer' WHERE id = :id"), {"id": job.id})
+    wait_until(lambda: client.get(f"/v1/jobs/{job.id}", headers=alice).json["status"] == "PROCESSING", 10,
+               "the cached PENDING answer was not replaced")
+
+
+def test_a_poller_faster_than_retry_after_gets_429(settings, database):
+    from web.pollrate import GRACE
+
+    app = build(settings, poll_limit=True)
+    rt = app.extensions["whisperq"]
+    job, other = pending(rt), pending(rt)
+    client = app.test_client()
+    answers = [client.get(f"/v1/jobs/{job.id}") for _ in range(GRACE + 1)]
+    assert [a.status_code for a in answers] == [200] * GRACE + [429]
+    slow_down = answers[-1]
+    assert slow_down.headers["Retry-After"] == answers[0].headers["Retry-After"]
+    error = slow_down.json["error"]
+    assert error["code"] == "rate_limited"
+    assert f"every {answers[0].headers['Retry-After']} s" in error["message"] and "?wait=" in error["message"]
+    assert client.get(f"/v1/jobs/{other.id}").status_code == 200  # per job
+    assert client.get(f"/v1/jobs/{job.id}", environ_base={"REMOTE_ADDR": "10.1.2.3"}).status_code == 200  # per client
+
+
+def test_a_long_poll_that_waits_is_not_counted(settings, database):
+    from web.pollrate import GRACE
+
+    app = build(settings, poll_limit=True)
+    rt = app.extensions["whisperq"]
+    job = pending(rt)
+    client = app.test_client()
+    tag = client.get(f"/v1/jobs/{job.id}").headers["ETag"]
+    for _ in range(GRACE + 1):
+        assert client.get(f"/v1/jobs/{job.id}?wait=1", headers={"If-None-Match": tag}).status_code == 304
+
+
+def test_wait_without_if_none_match_waits_for_a_change(settings, database):
+    from models.jobs.operations import cancel_job
+    from web.api import _watch
+
+    app = build(settings, poll_limit=False)
+    rt = app.extensions["whisperq"]
+    job = pending(rt)
+    client = app.test_client()
+    answer: dict = {}
+
+    def ask():
+        answer["resp"] = client.get(f"/v1/jobs/{job.id}?wait=30")
+
+    asking = threading.Thread(target=ask)
+    asking.start()
+    wait_until(lambda: (id(rt), job.id) in _watch._waiting, 10, "the request did not wait")
+    cancel_job(rt, job.id)
+    asking.join(20)
+    assert not asking.is_alive(), "the wait did not end with the change"
+    assert answer["resp"].status_code == 200 and answer["resp"].json["status"] == "CANCELLED"
+
+
+def test_wait_without_if_none_match_times_out_with_the_unchanged_body(settings, database):
+    app = build(settings, poll_limit=False)
+    job = pending(app.extensions["whisperq"])
+    client = app.test_client()
+    now = client.get(f"/v1/jobs/{job.id}")
+    started = time.monotonic()
+    later = client.get(f"/v1/jobs/{job.id}?wait=1")
+    assert time.monotonic() - started >= 1.0
+    assert later.status_code == 200 and later.headers["ETag"] == now.headers["ETag"]
+    assert later.json["status"] == "PENDING" and later.json["job_id"] == job.id
