@@ -1,8 +1,7 @@
 """Settings read from the environment, validated once at start.
 
-Every process (web, worker, CLI) builds one :class:`Settings` from the same variables,
-so a bad value stops the process at start with a message that names the variable,
-instead of failing on the first job.
+Every process (web, worker, CLI) builds one :class:`Settings` from the same variables, so a bad value
+stops the process at start with a message that names the variable, instead of failing on the first job.
 """
 from __future__ import annotations
 
@@ -103,6 +102,7 @@ class Settings:
     rate_limit_premium: str | None
     rate_limit_standard: str | None
     rate_limit_batch: str | None
+    poll_limit: bool  # a status poll faster than its Retry-After gets 429 (web.pollrate)
     input_grants: tuple[tuple[str | None, Path], ...]  # WHISPERQ_INPUT_DIRS: (key or None for shared, dir)
     anonymous_max_priority: str
     sync_waits: int
@@ -116,6 +116,7 @@ class Settings:
     quota_hours_standard: float | None
     quota_hours_batch: float | None
     routes: Routes = Routes()  # aliases (A/B by weight) and shadow decoding (config.registry)
+    claim_lease_seconds: float = 60.0  # an inference claim's lease, renewed while it runs (models.jobs.claims)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides) -> "Settings":
@@ -159,6 +160,7 @@ class Settings:
             retry_max_seconds=env.float("WHISPERQ_RETRY_MAX_SECONDS", 300.0, low=0.0),
             job_ttl_seconds=env.float("WHISPERQ_JOB_TTL", 24 * 3600.0, low=1.0),
             sweep_interval_seconds=env.float("WHISPERQ_SWEEP_INTERVAL", 30.0, low=1.0),
+            claim_lease_seconds=env.float("WHISPERQ_CLAIM_LEASE_SECONDS", 60.0, low=3.0),
             admin_token=env.str("WHISPERQ_ADMIN_TOKEN", None),
             queue_budget_seconds=env.float("WHISPERQ_QUEUE_BUDGET_SECONDS", 8 * 3600.0, low=1.0),
             queue_budget_jobs=env.int("WHISPERQ_QUEUE_BUDGET_JOBS", 10_000, low=1, high=10**9),
@@ -195,6 +197,7 @@ class Settings:
             rate_limit_premium=env.rate("WHISPERQ_RATE_LIMIT_PREMIUM", "600/minute"),
             rate_limit_standard=env.rate("WHISPERQ_RATE_LIMIT_STANDARD", "120/minute"),
             rate_limit_batch=env.rate("WHISPERQ_RATE_LIMIT_BATCH", "60/minute"),
+            poll_limit=env.bool("WHISPERQ_POLL_LIMIT", True),
             input_grants=_input_dirs(env.str("WHISPERQ_INPUT_DIRS", None), data_dir),
             max_audio_seconds_premium=env.float("WHISPERQ_MAX_AUDIO_SECONDS_PREMIUM", 4 * 3600.0, low=1.0),
             max_audio_seconds_standard=env.float("WHISPERQ_MAX_AUDIO_SECONDS_STANDARD", 4 * 3600.0, low=1.0),

@@ -135,3 +135,21 @@ class ModelNotServed(WhisperqError):
 
     code = "model_not_served"
     http_status = 503
+
+
+class ClaimHeld(WhisperqError):
+    """Another worker holds the job's inference claim, its lease live (models.jobs.claims):
+    this delivery runs nothing and comes back once that lease could have lapsed."""
+
+    code = "claim_held"
+
+    def __init__(self, message: str, retry_in: float):
+        super().__init__(message)
+        self.retry_in = retry_in
+
+
+class ClaimLost(WhisperqError):
+    """This worker's claim on a job was taken over after its lease lapsed: its run is
+    discarded, never stored; the claim's new holder finishes the job."""
+
+    code = "claim_lost"

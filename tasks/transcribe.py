@@ -23,8 +23,8 @@ from celery.exceptions import Ignore, Reject
 
 from config import broker_priority
 from config.celeryconfig import inference_queue
-from models.errors import (InvalidRequest, JobNotFound, ModelNotServed, PermanentJobError, TransientJobError,
-                           WhisperqError)
+from models.errors import (ClaimHeld, ClaimLost, InvalidRequest, JobNotFound, ModelNotServed, PermanentJobError,
+                           TransientJobError, WhisperqError)
 from models.jobs.deadletter import bury
 from models.jobs.operations import fail_job, get_job, schedule_retry
 from models.pipeline.door import keeps_result
@@ -171,9 +171,17 @@ def transcribe(self, audio: str, language: str | None = None, priority: str = "n
     )
 
 
-@shared_task(name="whisperq.infer", bind=True, acks_late=True, reject_on_worker_lost=True, resultrepr_maxsize=0)
+# max_retries=None: Celery's retries here are only deferrals while another worker holds the job's
+# claim (as long as that worker lives); the job row counts the attempts.
+@shared_task(name="whisperq.infer", bind=True, acks_late=True, reject_on_worker_lost=True, resultrepr_maxsize=0,
+             max_retries=None)
 def infer(self, message: dict) -> dict:
-    """The inference pool's task: `message` is a Prepared (models.pipeline.messages) as JSON."""
+    """The inference pool's task: `message` is a Prepared (models.pipeline.messages) as JSON.
+
+    A job another worker is transcribing (its claim's lease live) is not run here: the message
+    is published again, due when that lease could have lapsed (so a holder that was killed is
+    taken over then), and this one acknowledged. A run whose claim was taken over stored
+    nothing; its message is acknowledged and the claim's new holder answers."""
     rt = runtime()
     worker = self.request.hostname or socket.gethostname()
     job_id = message.get("job_id") if isinstance(message, dict) else None
@@ -196,6 +204,11 @@ def infer(self, message: dict) -> dict:
                      requeue=False)
     try:
         result = infer_job(rt, prepared, rt.batcher_for(prepared.model), worker=worker, worker_id=worker_id())
+    except ClaimHeld as exc:
+        log.info("job %s: %s; this delivery comes back in %.0f s", prepared.job_id, exc, exc.retry_in)
+        raise self.retry(countdown=exc.retry_in)
+    except ClaimLost:
+        raise Ignore()
     except Exception as exc:
         return _after_failure(self, prepared.job_id, exc)
     return _answer(rt, prepared.job_id, result)

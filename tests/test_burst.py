@@ -3,12 +3,11 @@ them, drained by the real pools while the inference worker is killed (kill -9) t
 import io
 import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
 
 import pytest
 from sqlalchemy import func, select
 
-from helpers import CLIPS, lost_with_a_kill
+from helpers import CLIPS
 
 pytestmark = [pytest.mark.integration, pytest.mark.burst,
               pytest.mark.timeout(2400)]  # the drain alone may take 1800 s (its own deadline)
@@ -37,7 +36,7 @@ def test_a_burst_of_500_with_two_worker_kills_completes_each_job_exactly_once(ap
         with database.session() as s:
             return s.scalar(select(func.count()).select_from(Job).where(Job.id.in_(job_ids), Job.status.in_(statuses)))
 
-    kills_at, kills, killed_at, reports = (BURST // 5, BURST // 2), [], [], []
+    kills_at, kills, reports = (BURST // 5, BURST // 2), [], []
     deadline = time.monotonic() + 1800
     while time.monotonic() < deadline:
         done = count("COMPLETED", "FAILED", "EXPIRED")
@@ -46,7 +45,6 @@ def test_a_burst_of_500_with_two_worker_kills_completes_each_job_exactly_once(ap
         if len(kills) < len(kills_at) and done >= kills_at[len(kills)]:
             worker.kill_inference()
             kills.append(done)
-            killed_at.append(datetime.now(timezone.utc))
             worker.restart_inference()
         reports.append(worker.sweep())  # beat's pass, without the start-up grace
         time.sleep(5)
@@ -60,11 +58,8 @@ def test_a_burst_of_500_with_two_worker_kills_completes_each_job_exactly_once(ap
         assert s.scalar(select(func.count()).select_from(Job).where(Job.id.in_(job_ids))) == BURST
         rows = list(s.scalars(select(Job).where(Job.id.in_(job_ids))))
     assert all("fox" in job.result_text.lower() for job in rows)
-    finished = {job.id: job.finished_at for job in rows}
-    time.sleep(3)  # a late duplicate would store now
-    logs = "".join(p.read_text(errors="replace") for p in worker.tmp.glob("inference-*.log"))
-    stored = [logs.count(f"job {job_id}: transcript stored") for job_id in job_ids]
-    # A job completed just before a kill may have lost its line (its row is COMPLETED, with its transcript, above).
-    assert all(n == 1 or (n == 0 and lost_with_a_kill(finished[job_id], killed_at))
-               for job_id, n in zip(job_ids, stored)), (
-        f"{sum(1 for n in stored if n > 1)} stored twice, {stored.count(0)} never")
+    # The engine went through each job once, as the row counts it under the job's claim
+    # (models.jobs.claims): a killed run never finished; a run whose claim was taken over is not
+    # counted, and its transcript was not stored.
+    runs = {job.id: job.engine_runs for job in rows}
+    assert all(n == 1 for n in runs.values()), {job_id: n for job_id, n in runs.items() if n != 1}

@@ -2,11 +2,14 @@
 
 - ``record`` - the Job row, its status and stage enums.
 - ``operations`` - create, look up, finish exactly once, cancel, delete.
+- ``claims`` - the inference claim: one engine run at a time per job, across processes and
+  hosts (a lease, renewed while it runs, and a fencing token checked when the transcript is stored).
 - ``batches`` - many jobs submitted together (POST /v1/batches), read and followed together.
 - ``corrections`` - a client's correction of a finished transcript, kept beside it.
 - ``idempotency``, ``deadletter``, ``sweeper`` - the same request twice, jobs that used up
   their attempts, jobs whose message or worker was lost.
-- ``workers`` - heartbeats; ``eta`` - a job's place and finish estimate; ``metrics`` -
+- ``workers`` - heartbeats; ``throughput`` - the speed an inference worker's batches reach,
+  which its heartbeat carries; ``eta`` - a job's place and finish estimate; ``metrics`` -
   worker-side metrics.
 
 May import config, the foundation and ``models.security``; never speech, access, delivery,

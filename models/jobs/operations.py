@@ -1,5 +1,6 @@
 """Job operations: create from an upload, look up, finish exactly once, cancel and delete.
-Preparing a job (claiming it, decoding its audio) is models.pipeline.preparation.
+Preparing a job (claiming it, decoding its audio) is models.pipeline.preparation; the claim
+an inference run holds, and that storing its transcript checks, is models.jobs.claims.
 
 Tasks and views are thin wrappers around these functions; tests call them directly.
 """
@@ -10,19 +11,22 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import select, update
 
 from config import LANGUAGES, PRIORITIES
 
 from models.errors import (
     AttemptsExhausted,
+    ClaimLost,
     InvalidRequest,
     JobCancelled,
     JobNotFound,
     JobNotReady,
     PermanentJobError,
+    WhisperqError,
 )
 from models.jobs import metrics
+from models.jobs.claims import Claim, holds
 from models.jobs.record import Job, JobOptions, JobStatus, Stage, new_job_id, utcnow
 from models.jobs.shadows import forget_shadows, settle_for
 from models.storage import prepared_ref
@@ -126,26 +130,39 @@ def discard_job(rt: Runtime, job_id: str) -> None:
             session.delete(job)
 
 
-def count_engine_run(rt: Runtime, job_id: str) -> None:
-    """The engine has been through all of this job's windows once more."""
-    with rt.db.session() as session:
-        session.execute(update(Job).where(Job.id == job_id).values(engine_runs=func.coalesce(Job.engine_runs, 0) + 1))
+def _fenced(job: Job, claim: Claim | None) -> None:
+    """The claim check at commit: a run whose claim was taken over stores nothing."""
+    if claim is not None and not holds(job, claim):
+        log.warning("job %s: this run's claim (token %d, %s) was taken over by token %d (%s) after its lease "
+                    "lapsed; its transcript is discarded, not stored", job.id, claim.token, claim.holder,
+                    job.claim_token, job.claim_holder)
+        raise ClaimLost(f"job {job.id}: the claim was taken over by another worker; this run's transcript is discarded")
 
 
-def complete_job(rt: Runtime, job_id: str, data: dict[str, Any]) -> tuple[dict, bool]:
+def complete_job(rt: Runtime, job_id: str, data: dict[str, Any], claim: Claim | None = None) -> tuple[dict, bool]:
     """Store the transcript once: a job another delivery already completed keeps its own.
-    Returns the stored result and whether this call stored it."""
+    Returns the stored result and whether this call stored it.
+
+    An engine run passes its `claim` (models.jobs.claims): it is counted in `engine_runs`,
+    and its transcript stored, only while the claim is still the job's (else ClaimLost)."""
     with rt.db.session(write=True) as session:
         stored = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one()
+        _fenced(stored, claim)
+        if claim is not None:  # the engine went through all of the job's windows, under the claim
+            stored.engine_runs = (stored.engine_runs or 0) + 1
         if stored.state is JobStatus.COMPLETED:
             return stored.result(), False
+        refused: WhisperqError | None = None
         if stored.deleted_at is not None:
-            raise JobCancelled(f"job {job_id} was deleted; its transcript was not stored")
-        if stored.state.finished:
-            raise PermanentJobError(f"the job is {stored.status}; its transcript was not stored")
-        stored.complete(data["text"], data["language"], data["segments"], data["duration"], data.get("model"))
-        settled = settle_for(session, stored) if stored.shadow else []  # a shadow transcript that came first
-        result = stored.result()
+            refused = JobCancelled(f"job {job_id} was deleted; its transcript was not stored")
+        elif stored.state.finished:
+            refused = PermanentJobError(f"the job is {stored.status}; its transcript was not stored")
+        else:
+            stored.complete(data["text"], data["language"], data["segments"], data["duration"], data.get("model"))
+            settled = settle_for(session, stored) if stored.shadow else []  # a shadow transcript that came first
+            result = stored.result()
+    if refused is not None:  # raised once the run is counted
+        raise refused
     for primary, candidate, wer in settled:
         metrics.observe_shadow(primary, candidate, wer)
     return result, True
@@ -230,10 +247,12 @@ def record_progress(rt: Runtime, job_id: str, seconds: float) -> bool:
         return bool(job.cancel_requested) or job.deleted_at is not None
 
 
-def cancel_running(rt: Runtime, job_id: str, partial: dict[str, Any]) -> dict | None:
-    """A running job stopped at a window boundary: CANCELLED, with what was transcribed."""
+def cancel_running(rt: Runtime, job_id: str, partial: dict[str, Any], claim: Claim | None = None) -> dict | None:
+    """A running job stopped at a window boundary: CANCELLED, with what was transcribed
+    (kept only while the run's `claim` is still the job's, as complete_job's)."""
     with rt.db.session(write=True) as session:
         job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one()
+        _fenced(job, claim)
         if job.state.finished:
             return job.result()
         job.cancel(None if job.deleted_at is not None else partial)

@@ -46,6 +46,10 @@ class JobStatus(str, enum.Enum):
         return self in (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.EXPIRED, JobStatus.CANCELLED)
 
 
+# The statuses of a job that will not run again (as stored), for queries.
+FINISHED = tuple(status.value for status in JobStatus if status.finished)
+
+
 class Stage(str, enum.Enum):
     """Where a PROCESSING job is: decoded in the preparation pool, waiting for the speech
     model, or being transcribed. Stored as its value (`.value` in rows and SQL)."""
@@ -142,9 +146,15 @@ class Job(Base):
     owner: Mapped[str | None] = mapped_column(String(36), index=True)
     # The container the door found (models.speech.audio.DEMUXERS), pinned when the file is decoded.
     audio_format: Mapped[str | None] = mapped_column(String(16))
-    # How many times the engine went through all of the job's windows: once, whatever the
-    # deliveries (a run cut short by a crash is not counted). The delivery tests read it.
+    # How many times the engine went through all of the job's windows under a claim still
+    # held when its transcript was stored: once, whatever the deliveries (a run cut short by a
+    # crash, or discarded because its claim was taken over, is not counted). The tests read it.
     engine_runs: Mapped[int | None] = mapped_column(Integer)
+    # The inference claim (models.jobs.claims): the fencing token, raised by each run that takes
+    # it; who holds it (host:pid); and when its lease lapses unless renewed (None: free).
+    claim_token: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    claim_holder: Mapped[str | None] = mapped_column(String(255))
+    claim_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # The model asked for (a name of config.registry; None: the deployment's default when the
     # job was made, before models had names), and what made the transcript: the weights'
     # version, the engine and its decoding options (recorded by the inference worker).

@@ -1,7 +1,8 @@
 """Worker heartbeats: each worker process says every few seconds that it is alive, which
 pool it serves (an inference worker: which models), how many jobs it can hold, and the host
-it runs on with that host's free disk (its data dir) and memory. Estimates, `/readyz`, the
-metrics and `whisperq status` read them: the database is what every host shares."""
+it runs on with that host's free disk (its data dir) and memory, and (an inference worker)
+the speed its batches reach (models.jobs.throughput). Estimates, `/readyz`, the metrics and
+`whisperq status` read them: the database is what every host shares."""
 from __future__ import annotations
 
 import logging
@@ -9,14 +10,16 @@ import os
 import shutil
 import socket
 import threading
+import time
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import BigInteger, Integer, String, delete, select
+from sqlalchemy import JSON, BigInteger, Integer, String, delete, select
 from sqlalchemy.orm import Mapped, mapped_column
 
 from models.db import Base
 from models.db import UTCDateTime, utcnow
+from models.jobs import throughput
 
 if TYPE_CHECKING:
     from models.runtime import Runtime
@@ -24,6 +27,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 INTERVAL = 10.0
+# How soon after a batch its speed goes out (throughput.news).
+NEWS_INTERVAL = 1.0
 # A worker not heard from for this long is taken for dead.
 ALIVE = timedelta(seconds=3 * INTERVAL)
 
@@ -45,6 +50,8 @@ class WorkerHeartbeat(Base):
     disk_total_bytes: Mapped[int | None] = mapped_column(BigInteger)
     memory_available_bytes: Mapped[int | None] = mapped_column(BigInteger)
     memory_total_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    # An inference worker's speed by model (models.jobs.throughput.figures; revision 0009).
+    throughput: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
 def host_figures(data_dir) -> dict[str, int | str | None]:
@@ -86,7 +93,7 @@ def _memory() -> dict[str, int | None]:
 
 def beat(rt: Runtime, worker_id: str, hostname: str, pool: str, slots: int, started_at: datetime,
          models: tuple[str, ...] = ()) -> None:
-    figures = host_figures(rt.settings.data_dir)
+    figures = dict(host_figures(rt.settings.data_dir), throughput=throughput.figures())
     with rt.db.session() as session:
         row = session.get(WorkerHeartbeat, worker_id)
         if row is None:
@@ -115,7 +122,8 @@ def alive(rt: Runtime, pool: str | None = None, now: datetime | None = None) -> 
                  "models": w.models.split(",") if w.models else [],
                  "host": w.host or w.hostname.rsplit("@", 1)[-1], "disk_free_bytes": w.disk_free_bytes,
                  "disk_total_bytes": w.disk_total_bytes, "memory_available_bytes": w.memory_available_bytes,
-                 "memory_total_bytes": w.memory_total_bytes} for w in session.scalars(query)]
+                 "memory_total_bytes": w.memory_total_bytes, "throughput": w.throughput or {}}
+                for w in session.scalars(query)]
 
 
 def by_host(workers: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -142,17 +150,21 @@ def served_models(rt: Runtime, now: datetime | None = None) -> set[str]:
 
 def start_heartbeat(get_rt, worker_id: str, hostname: str, pool: str, slots: int,
                     models: tuple[str, ...] = ()) -> threading.Event:
-    """Beat from a daemon thread until the returned event is set."""
+    """Beat from a daemon thread until the returned event is set: every INTERVAL, and within a
+    second of a batch when the pool's speed moved (a burst's estimates need it at once)."""
     stop = threading.Event()
     started = utcnow()
 
     def run() -> None:
+        due = 0.0
         while True:
-            try:
-                beat(get_rt(), worker_id, hostname, pool, slots, started, models)
-            except Exception as exc:  # the database may be restarting; try again next time
-                log.warning("heartbeat not recorded: %s", exc)
-            if stop.wait(INTERVAL):
+            if time.monotonic() >= due or throughput.news():
+                try:
+                    beat(get_rt(), worker_id, hostname, pool, slots, started, models)
+                except Exception as exc:  # the database may be restarting; try again next time
+                    log.warning("heartbeat not recorded: %s", exc)
+                due = time.monotonic() + INTERVAL
+            if stop.wait(NEWS_INTERVAL):
                 break
         try:
             forget(get_rt(), worker_id)

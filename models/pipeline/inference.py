@@ -14,9 +14,11 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from models.errors import JobTimeLimitExceeded, TransientJobError
+from models.errors import ClaimLost, JobTimeLimitExceeded, TransientJobError
+from models.jobs.claims import Claim, holder_id, kept, release_claim, take_claim
 from models.jobs.metrics import observe_batch
-from models.jobs.operations import begin_inference, cancel_running, complete_job, count_engine_run, get_job, record_progress
+from models.jobs.operations import begin_inference, cancel_running, complete_job, get_job, record_progress
+from models.jobs.throughput import metered
 from models.pipeline.messages import Prepared
 from models.speech.audio import SAMPLE_RATE
 from models.speech.batching import Batcher
@@ -41,6 +43,7 @@ def build_batcher(rt: Runtime, model: str | None = None) -> Batcher:
         return engine.transcribe_batch([p[0] for p in payloads], [p[1] for p in payloads], language,
                                                      task, word_timestamps=words, **extra)
 
+    run_batch = metered(run_batch, model or settings.default_model, parallel_batches(settings), batch_size(settings), SAMPLE_RATE)
     return Batcher(run_batch, max_batch=batch_size(settings), max_wait=settings.batch_wait_ms / 1000,
                    on_batch=observe_batch, parallel=parallel_batches(settings))
 
@@ -50,12 +53,11 @@ def batcher_stats(rt: Runtime) -> dict[str, Any]:
     batchers = rt.built("batcher")
     if len(batchers) == 1:
         return batchers[0].stats()
-    out: dict[str, Any] = {"batches": 0, "windows": 0, "pending": 0, "recent_sizes": []}
+    out: dict[str, Any] = {"batches": 0, "windows": 0, "pending": 0, "recent_sizes": [], "running_jobs": []}
     for batcher in batchers:
         stats = batcher.stats()
-        for key in ("batches", "windows", "pending"):
+        for key in ("batches", "windows", "pending", "recent_sizes", "running_jobs"):
             out[key] += stats[key]
-        out["recent_sizes"] += stats["recent_sizes"]
     return out
 
 
@@ -75,7 +77,9 @@ def infer_job(rt: Runtime, prepared: Prepared, batcher: Batcher, worker: str | N
 
     A second message for a job this process is already transcribing (the same message
     delivered twice, or prepared twice) runs nothing: it waits for that run and answers
-    with what it stored, so the engine goes through a job once (jobs.engine_runs).
+    with what it stored, so the engine goes through a job once (jobs.engine_runs). One that
+    another process is transcribing raises ClaimHeld before anything runs (models.jobs.claims);
+    a run whose claim another process took over raises ClaimLost, its transcript discarded.
     """
     job_id = prepared.job_id
     with _running_lock:
@@ -96,10 +100,20 @@ def infer_job(rt: Runtime, prepared: Prepared, batcher: Batcher, worker: str | N
 def _infer(rt: Runtime, prepared: Prepared, batcher: Batcher, worker: str | None,
            worker_id: str | None) -> dict:
     job_id = prepared.job_id
-    done = begin_inference(rt, job_id, worker, worker_id)
-    if done is not None:
-        log.info("job %s already COMPLETED; duplicate delivery ignored", job_id)
-        return done
+    claim = take_claim(rt, job_id, holder_id(), rt.settings.claim_lease_seconds)
+    try:
+        done = begin_inference(rt, job_id, worker, worker_id)
+        if done is not None:
+            log.info("job %s already COMPLETED; duplicate delivery ignored", job_id)
+            return done
+        with kept(rt, claim, rt.settings.time_limit(prepared.duration)):
+            return _transcribe(rt, prepared, batcher, claim)
+    finally:
+        release_claim(rt, claim)
+
+
+def _transcribe(rt: Runtime, prepared: Prepared, batcher: Batcher, claim: Claim) -> dict:
+    job_id = prepared.job_id
     duration = prepared.duration
     limit = rt.settings.time_limit(duration)
     futures = []
@@ -127,10 +141,14 @@ def _infer(rt: Runtime, prepared: Prepared, batcher: Batcher, worker: str | None
             found = fut.result(timeout=max(0.0, deadline - time.monotonic()))
             segments.extend([replace(s, language=languages[n]) for s in found] if detected else found)
             done_seconds = windows[n].end / SAMPLE_RATE
+            if claim.lost.is_set():  # taken over: what is left of this run would be discarded
+                log.warning("job %s: this run's claim (token %d, %s) was taken over after its lease lapsed; it stops "
+                            "here and its transcript is discarded, not stored", job_id, claim.token, claim.holder)
+                raise ClaimLost(f"job {job_id}: the claim was taken over by another worker; this run stops")
             if record_progress(rt, job_id, done_seconds) and n + 1 < len(futures):
                 batcher.cancel(futures[n + 1:])
                 partial = Transcript.from_segments(segments, language, duration)
-                result = cancel_running(rt, job_id, dict(partial.to_dict(), model=made_by(rt, prepared, engine)))
+                result = cancel_running(rt, job_id, dict(partial.to_dict(), model=made_by(rt, prepared, engine)), claim)
                 rt.storage.delete(prepared.samples_ref)
                 log.info("job %s: cancelled after %.1f of %.1f s; partial transcript kept", job_id, done_seconds, duration)
                 return result
@@ -141,8 +159,7 @@ def _infer(rt: Runtime, prepared: Prepared, batcher: Batcher, worker: str | None
         batcher.cancel(futures)
         raise
     transcript = Transcript.from_segments(segments, language, duration)
-    count_engine_run(rt, job_id)
-    result, stored = complete_job(rt, job_id, dict(transcript.to_dict(), model=made_by(rt, prepared, engine)))
+    result, stored = complete_job(rt, job_id, dict(transcript.to_dict(), model=made_by(rt, prepared, engine)), claim)
     rt.storage.delete(prepared.samples_ref)
     if stored:
         log.info("job %s: transcript stored (%.1f s of audio, %d windows)", job_id, duration, len(futures))
