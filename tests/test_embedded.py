@@ -33,3 +33,40 @@ def test_a_second_instance_on_the_same_data_dir_is_refused(tmp_path):
     with EmbeddedRedis(tmp_path / "redis"):
         with pytest.raises(RuntimeError, match="already using the embedded broker"):
             EmbeddedRedis(tmp_path / "redis").start()
+
+
+def test_a_server_a_killed_run_left_behind_is_stopped_and_its_queue_kept(tmp_path):
+    """A run killed outright leaves its server running on the data dir's files: the next one
+    stops it (gracefully: what it held is in its file) before it writes the same files."""
+    import os
+
+    orphan = EmbeddedRedis(tmp_path / "redis")
+    orphan.start()
+    redis.Redis.from_url(orphan.url).lpush("whisperq.transcribe", "job-1")
+    pid = orphan.process.pid
+    orphan.release()  # as the killed run's exit would: the lock goes, the server stays
+    assert (tmp_path / "redis" / "redis.pid").read_text().strip() == str(pid)
+
+    again = EmbeddedRedis(tmp_path / "redis")
+    try:
+        again.start()
+        assert orphan.process.wait(30) == 0  # stopped with SIGTERM: it saved and exited cleanly
+        assert redis.Redis.from_url(again.url).lrange("whisperq.transcribe", 0, -1) == [b"job-1"]
+        assert again.process.pid != pid and os.path.exists(f"/proc/{again.process.pid}")
+    finally:
+        again.stop()
+
+
+def test_a_pid_file_naming_another_process_is_left_alone(tmp_path):
+    import subprocess
+
+    (tmp_path / "redis").mkdir()
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        (tmp_path / "redis" / "redis.pid").write_text(f"{other.pid}\n")  # a stale file, its pid reused
+        with EmbeddedRedis(tmp_path / "redis") as broker:
+            assert redis.Redis.from_url(broker.url).ping()
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()

@@ -51,8 +51,9 @@ def test_run_starts_the_whole_service_on_the_embedded_broker(tmp_path):
     env = {k: v for k, v in os.environ.items()
            if k not in ("CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "DATABASE_URL", "FLOWER_BASIC_AUTH", "WHISPERQ_LOG_FORMAT",
                         "WHISPERQ_INPUT_DIRS")}
+    # The test polls each job in a loop (WHISPERQ_POLL_LIMIT would answer it 429).
     env.update(WHISPERQ_DATA_DIR=str(tmp_path / "var"), PORT=str(port), FLOWER_PORT=str(flower),
-               WHISPERQ_SWEEP_INTERVAL="5")
+               WHISPERQ_SWEEP_INTERVAL="5", WHISPERQ_POLL_LIMIT="false")
     # Tracing on, as an operator turns it on: every process exports over OTLP/HTTP to a
     # collector (here a local receiver that keeps what it is sent).
     collector = Receiver({"/v1/traces": (200, {"Content-Type": "application/x-protobuf"}, b"")})
@@ -334,3 +335,150 @@ def test_supervisords_socket_stays_within_a_sockets_path_length(tmp_path):
     assert oct(sock.parent.stat().st_mode & 0o777) == "0o700"
     assert f"file={sock}" in config_text([("web", "true")], tmp_path, deep)
     sock.parent.rmdir()
+
+
+def start_run(tmp_path: Path, **settings) -> tuple[subprocess.Popen, str, Path]:
+    """`whisperq run` on a data dir of its own, as `make run` starts it; (process, base URL, log)."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "DATABASE_URL", "FLOWER_BASIC_AUTH",
+                        "WHISPERQ_INPUT_DIRS", "OTEL_EXPORTER_OTLP_ENDPOINT")}
+    # The test polls each job in a loop (WHISPERQ_POLL_LIMIT would answer it 429).
+    env.update(WHISPERQ_DATA_DIR=str(tmp_path / "var"), PORT=str(port), FLOWER_PORT=str(free_port()),
+               WHISPERQ_POLL_LIMIT="false", **settings)
+    log = tmp_path / "run.log"
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "whisperq"), "run"], env=env, stdout=log.open("w"),
+                            stderr=subprocess.STDOUT)
+    return proc, f"http://127.0.0.1:{port}", log
+
+
+def stop_run(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def upload(base: str, name: str) -> str:
+    with CLIPS[name]["path"].open("rb") as fh:
+        resp = requests.post(f"{base}/v1/jobs", files={"file": (name, fh)}, timeout=30)
+    assert resp.status_code == 202, resp.text
+    return resp.headers["Location"]
+
+
+def finished(status_url: str) -> dict | None:
+    resp = requests.get(status_url, timeout=5)
+    assert resp.status_code in (200, 503), resp.text  # 503: a moment without the database or broker
+    job = resp.json()
+    return job if resp.status_code == 200 and job["status"] in ("COMPLETED", "FAILED") else None
+
+
+@pytest.mark.timeout(600)  # two stack starts' worth: a lost message waits out the sweeper's grace (60 s)
+def test_a_killed_embedded_broker_comes_back_and_every_job_completes(tmp_path):
+    """SIGKILL of the embedded Redis (as the OOM killer would) with jobs queued and running:
+    supervisord starts it again on the same port, password and append-only file, the pools and
+    the web reconnect by themselves, every job completes and new uploads are taken."""
+    proc, base, log = start_run(tmp_path, WHISPERQ_SWEEP_INTERVAL="5")
+    data = tmp_path / "var"
+    try:
+        wait_until(lambda: requests.get(f"{base}/readyz", timeout=2).status_code == 200, 90, "web", proc, log)
+        url = (data / "broker.url").read_text().strip()
+        broker = supervised_pid(data, "broker")
+        assert broker and (data / "redis" / "redis.pid").read_text().strip() == str(broker)
+        jobs = [upload(base, "report.opus") for _ in range(4)] + [upload(base, "fox.flac")]
+        wait_until(lambda: any(requests.get(u, timeout=5).json()["status"] != "PENDING" for u in jobs), 60,
+                   "a job started", proc, log)
+        os.kill(broker, signal.SIGKILL)
+        wait_until(lambda: supervised_pid(data, "broker") not in (0, broker), 60, "the broker back", proc, log)
+        assert (data / "broker.url").read_text().strip() == url  # same address and password: clients reconnect
+        wait_until(lambda: requests.get(f"{base}/readyz", timeout=2).status_code == 200, 120, "ready again", proc, log)
+        jobs.append(upload(base, "fox.flac"))  # the door takes work again, with no restart of the web
+        done = [wait_until(lambda u=u: finished(u), 240, "a job after the broker's kill", proc, log) for u in jobs]
+        assert [j["status"] for j in done] == ["COMPLETED"] * len(jobs), done
+        for job in done:
+            name = job["filename"]
+            assert word_error_rate(CLIPS[name]["text"], job["result"]["text"]) <= 0.2, job
+        assert "exited: broker (terminated by SIGKILL; not expected)" in log.read_text()
+    finally:
+        stop_run(proc)
+    assert proc.returncode in (0, -15, 143), log.read_text()[-3000:]
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is gone
+    except OSError:
+        return False
+
+
+@pytest.mark.timeout(300)
+def test_nothing_outlives_a_killed_run_and_the_next_run_starts(tmp_path):
+    """SIGKILL of `whisperq run` itself: supervisord, the embedded Redis, the web, the pools and
+    their children all stop within a bounded time, and a new run on the same data dir starts."""
+    proc, base, log = start_run(tmp_path)
+    try:
+        wait_until(lambda: requests.get(f"{base}/readyz", timeout=2).status_code == 200, 90, "web", proc, log)
+        stack = descendants(proc.pid)
+        broker = supervised_pid(tmp_path / "var", "broker")
+        assert broker in stack and supervised_pid(tmp_path / "var", "inference") in stack
+        assert len(stack) >= 8, stack  # supervisord, the broker, web (and its workers), the pools, Flower, beat
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 120  # each process drains in turn: idle, seconds each
+        while (left := {p for p in stack if alive(p)}) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not left, [Path(f"/proc/{p}/cmdline").read_bytes() for p in left if alive(p)]
+        with pytest.raises(requests.ConnectionError):
+            requests.get(f"{base}/healthz", timeout=2)
+    finally:
+        stop_run(proc)
+    again, base, log = start_run(tmp_path)  # the same data dir: its lock and files are free again
+    try:
+        wait_until(lambda: requests.get(f"{base}/readyz", timeout=2).status_code == 200, 90, "web again", again, log)
+    finally:
+        stop_run(again)
+
+
+def test_a_run_stops_what_a_killed_run_left_and_refuses_a_second_run(tmp_path):
+    """The data dir's supervisord from a run killed outright (its pid file still there) is
+    stopped before a new run starts; a live run's data dir is refused to a second one."""
+    from web.supervise import claim
+
+    fake = tmp_path / "bin" / "supervisord"  # stands in for the orphan: a supervisord of this data dir's configuration
+    fake.parent.mkdir()
+    fake.write_text("import time\nprint('up', flush=True)\nwhile True:\n    time.sleep(1)\n")
+    orphan = subprocess.Popen([sys.executable, str(fake), "-c", str(tmp_path / "supervisord.conf")],
+                              stdout=subprocess.PIPE, text=True)
+    assert orphan.stdout.readline() == "up\n"  # running, under its command line
+    (tmp_path / "supervisord.pid").write_text(f"{orphan.pid}\n")
+    try:
+        held = claim(tmp_path)
+        assert orphan.wait(30) == -signal.SIGTERM
+        with pytest.raises(RuntimeError, match="another `whisperq run` is running on the data dir"):
+            claim(tmp_path)
+        held.close()
+        claim(tmp_path).close()  # free again once the run is gone
+    finally:
+        if orphan.poll() is None:
+            orphan.kill()
+            orphan.wait()

@@ -27,13 +27,20 @@ def run(procfile: str) -> None:
             private_dir(directory)
     bindir = str(Path(sys.executable).parent)  # gunicorn, celery and supervisord live beside Python
     env = dict(os.environ, WHISPERQ_DATA_DIR=str(settings.data_dir), PATH=bindir + os.pathsep + os.environ.get("PATH", ""))
+    from .supervise import claim, run_supervised
+
+    try:
+        claimed = claim(settings.data_dir)  # stops what a killed run left here first
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from exc
     broker = None
     if not os.environ.get("CELERY_BROKER_URL"):  # not a broker another stack here published: ours
         from config.embedded import EmbeddedRedis
 
         broker = EmbeddedRedis(settings.data_dir / "redis")
         try:
-            env["CELERY_BROKER_URL"] = broker.start()
+            # supervisord runs it (first, stopping it last), and starts it again if it dies.
+            env["CELERY_BROKER_URL"] = broker.configure(log_file=False)
         except RuntimeError as exc:
             raise click.ClickException(str(exc)) from exc
         # Local callers of transcribe.delay() and `whisperq env` find it here (owner-only).
@@ -69,14 +76,13 @@ def run(procfile: str) -> None:
         f"  data         {settings.data_dir}  (logs in {settings.data_dir / 'logs'})\n"
         f"  inbox        {', '.join(str(d) for _, d in settings.input_grants)}  (files for transcribe.delay(path))\n"
     )
-    from .supervise import run_supervised
-
     try:
-        code = run_supervised(Path(procfile), ROOT, settings.data_dir, env)
+        code = run_supervised(Path(procfile), ROOT, settings.data_dir, env, broker.command() if broker else None)
     finally:
         if broker is not None:
             withdraw_broker(settings.data_dir, env["CELERY_BROKER_URL"])
-            broker.stop()  # after every process that used it
+            broker.release()  # supervisord stopped it, after every process that used it
+        claimed.close()
     sys.exit(code)
 
 

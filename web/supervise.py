@@ -11,9 +11,19 @@ Each process logs to `$WHISPERQ_DATA_DIR/logs/<name>.log` (rotated at 10 MB, 3 k
 Procfile runner does. `supervisorctl -c $WHISPERQ_DATA_DIR/supervisord.conf status` shows
 the processes; `... restart inference` restarts one. An optional line (OPTIONAL: the MQTT
 bridge) runs only where its setting is given, and is left out, saying so, elsewhere.
+
+The embedded broker, where there is one, is supervised too (BROKER): started first and
+stopped last, started again when it dies (SIGKILL, the OOM killer) on the same port, password
+and append-only file, so queued jobs come back and the pools and the web reconnect by
+themselves; one that keeps failing to start is retried with a growing delay, for longer.
+Nothing outlives its supervisor: supervisord dies with `whisperq run`, and each process
+with supervisord (web/deathsig.py), and a run that finds what a killed one left on its
+data dir stops it before it starts.
 """
 from __future__ import annotations
 
+import fcntl
+import os
 import re
 import shlex
 import signal
@@ -31,6 +41,18 @@ _LINE = re.compile(r"^([A-Za-z0-9_-]+):\s*(.+)$")
 # MQTT bridge has nothing to do, and a process that exits at once is restarted until
 # supervisord gives up on it (FATAL), which would look like a failure of the stack.
 OPTIONAL = {"mqtt": MQTT_URL}
+BROKER = "broker"
+# Start order (lower first); supervisord stops in the reverse order, one after the other.
+PRIORITY = {BROKER: 1, "web": 10}
+# A broker that dies as it starts (its port taken, its disk full) is retried with a delay one
+# second longer each time: about 80 minutes before supervisord gives up on it, not 55 s.
+BROKER_START_RETRIES = 100
+DEATHSIG = Path(__file__).with_name("deathsig.py")
+
+
+def dies_with_parent(argv: list[str], parent: int | str = "-") -> list[str]:
+    """`argv`, run so that it gets SIGTERM when its parent dies (web/deathsig.py)."""
+    return [sys.executable, "-I", str(DEATHSIG), "TERM", str(parent), *argv]
 
 
 def procfile_processes(procfile: Path) -> list[tuple[str, str]]:
@@ -100,11 +122,13 @@ def config_text(processes: list[tuple[str, str]], root: Path, data_dir: Path) ->
     for name, command in processes:
         sections += [
             f"[program:{name}]",
-            f"command=/bin/sh -c {esc(shlex.quote('exec ' + command))}",
+            f"command={esc(shlex.join(dies_with_parent(['/bin/sh', '-c', 'exec ' + command])))}",
             f"directory={esc(root)}",
-            # The web starts first and stops last: it answers (503 on /readyz) while pools come and go.
-            f"priority={10 if name == 'web' else 100}",
-            "autostart=true", "autorestart=true", "startsecs=3", "startretries=10",
+            # The web starts first and stops last (after it, the broker): it answers (503 on
+            # /readyz) while pools come and go.
+            f"priority={PRIORITY.get(name, 100)}",
+            "autostart=true", "autorestart=true", f"startsecs={1 if name == BROKER else 3}",
+            f"startretries={BROKER_START_RETRIES if name == BROKER else 10}",
             "stopsignal=TERM", f"stopwaitsecs={STOP_WAIT}", "stopasgroup=true", "killasgroup=true",
             "redirect_stderr=true", f"stdout_logfile={esc(logs / (name + '.log'))}",
             "stdout_logfile_maxbytes=10MB", "stdout_logfile_backups=3", "",
@@ -151,9 +175,58 @@ class Follower(threading.Thread):
         self.join(5)
 
 
-def run_supervised(procfile: Path, root: Path, data_dir: Path, env: dict) -> int:
-    """Run the Procfile under supervisord until it is stopped; its exit status."""
+def claim(data_dir: Path):
+    """Hold the data dir for this run (an open file, locked until it is closed or the run
+    dies), after stopping what a killed run left on it; RuntimeError if another runs."""
+    lock = open(Path(data_dir) / "run.lock", "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise RuntimeError(f"another `whisperq run` is running on the data dir {data_dir}; stop it first, or set "
+                           "WHISPERQ_DATA_DIR to another directory") from None
+    _stop_orphan(Path(data_dir))
+    return lock
+
+
+def _orphan_pid(data_dir: Path) -> int:
+    """The pid of a supervisord a killed run left on this data dir, or 0: its pid file is
+    here and the process is a supervisord of this data dir's configuration."""
+    try:
+        pid = int((data_dir / "supervisord.pid").read_text().strip())
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError):  # gone, or no /proc: nothing known to be ours
+        return 0
+    ours = any(a.endswith(b"supervisord") for a in argv) and os.fsencode(data_dir / "supervisord.conf") in argv
+    return pid if ours else 0
+
+
+def _stop_orphan(data_dir: Path) -> None:
+    pid = _orphan_pid(data_dir)
+    if not pid:
+        return
+    # SIGTERM: it stops its processes as it would on Ctrl-C (they may be doing so already,
+    # told by the death signal), the broker last.
+    print(f"stopping the processes an earlier, killed `whisperq run` left on {data_dir} (supervisord pid {pid})",
+          flush=True)
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + STOP_WAIT * 3
+    while _orphan_pid(data_dir) == pid:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the supervisord (pid {pid}) an earlier `whisperq run` left on {data_dir} is still "
+                               "stopping its processes; wait for it, or stop it")
+        time.sleep(0.2)
+
+
+def run_supervised(procfile: Path, root: Path, data_dir: Path, env: dict, broker: list[str] | None = None) -> int:
+    """Run the Procfile (and `broker`, the embedded broker's command, where given) under
+    supervisord until it is stopped; its exit status."""
     processes, left_out = wanted(procfile_processes(procfile), env)
+    if broker:
+        processes = [(BROKER, shlex.join(broker)), *processes]
     for name in left_out:
         print(f"{name}: not started ({OPTIONAL[name]} is not set)", flush=True)
     logs = data_dir / "logs"
@@ -165,7 +238,7 @@ def run_supervised(procfile: Path, root: Path, data_dir: Path, env: dict) -> int
     follower = Follower({"supervisor": logs / "supervisord.log", **{n: logs / f"{n}.log" for n, _ in processes}})
     follower.start()
     bindir = Path(sys.executable).parent
-    proc = subprocess.Popen([str(bindir / "supervisord"), "-c", str(conf)], env=env)
+    proc = subprocess.Popen(dies_with_parent([str(bindir / "supervisord"), "-c", str(conf)], os.getpid()), env=env)
 
     def forward(signum, _frame):
         proc.send_signal(signal.SIGTERM)  # supervisord stops every process, gracefully
