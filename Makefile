@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install check-deploy bench bench-load bench-engines bench-encryption bench-accuracy bench-estimates bench-shadow bench-scale clean
+.PHONY: run test install check-deploy soak clean
 
 $(STAMP): setup.cfg pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "whisperq needs Python 3.11 or newer; set PYTHON=python3.11 (or newer)")'
@@ -21,36 +21,37 @@ run: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-bench: $(STAMP)
-	$(BIN)/python bench/batching.py
-	$(BIN)/python bench/latency.py
+# Benchmarks: `make bench-NAME` runs bench/NAME.py; each takes its size and its number of runs
+# as BENCH_JOBS and BENCH_RUNS (or --jobs/--runs; see each file's docstring), e.g.
+# `make bench-load BENCH_JOBS=60,200 BENCH_RUNS=3`. `make bench` is batching and latency.
+#   batching    the engine by batch size and parallelism
+#   latency     upload -> COMPLETED one job at a time, and the model's real-time factor
+#   load        a burst: file-by-file scripts, the engine's ceiling, the service, a synchronous server
+#   engines     faster-whisper vs openai-whisper; needs the openai-whisper extra (see .ci/run)
+#   accuracy    word error rate on long recordings: faster-whisper's own pipelines beside the service
+#   shadow      how far base's transcripts are from tiny.en's (whisperq models compare); needs .[base-model]
+#   estimates   how far the jobs' estimated finish times are from the real ones, on a burst
+#   scale       one inference host vs two (network namespaces of tests/hosts.py, one core each); needs root
+#   encryption  plain vs encrypted files: write, read, and decoding a clip
+# (bench/soak.py has its own target, `make soak`, below.)
+BENCHES := batching latency load engines accuracy shadow estimates scale encryption
+.PHONY: bench bench-ci $(addprefix bench-,$(BENCHES))
 
-bench-load: $(STAMP)
-	$(BIN)/python bench/load.py
+bench: bench-batching bench-latency
 
-# faster-whisper vs openai-whisper; needs the openai-whisper extra (see .ci/run)
-bench-engines: $(STAMP)
-	$(BIN)/python bench/engines.py
+$(addprefix bench-,$(BENCHES)): bench-%: $(STAMP)
+	$(BIN)/python bench/$*.py
 
-# word error rate on long recordings: faster-whisper's own pipelines beside the service
-bench-accuracy: $(STAMP)
-	$(BIN)/python bench/accuracy.py
+# Every benchmark here (soak too) at a tiny size, so none rots; fails if any fails (bench/ci.py).
+bench-ci: $(STAMP)
+	$(BIN)/python bench/ci.py
 
-# how far base's transcripts are from tiny.en's (shadow decoding, whisperq models compare); needs .[base-model]
-bench-shadow: $(STAMP)
-	$(BIN)/python bench/shadow.py
-
-# how far the jobs' estimated finish times are from the real ones, on a burst
-bench-estimates: $(STAMP)
-	$(BIN)/python bench/estimates.py
-
-# one inference host vs two (network namespaces of tests/hosts.py, one core each), the same burst; needs root
-bench-scale: $(STAMP)
-	$(BIN)/python bench/scale.py
-
-# plain vs encrypted files: write, read, and decoding a clip
-bench-encryption: $(STAMP)
-	$(BIN)/python bench/encryption.py
+# The stack under a steady stream with bursts while its processes are killed (bench/soak.py);
+# SOAK_MINUTES=4 is the CI-size run. Fails if a job was lost, run twice, wrong or failed unexpectedly.
+SOAK_MINUTES ?= 60
+soak: $(STAMP)
+	@$(BIN)/python -c 'import matplotlib, psutil' 2>/dev/null || $(BIN)/python -m pip install --quiet -e '.[bench]'
+	$(BIN)/python bench/soak.py --minutes $(SOAK_MINUTES) $(SOAK_ARGS)
 
 # Static security scan of deploy/ (Kubernetes manifests, Dockerfile) with checkov, in a venv of
 # its own: its pins clash with the project's. Skips are annotations in the files, each with why.

@@ -13,14 +13,22 @@ the same model (WHISPERQ_MODEL, else the bundled tiny.en) and samples in one run
 normalised the same way for all (OpenAI's English normaliser: case, punctuation, numbers,
 spelling). For `pauses`, whose sentence start times are known, the table also gives the
 worst distance between a sentence's start and the nearest cue start of (c), to show the
-subtitles' timing. Run with `make bench-accuracy`; the table goes in the README.
+subtitles' timing.
+
+--jobs / BENCH_JOBS takes the N shortest recordings (default 9: all of them). (a) and (b)
+run once: the same call on the same samples in one process gives the same words. (c) runs
+--runs / BENCH_RUNS times (default 3), each on a fresh service, and the table gives each
+recording's median: which windows share a batch changes from run to run. Run with
+`make bench-accuracy`; the table goes in the README:
+
+    BENCH_JOBS=9 BENCH_RUNS=3 python bench/accuracy.py
 """
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import requests
@@ -32,23 +40,28 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from helpers import CLIPS, long_recording, word_error_rate, write_wav  # noqa: E402
-from service import running_service  # noqa: E402
+import knobs  # noqa: E402
+from service import running_service, wait_finished  # noqa: E402
 
 
-def evaluation_set(tmp: Path) -> dict[str, dict]:
-    """name -> {"path", "text", optional "sentence_starts"}."""
+def evaluation_set(tmp: Path, count: int | None = None) -> dict[str, dict]:
+    """name -> {"path", "text", "seconds", optional "sentence_starts"}: the `count` shortest, or all."""
+    from models.speech import audio
+
     made = json.loads((RECORDINGS / "recordings.json").read_text())
-    items = {name: dict(meta, path=ROOT / meta["file"]) for name, meta in made.items()}
+    items = {name: dict(meta, path=ROOT / meta["file"], seconds=meta["duration"]) for name, meta in made.items()}
     for name in ("fox.flac", "report.opus"):
-        items[name] = {"path": CLIPS[name]["path"], "text": CLIPS[name]["text"]}
+        seconds = len(audio.decode(CLIPS[name]["path"])) / audio.SAMPLE_RATE
+        items[name] = {"path": CLIPS[name]["path"], "text": CLIPS[name]["text"], "seconds": seconds}
     samples, text = long_recording(repeats=4)
-    items["long_recording(4)"] = {"path": write_wav(tmp / "long4.wav", samples), "text": text}
-    return items
+    items["long_recording(4)"] = {"path": write_wav(tmp / "long4.wav", samples), "text": text,
+                                  "seconds": len(samples) / audio.SAMPLE_RATE}
+    kept = sorted(items, key=lambda name: items[name]["seconds"])[:count]
+    return {name: item for name, item in items.items() if name in kept}
 
 
 def through_service(items: dict[str, dict]) -> dict[str, dict]:
     """Each recording's result from the running service, all submitted at once."""
-    results = {}
     with running_service() as (_proc, base, _data):
         jobs = {}
         for name, item in items.items():
@@ -57,19 +70,12 @@ def through_service(items: dict[str, dict]) -> dict[str, dict]:
                                      data={"language": "en"}, timeout=60)
             resp.raise_for_status()
             jobs[name] = resp.json()["job_id"]
-        deadline = time.monotonic() + 1800
-        while jobs and time.monotonic() < deadline:
-            for name, job_id in list(jobs.items()):
-                job = requests.get(f"{base}/v1/jobs/{job_id}", timeout=30).json()
-                if job["status"] in ("COMPLETED", "FAILED"):
-                    if job["status"] == "FAILED":
-                        raise RuntimeError(f"{name}: {job['error']}")
-                    results[name] = job["result"]
-                    del jobs[name]
-            time.sleep(1.0)
-        if jobs:
-            raise RuntimeError(f"not finished in time: {sorted(jobs)}")
-    return results
+        finished = wait_finished(base, list(jobs.values()))
+    failed = {name: finished[job_id].get("error") for name, job_id in jobs.items()
+              if finished[job_id]["status"] != "COMPLETED"}
+    if failed:
+        raise RuntimeError(f"jobs that did not complete: {failed}")
+    return {name: finished[job_id]["result"] for name, job_id in jobs.items()}
 
 
 def worst_cue_offset(starts: list[float], segments: list[dict]) -> float:
@@ -85,6 +91,7 @@ def main() -> None:
     from models.speech.catalog import model_path
     from models.speech.engines import resolve_device
 
+    knob = knobs.read(__doc__, "9", runs=3, what="recordings (the shortest)")
     settings = Settings.from_env()
     device, compute_type = resolve_device(settings.device, settings.compute_type)
     model = WhisperModel(model_path(settings), device=device, compute_type=compute_type,
@@ -92,7 +99,7 @@ def main() -> None:
     pipeline = BatchedInferencePipeline(model)
     beam = settings.beam_size
     with tempfile.TemporaryDirectory() as tmpdir:
-        items = evaluation_set(Path(tmpdir))
+        items = evaluation_set(Path(tmpdir), knob.size)
         rows = {}
         for name, item in items.items():
             samples = audio.decode(item["path"])
@@ -103,21 +110,22 @@ def main() -> None:
             rows[name] = (len(samples) / audio.SAMPLE_RATE, word_error_rate(item["text"], a),
                           word_error_rate(item["text"], b))
             print(f"{name}: (a) {rows[name][1]:.3f} (b) {rows[name][2]:.3f}", file=sys.stderr)
-        service = through_service(items)
-    print(f"model {model_path(settings)} on {device} ({compute_type}), beam {beam}")
+        services = [through_service(items) for _ in range(knob.runs)]
+    print(f"model {model_path(settings)} on {device} ({compute_type}), beam {beam}; (c) median of {knob.runs} run(s)")
     print("| recording | length | (a) `WhisperModel.transcribe` | (b) `BatchedInferencePipeline` | (c) the service | (c) − (b) |")
     print("|---|---|---|---|---|---|")
     worst = 0.0
     for name, (seconds, a, b) in rows.items():
-        c = word_error_rate(items[name]["text"], service[name]["text"])
+        c = statistics.median(word_error_rate(items[name]["text"], run[name]["text"]) for run in services)
         worst = max(worst, c - b)
         print(f"| {name} | {seconds:.0f} s | {a:.3f} | {b:.3f} | {c:.3f} | {c - b:+.3f} |")
     print(f"\nworst (c) − (b): {worst:+.3f}")
     for name, item in items.items():
         if item.get("sentence_starts"):
-            off = worst_cue_offset(item["sentence_starts"], service[name]["segments"])
-            print(f"{name}: every sentence starts within {off:.2f} s of a cue's start "
-                  f"({len(service[name]['segments'])} cues for {len(item['sentence_starts'])} sentences)")
+            offs = [worst_cue_offset(item["sentence_starts"], run[name]["segments"]) for run in services]
+            print(f"{name}: every sentence starts within {statistics.median(offs):.2f} s of a cue's start (median; "
+                  f"{'/'.join(str(len(run[name]['segments'])) for run in services)} cues for "
+                  f"{len(item['sentence_starts'])} sentences)")
 
 
 if __name__ == "__main__":

@@ -1,15 +1,16 @@
 """Benchmark: the engine's throughput by batch size and by how many batches run at once.
 
-The same workload — BENCH_JOBS jobs of the 9.4 s clip, all waiting at once — goes through
+The same workload — --jobs / BENCH_JOBS jobs of the 9.4 s clip (default 40), all waiting at once — goes through
 the real Batcher and engine in one process, as the inference pool runs them: one batch at
 a time on every core, or one batch per core side by side, each on one thread
-(CTranslate2's workers). Reports audio-seconds per wall-second, the median of BENCH_RUNS
-runs, configurations interleaved run by run so drift on a noisy machine hits them alike.
-Run with `make bench`.
+(CTranslate2's workers). Reports audio-seconds per wall-second, the median of --runs /
+BENCH_RUNS runs (default 3), configurations interleaved run by run so drift on a noisy machine
+hits them alike. Run with `make bench` (or `make bench-batching`):
+
+    BENCH_JOBS=40 BENCH_RUNS=3 python bench/batching.py
 """
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 import time
@@ -17,6 +18,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import knobs  # noqa: E402
 
 from config import Settings  # noqa: E402
 from models.speech.batching import Batcher  # noqa: E402
@@ -25,8 +29,8 @@ from models.speech.engines import FasterWhisperEngine, usable_cores  # noqa: E40
 from models.speech import audio  # noqa: E402
 from models.speech.windows import split_windows  # noqa: E402
 
-RUNS = int(os.environ.get("BENCH_RUNS", "3"))
-JOBS = int(os.environ.get("BENCH_JOBS", "40"))
+KNOBS = knobs.read(__doc__, "40", runs=3)
+RUNS, JOBS = KNOBS.runs, KNOBS.size
 CLIP = ROOT / "tests" / "fixtures" / "report.opus"
 
 

@@ -1,10 +1,12 @@
 """Benchmark: what encryption at rest costs, side by side with plain files.
 
-Writes and reads BENCH_MB (default 128) MB through models.security.sealed and through plain files
-in the data dir's file system (BENCH_DIR, default a temporary dir), alternating run by
-run so drift hits both alike; then decodes the 9.4 s fixture clip from an encrypted and
-a plain copy. Reports medians of BENCH_RUNS (default 5) runs and the ratios. Run with
-`make bench-encryption`.
+Writes and reads --jobs / BENCH_JOBS MB (default 128; this benchmark's size is in MB, not
+jobs) through models.security.sealed and through plain files in the data dir's file system
+(BENCH_DIR, default a temporary dir), alternating run by run so drift hits both alike; then
+decodes the 9.4 s fixture clip from an encrypted and a plain copy. Reports medians of
+--runs / BENCH_RUNS runs (default 5) and the ratios. Run with `make bench-encryption`:
+
+    BENCH_JOBS=128 BENCH_RUNS=5 python bench/encryption.py
 """
 from __future__ import annotations
 
@@ -19,13 +21,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
+import knobs  # noqa: E402
 from models.security.crypto import Keyring, new_key_line, parse_keys  # noqa: E402
 from models.security.sealed import EncryptedWriter, open_decrypted  # noqa: E402
 from models.speech import audio  # noqa: E402
 
-RUNS = int(os.environ.get("BENCH_RUNS", "5"))
-MB = int(os.environ.get("BENCH_MB", "128"))
+KNOBS = knobs.read(__doc__, "128", runs=5, what="MB")
+RUNS, MB = KNOBS.runs, KNOBS.size
 BLOCK = 1024 * 1024
 
 

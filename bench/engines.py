@@ -4,15 +4,19 @@ Both engines run the bundled tiny.en (faster-whisper from the CTranslate2 direct
 openai-whisper from it converted by `whisperq convert-model`), through their
 `transcribe_batch`, as the inference pool's batcher calls them:
 
-- clips: the two fixture clips, 4 times each (8 windows, 54.8 s of audio);
-- long: tests/helpers.long_recording (report, fox, pauses, 3 times over; cut into
-  windows in silences, as a worker cuts it).
+- clips: the two fixture clips, --jobs / BENCH_JOBS times each (default 4: 8 windows,
+  54.8 s of audio);
+- long: tests/helpers.long_recording (report, fox, pauses, one time fewer than the clips,
+  at least once: 3 times over by default; cut into windows in silences, as a worker cuts it).
 
 For each engine, batch size (BENCH_SIZES, default 1 and 8) and beam size (BENCH_BEAMS,
-default 5 and 1): audio-seconds per wall-second, median of BENCH_RUNS runs (default 3),
-the configurations interleaved run by run so drift on a noisy machine hits them alike.
+default 5 and 1): audio-seconds per wall-second, median of --runs / BENCH_RUNS runs (default
+3), the configurations interleaved run by run so drift on a noisy machine hits them alike.
 Device and compute type follow WHISPERQ_DEVICE / WHISPERQ_COMPUTE_TYPE (CPU: int8 for
-faster-whisper, float32 for openai-whisper). Run with `make bench-engines`.
+faster-whisper, float32 for openai-whisper). Needs the openai-whisper extra (see .ci/run).
+Run with `make bench-engines`:
+
+    BENCH_JOBS=4 BENCH_RUNS=3 python bench/engines.py
 """
 from __future__ import annotations
 
@@ -26,14 +30,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from config import Settings  # noqa: E402
 from helpers import CLIPS, long_recording, word_error_rate  # noqa: E402
+import knobs  # noqa: E402
 from models.speech.engines import FasterWhisperEngine, bundled_model_path  # noqa: E402
 from models.speech import audio  # noqa: E402
 from models.speech.windows import split_windows  # noqa: E402
 
-RUNS = int(os.environ.get("BENCH_RUNS", "3"))
+KNOBS = knobs.read(__doc__, "4", runs=3, what="times each clip")
+RUNS = KNOBS.runs
 SIZES = [int(s) for s in os.environ.get("BENCH_SIZES", "1,8").split(",")]
 BEAMS = [int(s) for s in os.environ.get("BENCH_BEAMS", "5,1").split(",")]
 
@@ -41,9 +48,9 @@ BEAMS = [int(s) for s in os.environ.get("BENCH_BEAMS", "5,1").split(",")]
 def workloads() -> dict[str, tuple[list, str]]:
     """name -> ([(window samples, offset)], reference text)."""
     fox, report = (audio.decode(CLIPS[n]["path"]) for n in ("fox.flac", "report.opus"))
-    clips = [(report, 0.0), (fox, 0.0)] * 4
-    clips_text = " ".join([CLIPS["report.opus"]["text"], CLIPS["fox.flac"]["text"]] * 4)
-    samples, long_text = long_recording()
+    clips = [(report, 0.0), (fox, 0.0)] * KNOBS.size
+    clips_text = " ".join([CLIPS["report.opus"]["text"], CLIPS["fox.flac"]["text"]] * KNOBS.size)
+    samples, long_text = long_recording(repeats=max(1, KNOBS.size - 1))
     long = [(w.samples(samples), w.time_map()) for w in split_windows(samples)]
     return {"clips": (clips, clips_text), "long": (long, long_text)}
 

@@ -1,12 +1,17 @@
 """Benchmark: upload-to-COMPLETED latency through the whole service, and the model's
-real-time factor, on this machine. Run with `make bench`; results go in the README.
+real-time factor, on this machine. Run with `make bench` (or `make bench-latency`); results
+go in the README.
 
-It starts `whisperq run` (embedded broker, gunicorn, one prefork worker, Flower) in a
-temporary data dir, submits the 9.4 s fixture clip one job at a time, and reports medians.
+Each run loads the model and transcribes the 9.4 s fixture clip --jobs / BENCH_JOBS times
+(default 10), then starts `whisperq run` (embedded broker, gunicorn, the pools, Flower) in a
+fresh data dir and submits the same clip one job at a time, --jobs jobs after a first one that
+loads the model, each followed with the long-poll (`?wait=30` with If-None-Match) until done.
+Reported: the median over --runs / BENCH_RUNS runs (default 3) of each run's median.
+
+    BENCH_JOBS=10 BENCH_RUNS=3 python bench/latency.py
 """
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 import time
@@ -16,14 +21,15 @@ import requests
 
 ROOT = Path(__file__).resolve().parent.parent
 CLIP = ROOT / "tests" / "fixtures" / "report.opus"
-RUNS = int(os.environ.get("BENCH_RUNS", "10"))
 
+sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import knobs  # noqa: E402
 from service import running_service  # noqa: E402
 
 
-def model_rtf() -> tuple[float, float, float]:
-    sys.path.insert(0, str(ROOT))
+def model_rtf(jobs: int) -> tuple[float, float, float]:
+    """(load seconds, clip seconds, median seconds to transcribe the clip)."""
     from config import Settings
     from models.speech import audio
     from models.speech.catalog import model_path
@@ -34,33 +40,61 @@ def model_rtf() -> tuple[float, float, float]:
     engine = FasterWhisperEngine(model_path(settings), beam_size=settings.beam_size)
     load = time.perf_counter() - started
     samples = audio.decode(CLIP)
-    seconds = len(samples) / audio.SAMPLE_RATE
     times = []
-    for _ in range(RUNS):
+    for _ in range(jobs):
         t = time.perf_counter()
         engine.transcribe(samples, language="en")
         times.append(time.perf_counter() - t)
-    return load, seconds, statistics.median(times)
+    return load, len(samples) / audio.SAMPLE_RATE, statistics.median(times)
 
 
-def end_to_end() -> tuple[float, list[float]]:
+def follow(url: str) -> dict:
+    """The job once finished, followed with the long-poll: the answer comes as the job changes."""
+    tag = None
+    while True:
+        resp = requests.get(f"{url}?wait=30", headers={"If-None-Match": tag} if tag else {}, timeout=60)
+        if resp.status_code == 200:
+            tag = resp.headers["ETag"]
+            if resp.json()["status"] in ("COMPLETED", "FAILED", "CANCELLED", "EXPIRED"):
+                return resp.json()
+        elif resp.status_code != 304:
+            raise RuntimeError(f"reading the job: {resp.status_code} {resp.text[:300]}")
+
+
+def end_to_end(jobs: int) -> tuple[float, list[float]]:
+    """(the first job's latency, the next `jobs` jobs' latencies)."""
     with running_service() as (_proc, base, _tmp):
         latencies = []
-        for _ in range(RUNS + 1):
+        for _ in range(jobs + 1):
             t = time.perf_counter()
             with CLIP.open("rb") as fh:
                 url = requests.post(f"{base}/v1/jobs", files={"file": fh}, timeout=30).headers["Location"]
-            while (job := requests.get(url, timeout=5).json())["status"] not in ("COMPLETED", "FAILED"):
-                time.sleep(0.05)
-            assert job["status"] == "COMPLETED", job
+            job = follow(url)
+            if job["status"] != "COMPLETED":
+                raise RuntimeError(f"a job failed: {job}")
             latencies.append(time.perf_counter() - t)
         return latencies[0], latencies[1:]
 
 
-if __name__ == "__main__":
-    load, seconds, median = model_rtf()
-    print(f"model: load {load:.2f} s; {seconds:.1f} s clip transcribed in {median:.2f} s (median of {RUNS}); "
+def main() -> None:
+    knob = knobs.read(__doc__, "10", runs=3)
+    loads, models, colds, warms, warm_all = [], [], [], [], []
+    for _ in range(knob.runs):
+        load, seconds, median = model_rtf(knob.size)
+        cold, warm = end_to_end(knob.size)
+        loads.append(load)
+        models.append(median)
+        colds.append(cold)
+        warms.append(statistics.median(warm))
+        warm_all += warm
+    median = statistics.median(models)
+    print(f"median of {knob.runs} run(s), {knob.size} jobs each")
+    print(f"model: load {statistics.median(loads):.2f} s; {seconds:.1f} s clip transcribed in {median:.2f} s; "
           f"real-time factor {median / seconds:.3f} ({seconds / median:.1f}x faster than real time)")
-    cold, warm = end_to_end()
-    print(f"upload -> COMPLETED, {seconds:.1f} s clip: first job (loads the model) {cold:.2f} s; "
-          f"then median {statistics.median(warm):.2f} s, min {min(warm):.2f} s, max {max(warm):.2f} s over {len(warm)} jobs")
+    print(f"upload -> COMPLETED, {seconds:.1f} s clip: first job (loads the model) {statistics.median(colds):.2f} s; "
+          f"then median {statistics.median(warms):.2f} s, min {min(warm_all):.2f} s, max {max(warm_all):.2f} s "
+          f"over {len(warm_all)} jobs")
+
+
+if __name__ == "__main__":
+    main()

@@ -13,8 +13,8 @@ same burst, in one run, side by side.
 Audio and prepared samples live in PostgreSQL large objects (WHISPERQ_STORAGE=postgres), so
 the inference hosts read them over the wire; every host has the same encryption keys.
 
-  (1) host A consumes alone: BENCH_JOBS uploads of the 9.4 s clip (bench/load.py's) sent at
-      once over HTTP, then wait until every job has finished (read from the database);
+  (1) host A consumes alone: --jobs / BENCH_JOBS uploads (default 32) of the 9.4 s clip
+      (bench/load.py's) sent at once over HTTP, then wait until every job has finished (read from the database);
   (2) hosts A and B both consume: the same burst.
 
 Both inference workers run throughout: the one left out of (1) has its consumer of the
@@ -22,7 +22,8 @@ inference queue cancelled (Celery's cancel_consumer) and added back for (2); eac
 loaded its model on two warm-up jobs of its own before anything is timed.
 
 Throughput = audio seconds transcribed / (last finish - first accept), both from the job rows
-(created_at, finished_at). The pair (1), (2) runs BENCH_PAIRS times, interleaved; reported:
+(created_at, finished_at). The pair (1), (2) runs --runs / BENCH_RUNS times (default 3),
+interleaved; reported:
 the median of each way, each pair's ratio, which host ran each job (the job's `worker` is
 the inference worker's Celery hostname, inference@<the host's hostname>), the CPU each host
 used, and how busy the whole machine was (what was not this benchmark's is other work on
@@ -32,7 +33,7 @@ BENCH_INFERENCE_NICE sets the inference hosts' WHISPERQ_POOL_NICE (default: the 
 Needs root (network namespaces), two cores, and PostgreSQL on 127.0.0.1:5432 (user
 postgres, trust). Run with `make bench-scale`:
 
-    BENCH_JOBS=32 BENCH_PAIRS=3 python bench/scale.py
+    BENCH_JOBS=32 BENCH_RUNS=3 python bench/scale.py
 """
 from __future__ import annotations
 
@@ -59,12 +60,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT / "tests"))
 
+import knobs  # noqa: E402
 from hosts import HostUnavailable, SecondHost  # noqa: E402
 from service import free_port  # noqa: E402
 
 CLIP = ROOT / "tests" / "fixtures" / "report.opus"  # bench/load.py's clip
-JOBS = int(os.environ.get("BENCH_JOBS", "32"))
-PAIRS = int(os.environ.get("BENCH_PAIRS", "3"))
+KNOBS = knobs.read(__doc__, "32", runs=3, what="uploads per burst")
+JOBS, PAIRS = KNOBS.size, KNOBS.runs
 TIMEOUT = float(os.environ.get("BENCH_TIMEOUT", "240"))  # seconds for one burst to finish
 PG = os.environ.get("BENCH_PG", "postgresql://postgres@127.0.0.1:5432")
 DB_NAME = os.environ.get("BENCH_DB", "whisperq_bench")

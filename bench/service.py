@@ -49,9 +49,27 @@ def running_service(prefix: str = "whisperq-bench-", env_extra: dict[str, str] |
                     break
             except requests.RequestException:
                 pass
-            if time.monotonic() > deadline:
+            if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the service did not get ready; see {tmp / 'run.log'}")
             time.sleep(0.2)
         yield proc, base, tmp
     finally:
         stop(proc)
+
+
+FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "EXPIRED")
+
+
+def wait_finished(base: str, ids: list[str], timeout: float = 1800) -> dict[str, dict]:
+    """job id -> the job (its whole body) once every one has finished. Watched through one
+    listing a second, not a poll per job: polls would take the CPU being measured, and a job
+    polled faster than its Retry-After answers 429."""
+    deadline, done = time.monotonic() + timeout, set()
+    while len(done) < len(ids):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{len(ids) - len(done)} of {len(ids)} jobs not finished after {timeout:.0f} s")
+        for job in requests.get(f"{base}/v1/jobs", params={"limit": 200}, timeout=30).json()["jobs"]:
+            if job["job_id"] in ids and job["status"] in FINISHED:
+                done.add(job["job_id"])
+        time.sleep(1.0)
+    return {job_id: requests.get(f"{base}/v1/jobs/{job_id}", timeout=30).json() for job_id in ids}

@@ -3,13 +3,19 @@
 
 Starts `whisperq run` (one inference process serving both models) with every tiny.en job
 shadowed by base (WHISPERQ_SHADOW="tiny.en=base:100"), submits the recordings of
-bench/accuracy.py, waits for the jobs and their shadow transcripts, and prints both.
-Needs the base-model extra. `make bench-shadow`.
+bench/accuracy.py (--jobs / BENCH_JOBS: the N shortest, default 9: all), waits for the jobs
+and their shadow transcripts, and prints both: per recording the median over --runs /
+BENCH_RUNS runs (default 3), each on a fresh service, and the last run's `models compare`.
+Needs the base-model extra. `make bench-shadow`:
+
+    BENCH_JOBS=9 BENCH_RUNS=3 python bench/shadow.py
 """
 from __future__ import annotations
 
 import json
+import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -21,52 +27,58 @@ import requests
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE.parent / "tests"), str(HERE)]
 
+import knobs  # noqa: E402
 from accuracy import evaluation_set  # noqa: E402
 from helpers import word_error_rate  # noqa: E402
-from service import running_service  # noqa: E402
+from service import running_service, wait_finished  # noqa: E402
 
 ENV = {"WHISPERQ_MODELS": "tiny.en=bundled:tiny.en, base=bundled:base", "WHISPERQ_SHADOW": "tiny.en=base:100"}
 
 
+def one_run(items: dict[str, dict]) -> tuple[dict[str, tuple[float, float, float]], str]:
+    """recording -> (tiny.en's WER, base's WER, base vs tiny.en), and `whisperq models compare`."""
+    with running_service("whisperq-shadow-", ENV) as (_proc, base, data):
+        jobs = {}
+        for name, item in items.items():
+            with open(item["path"], "rb") as fh:
+                resp = requests.post(f"{base}/v1/jobs", files={"file": (Path(item["path"]).name, fh)},
+                                     data={"language": "en"}, timeout=60)
+            resp.raise_for_status()
+            jobs[name] = resp.json()["job_id"]
+        deadline = time.monotonic() + 1800
+        results = wait_finished(base, list(jobs.values()))
+        env = dict(os.environ, WHISPERQ_DATA_DIR=str(data), **ENV)
+        env.pop("DATABASE_URL", None)
+        compare = ""
+        while time.monotonic() < deadline:  # the shadows run at low priority, after the jobs
+            compare = subprocess.run([str(Path(sys.executable).parent / "whisperq"), "models", "compare"],
+                                     env=env, capture_output=True, text=True, check=True).stdout
+            rows = [json.loads(line) for line in compare.splitlines() if line.startswith("{")]
+            if sum(r.get("jobs", 0) for r in rows) >= len(jobs) and not any("waiting_for_primary" in r for r in rows):
+                break
+            time.sleep(2.0)
+        shadows = _shadows(env, jobs)
+    out = {}
+    for name, job_id in jobs.items():
+        text, job, shadow = items[name]["text"], results[job_id], shadows.get(job_id)
+        tiny = word_error_rate(text, job["result"]["text"]) if job["status"] == "COMPLETED" else math.nan
+        base_wer = word_error_rate(text, shadow[0]) if shadow else math.nan
+        agreement = shadow[1] if shadow and shadow[1] is not None else math.nan
+        out[name] = (tiny, base_wer, agreement)
+    return out, compare
+
+
 def main() -> None:
+    knob = knobs.read(__doc__, "9", runs=3, what="recordings (the shortest)")
     with tempfile.TemporaryDirectory() as tmp:
-        items = evaluation_set(Path(tmp))
-        with running_service("whisperq-shadow-", ENV) as (_proc, base, data):
-            jobs = {}
-            for name, item in items.items():
-                with open(item["path"], "rb") as fh:
-                    resp = requests.post(f"{base}/v1/jobs", files={"file": (Path(item["path"]).name, fh)},
-                                         data={"language": "en"}, timeout=60)
-                resp.raise_for_status()
-                jobs[name] = resp.json()["job_id"]
-            results = {}
-            deadline = time.monotonic() + 1800
-            while len(results) < len(jobs) and time.monotonic() < deadline:
-                for name, job_id in jobs.items():
-                    job = requests.get(f"{base}/v1/jobs/{job_id}", timeout=30).json()
-                    if job["status"] in ("COMPLETED", "FAILED"):
-                        results[name] = job
-                time.sleep(1.0)
-            env = dict(os.environ, WHISPERQ_DATA_DIR=str(data), **ENV)
-            env.pop("DATABASE_URL", None)
-            compare = ""
-            while time.monotonic() < deadline:  # the shadows run at low priority, after the jobs
-                compare = subprocess.run([str(Path(sys.executable).parent / "whisperq"), "models", "compare"],
-                                         env=env, capture_output=True, text=True, check=True).stdout
-                rows = [json.loads(line) for line in compare.splitlines() if line.startswith("{")]
-                if sum(r.get("jobs", 0) for r in rows) >= len(jobs) and not any("waiting_for_primary" in r for r in rows):
-                    break
-                time.sleep(2.0)
-            shadows = _shadows(env, jobs)
+        items = evaluation_set(Path(tmp), knob.size)
+        runs = [one_run(items) for _ in range(knob.runs)]
+    print(f"median of {knob.runs} run(s)")
     print(f"{'recording':24} {'tiny.en WER':>12} {'base WER':>9} {'base vs tiny.en':>16}")
-    for name, job in results.items():
-        text = items[name]["text"]
-        tiny = word_error_rate(text, job["result"]["text"]) if job["status"] == "COMPLETED" else float("nan")
-        shadow = shadows.get(jobs[name])
-        base_wer = word_error_rate(text, shadow[0]) if shadow else float("nan")
-        agreement = shadow[1] if shadow and shadow[1] is not None else float("nan")
+    for name in items:
+        tiny, base_wer, agreement = (statistics.median(run[name][i] for run, _ in runs) for i in range(3))
         print(f"{name:24} {tiny:12.3f} {base_wer:9.3f} {agreement:16.3f}")
-    print("\nwhisperq models compare:\n" + compare)
+    print("\nwhisperq models compare (the last run):\n" + runs[-1][1])
 
 
 def _shadows(env: dict, jobs: dict[str, str]) -> dict[str, tuple[str, float | None]]:
