@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import need_service
+from helpers import need_service, task_ends, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,6 +41,9 @@ def pytest_configure(config) -> None:
     # Retries come quickly in tests; the defaults (2 s doubling, 3 attempts) stay otherwise.
     os.environ.setdefault("WHISPERQ_RETRY_BASE_SECONDS", "0.5")
     os.environ.setdefault("WHISPERQ_ADMIN_TOKEN", "test-admin-token")
+    # Tests poll their jobs every 0.1 s; the poll limit (429 to a client polling faster than
+    # Retry-After) is on in tests/test_polls.py, which turns it on itself.
+    os.environ.setdefault("WHISPERQ_POLL_LIMIT", "false")
     # transcribe.delay(path) reads only under these: the temp dir, where the tests write their
     # files, and the fixture clips.
     os.environ.setdefault("WHISPERQ_INPUT_DIRS", ",".join(
@@ -212,7 +216,7 @@ class BrokerStack:
 def _restart_embedded(broker):
     def restart(down: float = 2.0, during=None) -> None:
         broker.stop()
-        time.sleep(down)
+        time.sleep(down)  # the outage itself, as long as asked: not a wait for an event
         if during is not None:
             during()
         broker.start()
@@ -237,7 +241,7 @@ def broker_stack(celery_app, settings, database, request):
 
             def restart(down: float = 2.0, during=None) -> None:
                 subprocess.run(["rabbitmqctl", "-q", "stop_app"], check=True, timeout=120, capture_output=True)
-                time.sleep(down)
+                time.sleep(down)  # the outage itself, as long as asked: not a wait for an event
                 if during is not None:
                     during()
                 subprocess.run(["rabbitmqctl", "-q", "start_app"], check=True, timeout=120, capture_output=True)
@@ -385,9 +389,25 @@ class Pools:
     def output(self) -> str:
         return self.prepare.output() + self.inference.output()
 
+    def inference_output(self) -> str:
+        """Every inference worker's log of these pools, restarts included."""
+        return "".join(p.read_text(errors="replace") for p in sorted(self.tmp.glob(f"inference-{self.tag}*.log")))
+
+    def consuming(self, celery_app, node: str) -> set[str]:
+        """The queues a worker consumes from now (`celery inspect active_queues`)."""
+        with control_connection(celery_app) as conn:
+            reply = celery_app.control.inspect(destination=[node], timeout=5, connection=conn).active_queues() or {}
+        return {q["name"] for q in reply.get(node, [])}
+
     @contextmanager
     def paused(self, celery_app, pools=("prepare", "inference")):
-        """Stop pools consuming, so a backlog can be queued, then let them go."""
+        """Stop pools consuming, so a backlog can be queued, then let them go.
+
+        cancel_consumer answers before the worker has cancelled (it schedules the cancel on
+        its event loop), so this waits until each worker no longer lists the queue: from then
+        on a message for it stays in the broker. (On Redis a BRPOP already under way may still
+        bring one back; with no consumer left for it, kombu puts it straight back in its queue,
+        behind the ones waiting there.)"""
         from config import INFERENCE_QUEUE, PREPARE_QUEUE
 
         pairs = [(q, w.node) for pool, q, w in (("prepare", PREPARE_QUEUE, self.prepare),
@@ -395,8 +415,8 @@ class Pools:
         with control_connection(celery_app) as conn:
             for queue, node in pairs:
                 celery_app.control.cancel_consumer(queue, destination=[node], reply=True, timeout=5, connection=conn)
-        if celery_app.conf.broker_url.startswith("redis"):
-            time.sleep(1.2)  # a BRPOP already waiting (1 s at most) may still take one message
+        for queue, node in pairs:
+            wait_until(lambda: queue not in self.consuming(celery_app, node), 30, f"{node} still consumes from {queue}")
         try:
             yield
         finally:
@@ -410,11 +430,48 @@ class Pools:
             stats = celery_app.control.inspect(destination=[self.prepare.node], timeout=5, connection=conn).stats() or {}
         return stats.get(self.prepare.node, {}).get("total", {}).get("whisperq.transcribe", 0)
 
-    def batch_sizes(self, celery_app) -> list[int]:
+    def batcher_stats(self, celery_app) -> dict:
+        """The inference worker's batcher figures (`celery inspect batcher_stats`)."""
         with control_connection(celery_app) as conn:
             reply = celery_app.control.inspect(destination=[self.inference.node], timeout=5,
                                                connection=conn)._request("batcher_stats") or {}
-        return reply.get(self.inference.node, {}).get("recent_sizes", [])
+        return reply.get(self.inference.node, {})
+
+    def batch_sizes(self, job_ids) -> list[int]:
+        """The sizes of the batches that ran these jobs' windows and no other job's, from the
+        inference workers' logs (a batch is logged, with its jobs, before its results go out)."""
+        ours, sizes = set(job_ids), []
+        for size, jobs in re.findall(r"batch: (\d+) windows from \d+ jobs \(([^)]*)\)", self.inference_output()):
+            named = set(jobs.split(", ")) - {""}
+            if named and named <= ours:
+                sizes.append(int(size))
+        return sizes
+
+    def held(self, celery_app) -> set[str]:
+        """The tasks (job ids) the preparation and inference pools run or hold reserved now
+        (`celery inspect active` and `reserved`)."""
+        nodes, found = [self.prepare.node, self.inference.node], set()
+        with control_connection(celery_app) as conn:
+            inspect = celery_app.control.inspect(destination=nodes, timeout=5, connection=conn)
+            for reply in (inspect.active() or {}, inspect.reserved() or {}):
+                found |= {task["id"] for tasks in reply.values() for task in tasks}
+        return found
+
+    def handled(self, job_id: str, deliveries: int, timeout: float = 120.0) -> None:
+        """Until the pools have finished `deliveries` transcribe messages for this job, every
+        inference message those sent has been taken, and the live workers have ended every
+        task of the job they took, as Celery logs each task's start and end: the proof that
+        a duplicate had its chance, for checks that it changed nothing."""
+        def done() -> bool:
+            prepare, live, every = self.prepare.output(), self.inference.output(), self.inference_output()
+            taken = every.count(f"Task whisperq.infer[{job_id}] received")
+            return (task_ends(prepare, "whisperq.transcribe", job_id) >= deliveries
+                    and taken >= prepare.count(f"job {job_id} prepared:")
+                    and task_ends(prepare, "whisperq.transcribe", job_id)
+                    == prepare.count(f"Task whisperq.transcribe[{job_id}] received")
+                    and task_ends(live, "whisperq.infer", job_id) == live.count(f"Task whisperq.infer[{job_id}] received"))
+
+        wait_until(done, timeout, f"the pools did not handle {deliveries} deliveries of job {job_id}")
 
 
 @pytest.fixture(scope="session")

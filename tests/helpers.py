@@ -42,15 +42,6 @@ def stored_files(settings) -> set[str]:
     return found | ({str(p) for p in tmp.glob("upload-*") if p.is_file()} if tmp.exists() else set())
 
 
-def lost_with_a_kill(finished_at, killed_at: list, seconds: float = 5.0) -> bool:
-    """Whether a job completed in the `seconds` before one of the `killed_at` times (aware UTC):
-    its commit went out, and its "transcript stored" log line may have died with the worker."""
-    from datetime import timedelta, timezone
-
-    finished_at = finished_at.replace(tzinfo=finished_at.tzinfo or timezone.utc)  # SQLite keeps it naive
-    return any(at - timedelta(seconds=seconds) <= finished_at <= at for at in killed_at)
-
-
 def normalise(text: str) -> list[str]:
     """Words as ASR evaluations compare them: OpenAI's English normaliser (case, punctuation,
     numbers written as digits, British spellings as American), so "four hundred and twelve"
@@ -99,7 +90,7 @@ def wait_for_job(client, job_id: str, timeout: float = 120.0) -> dict:
         resp = client.get(f"/v1/jobs/{job_id}")
         if resp.status_code == 200 and resp.get_json()["status"] in ("COMPLETED", "FAILED"):
             return resp.get_json()
-        time.sleep(0.2)
+        time.sleep(0.2)  # the poll's interval: the loop waits for the job's state
     raise AssertionError(f"job {job_id} did not finish within {timeout} s: {client.get(f'/v1/jobs/{job_id}').get_json()}")
 
 
@@ -217,8 +208,17 @@ def wait_until(check, timeout: float, what: str):
         value = check()
         if value:
             return value
-        time.sleep(0.1)
+        time.sleep(0.1)  # the poll's interval: the loop waits for `check`
     raise AssertionError(f"{what} within {timeout} s")
+
+
+def task_ends(log: str, task: str, task_id: str) -> int:
+    """How many times a worker's log (`log`) says it finished running `task` for this id:
+    Celery's own line for each end (succeeded, raised, retried, ignored, rejected), never
+    written before the task's work is done."""
+    import re
+
+    return len(re.findall(rf"Task {re.escape(task)}\[{re.escape(task_id)}\] (?!received)", log))
 
 
 def wait_for_line(worker, line: str, timeout: float = 120.0) -> None:

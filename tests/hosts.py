@@ -256,7 +256,7 @@ def _kill_namespace(name: str, timeout: float = 10.0, reap=lambda: None) -> None
         reap()
         if time.monotonic() > deadline:
             raise RuntimeError(f"processes {sorted(pids)} in namespace {name} survived SIGKILL")
-        time.sleep(0.02)
+        time.sleep(0.02)  # between rounds of SIGKILL: the loop waits for the namespace to empty
 
 
 def _ours(name: str) -> bool:

@@ -215,7 +215,7 @@ def test_a_long_poll_ends_when_the_job_changes_not_when_the_queue_moves(client, 
         with database.session() as s:
             s.get(Job, mine).start("w")
 
-    time.sleep(QUEUE_SNAPSHOT_SECONDS)
+    time.sleep(QUEUE_SNAPSHOT_SECONDS)  # the queue snapshot's lifetime, so the next answer reads afresh: not ordering
     timer = threading.Timer(0.5, start_mine)
     timer.start()
     started = time.monotonic()
@@ -230,6 +230,7 @@ def test_unknown_route_and_method_are_json(client):
     assert client.delete("/v1/jobs").status_code == 405
 
 
+@pytest.mark.integration
 def test_healthz_and_readyz(client, worker):
     assert client.get("/healthz").get_json() == {"status": "ok"}
     ready = client.get("/readyz")

@@ -8,12 +8,11 @@ import dataclasses
 import io
 import json
 import threading
-import time
 
 import pytest
 from sqlalchemy import func, select
 
-from helpers import CLIPS, Receiver, stored_files
+from helpers import CLIPS, Receiver, stored_files, wait_until
 
 FOX = CLIPS["fox.flac"]["path"].read_bytes()
 REPORT = CLIPS["report.opus"]["path"].read_bytes()
@@ -59,13 +58,11 @@ def counts(database) -> tuple[int, int]:
 
 
 def wait_for_batch(client, batch_id: str, headers: dict, timeout: float = 300.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def finished():
         body = client.get(f"/v1/batches/{batch_id}?limit=200", headers=headers).get_json()
-        if body["done"] and body["finished_at"]:  # its finish is recorded as its last job's commit is
-            return body
-        time.sleep(0.5)
-    raise AssertionError(f"batch {batch_id} did not finish within {timeout} s: {body['counts']}")
+        return body["done"] and body["finished_at"] and body  # its finish is recorded as its last job's commit is
+
+    return wait_until(finished, timeout, f"batch {batch_id} did not finish")
 
 
 def test_the_listing_pages_and_another_key_sees_nothing(secure, keys, monkeypatch):
@@ -412,12 +409,18 @@ def test_twenty_real_jobs_complete_and_one_signed_webhook_lists_them(secure, key
             one = client.get(f"/v1/jobs/{job['job_id']}", headers=bearer(alice)).get_json()
             assert one["status"] == "COMPLETED" and one["batch_id"] == batch_id and one["result"]["text"]
 
-        deadline = time.monotonic() + 30
-        while not [r for r in receiver.requests if r[1] == "/hook"] and time.monotonic() < deadline:
-            time.sleep(0.2)
-        time.sleep(3)  # a second one would come by now
+        # Every webhook there will be has its row by now (each is recorded by the commit that
+        # finished its job or batch, and all have finished): one, for the batch, and settled;
+        # a row is tried only while it is pending, so no later request can come.
+        deliveries = wait_until(lambda: (rows := client.get(f"/v1/batches/{batch_id}", headers=bearer(alice))
+                                         .get_json()["webhook_deliveries"])
+                                and all(d["status"] != "pending" for d in rows) and rows,
+                                30, "the batch's webhook was not delivered")
+        assert [d["status"] for d in deliveries] == ["delivered"]
+        assert all(not client.get(f"/v1/jobs/{job['job_id']}", headers=bearer(alice)).get_json().get("webhook_deliveries")
+                   for job in done["jobs"])  # no per-job webhooks
         hooks = [r for r in receiver.requests if r[1] == "/hook"]
-        assert len(hooks) == 1, [json.loads(r[3])["type"] for r in hooks]  # no per-job webhooks either
+        assert len(hooks) == 1, [json.loads(r[3])["type"] for r in hooks]
     _method, _path, headers, raw = hooks[0]
     webhooks.verify(webhook_secrets_for(rt, alice[0].id)[0], dict(headers.items()), raw)
     event = json.loads(raw)
@@ -427,8 +430,6 @@ def test_twenty_real_jobs_complete_and_one_signed_webhook_lists_them(secure, key
     assert set(listed) == {j["job_id"] for j in done["jobs"]}
     assert all(j["status"] == "COMPLETED" and j["transcript_url"].endswith(f"/v1/jobs/{i}/transcript?format=json")
                for i, j in listed.items())
-    deliveries = client.get(f"/v1/batches/{batch_id}", headers=bearer(alice)).get_json()["webhook_deliveries"]
-    assert [d["status"] for d in deliveries] == ["delivered"]
 
 
 @pytest.mark.integration

@@ -14,13 +14,15 @@ class Recorder:
         self.calls: list[tuple] = []
         self.gate = threading.Event()
         self.gate.set()
+        self.entered = threading.Event()  # a batch is in the stand-in model (held there while the gate is shut)
 
     def __call__(self, key, payloads):
+        self.entered.set()
         self.gate.wait(10)
         self.calls.append((key, list(payloads)))
         if self.poison is not None and self.poison in payloads:
             raise ValueError(f"cannot run {self.poison}")
-        time.sleep(self.delay)
+        time.sleep(self.delay)  # the stand-in model's run time
         return [f"{key}:{p}" for p in payloads]
 
 
@@ -55,7 +57,7 @@ def test_higher_priority_windows_go_first():
     run.gate.clear()  # hold the batcher busy on a first batch
     b = Batcher(run, max_batch=2, max_wait=0.0)
     first = b.submit("en", ["busy"], priority="normal")
-    time.sleep(0.1)
+    assert run.entered.wait(5), "the first batch never reached the model"
     lows = b.submit("en", ["low1", "low2", "low3", "low4"], priority="low")
     highs = b.submit("en", ["high1", "high2"], priority="high")
     run.gate.set()
@@ -95,14 +97,16 @@ def test_withdrawn_windows_never_run():
     run.gate.clear()
     b = Batcher(run, max_batch=1, max_wait=0.0)
     busy = b.submit("en", ["busy"])
-    time.sleep(0.1)
+    assert run.entered.wait(5), "the first batch never reached the model"
     gone = b.submit("en", ["gone1", "gone2"])
     assert b.cancel(gone) == 2
     run.gate.set()
     busy[0].result(5)
-    time.sleep(0.1)
+    # A window submitted after them has run: withdrawn ones, still waiting, would have gone first.
+    (later,) = b.submit("en", ["later"])
+    assert later.result(5) == "en:later"
     assert all(f.cancelled() for f in gone)
-    assert [p for _, ps in run.calls for p in ps] == ["busy"]
+    assert [p for _, ps in run.calls for p in ps] == ["busy", "later"]
     b.close()
 
 
@@ -128,4 +132,20 @@ def test_parallel_batches_run_side_by_side():
     assert [f.result(10) for f in high + low] == ["en:h0", "en:h1", "en:l0", "en:l1"]
     assert sorted(map(sorted, order)) == [["h0", "h1"], ["l0", "l1"]]
     assert b.stats()["parallel"] == 2 and b.stats()["batches"] == 2
+    b.close()
+
+
+def test_the_jobs_in_the_model_are_named_and_a_batch_is_recorded_before_its_results():
+    """What tests and operators watch instead of sleeping: which jobs are in the model now,
+    and a batch's record, there as soon as any of its results is."""
+    run = Recorder()
+    run.gate.clear()
+    b = Batcher(run, max_batch=2, max_wait=0.0)
+    futures = b.submit("en", ["a", "b"], job_id="job-1")
+    assert run.entered.wait(5)
+    assert b.stats()["running_jobs"] == ["job-1"]
+    run.gate.set()
+    futures[0].result(5)
+    assert b.stats()["batches"] == 1 and b.stats()["recent_sizes"] == [2]
+    assert b.stats()["running_jobs"] == []
     b.close()

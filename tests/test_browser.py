@@ -4,6 +4,7 @@ and see why an upload was refused, in words, on the form.
 
 The first test runs real workers; the others need none: they drive the same pages with
 the job API answered by a stub, so that every state and optional field is seen."""
+import math
 import re
 import shutil
 from datetime import datetime, timedelta, timezone
@@ -270,14 +271,23 @@ def test_the_job_page_follows_the_job_without_reloading(live_server, browser, sc
     assert by_id(browser, "progress").is_displayed() and by_id(browser, "cancel").is_displayed()
     browser.save_screenshot(str(tmp_path / "job-page-waiting.png"))
 
+    updated_at = datetime.now(timezone.utc)
+    finish_at = updated_at + timedelta(seconds=40)
     scripted_job["job"].update(status="PROCESSING", stage="infer", queue_position=0, progress=0.5,
-                               estimated_start_at=None, estimated_finish_at=iso(40))
+                               estimated_start_at=None, estimated_finish_at=finish_at.isoformat().replace("+00:00", "Z"))
     wait_for(browser, lambda: status_of(browser) == "PROCESSING")
     assert by_id(browser, "status").text == "Transcribing" and not by_id(browser, "queue").is_displayed()
     assert by_id(browser, "progress").get_attribute("value") == "0.5"
-    # Counted down from 40 s by the page itself: a loaded machine may show it a few polls late.
-    done_in = re.fullmatch(r"Done in about (\d+) s", by_id(browser, "eta").text)
-    assert done_in and 5 <= int(done_in.group(1)) <= 40, by_id(browser, "eta").text
+    eta = by_id(browser, "eta").text
+    read_at = datetime.now(timezone.utc)
+    # The page counts down to the estimate at each poll, to the nearest 5 s (job.js: about), by its
+    # clock set from the Date header (to the second): its last poll fell between the update and now.
+    def shown(seconds: float) -> int:
+        return 5 * math.floor(seconds / 5 + 0.5)
+
+    done_in = re.fullmatch(r"Done in about (\d+) s", eta)
+    lowest, highest = shown((finish_at - read_at).total_seconds() - 1), shown((finish_at - updated_at).total_seconds() + 1)
+    assert done_in and lowest <= int(done_in.group(1)) <= highest, (eta, lowest, highest)
     assert by_id(browser, "status-detail").text == "Recognising speech"
 
     scripted_job["job"].update(

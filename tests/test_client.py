@@ -1,7 +1,6 @@
 """What a client sees, with real workers and real audio: webhooks to a local receiver,
 progress and estimates, cancel, delete, listing, submission by URL, word timestamps."""
 import io
-import statistics
 import threading
 import time
 from datetime import datetime
@@ -144,7 +143,8 @@ def test_a_410_stops_the_retries(client, worker):
         wait_final(client, job["job_id"])
         [delivery] = wait_until(lambda: [d for d in deliveries(client, job["job_id"]) if d["status"] != "pending"],
                                 60, "the webhook was not tried")
-        time.sleep(2)  # no further attempt comes
+    # No later attempt can come: a delivery is tried only while its row is pending, and the
+    # job's only row (recorded with its final status) is settled.
     assert delivery["status"] == "failed" and [a["status_code"] for a in delivery["attempts"]] == [410]
     assert len(receiver.requests) == 1
 
@@ -170,8 +170,10 @@ def test_a_job_run_twice_sends_one_webhook(client, worker, celery_app):
             job = submit(client, callback_url=receiver.url("/hook"))
             publish_transcribe(celery_app, get_job(get_runtime(), job["job_id"]))  # delivered twice
         assert wait_final(client, job["job_id"])["status"] == "COMPLETED"
-        wait_until(lambda: receiver.requests, 30, "no webhook came")
-        time.sleep(3)  # the second run has finished by now
+        worker.handled(job["job_id"], deliveries=2)  # the second run has had its chance
+        [delivery] = wait_until(lambda: [d for d in deliveries(client, job["job_id"]) if d["status"] != "pending"],
+                                60, "no webhook came")
+    assert delivery["status"] == "delivered"
     assert len(receiver.requests) == 1
     assert len(deliveries(client, job["job_id"])) == 1
 
@@ -184,7 +186,7 @@ def test_a_queued_job_cancelled_never_runs(client, worker, celery_app):
             job = submit(client, callback_url=receiver.url("/hook"))
             resp = client.post(f"/v1/jobs/{job['job_id']}/cancel")
             assert resp.status_code == 200 and resp.get_json()["status"] == "CANCELLED"
-        time.sleep(3)  # the workers take its message now
+        worker.handled(job["job_id"], deliveries=1)  # the workers have taken its message, and dropped it
         after = client.get(f"/v1/jobs/{job['job_id']}").get_json()
         assert after["status"] == "CANCELLED" and after["attempts"] == 0 and after["result"] is None
         wait_until(lambda: receiver.requests, 30, "no job.cancelled webhook came")
@@ -294,11 +296,13 @@ def test_word_timestamps_on_request(client, worker):
 
 @pytest.mark.timeout(900)  # waits up to 300 s per job of the first batch (setup.cfg's default is 300)
 def test_queue_position_progress_and_estimates(client, worker, celery_app):
-    """Queue 20 jobs, then compare each job's first estimated finish with its real one."""
+    """Queue 20 jobs: their positions in order, a high one ahead of them, each with an estimated
+    finish; then they all complete."""
     clips = ["fox.flac", "report.opus"]
+    prepared = worker.prepared(celery_app)
     with worker.paused(celery_app, pools=("inference",)):
         jobs = [submit(client, clips[n % 2]) for n in range(20)]
-        time.sleep(1)
+        wait_until(lambda: worker.prepared(celery_app) >= prepared + len(jobs), 120, "the jobs were not all prepared")
     first = {j["job_id"]: j for j in jobs}
     assert [j["queue_position"] for j in jobs] == sorted(j["queue_position"] for j in jobs)
     assert jobs[-1]["queue_position"] >= 19 - 1
@@ -312,10 +316,7 @@ def test_queue_position_progress_and_estimates(client, worker, celery_app):
     def at(text: str) -> datetime:
         return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
-    signed = [(at(j["finished_at"]) - at(first[j["job_id"]]["estimated_finish_at"])).total_seconds()
-              for j in done if j["job_id"] in first]
-    errors = [abs(e) for e in signed]
-    spans = [(at(j["finished_at"]) - at(first[j["job_id"]]["created_at"])).total_seconds() for j in done if j["job_id"] in first]
-    print(f"\nETA: median absolute error of the first estimated finish {statistics.median(errors):.1f} s "
-          f"over {len(errors)} jobs (median time to finish {statistics.median(spans):.1f} s; "
-          f"median of finish minus estimate {statistics.median(signed):+.1f} s)")
+    # How close the estimates come is another test's (test_estimates.py); here each job has one,
+    # and it lies after the job was submitted.
+    for job_id, job in first.items():
+        assert at(job["estimated_finish_at"]) > at(job["created_at"]), job

@@ -8,9 +8,10 @@ import time
 import pytest
 from sqlalchemy import func, select
 
-from helpers import CLIPS, PIPELINE_MARGIN, long_recording, pipeline_wer, wait_for_job, word_error_rate, write_wav
+from helpers import (CLIPS, PIPELINE_MARGIN, long_recording, pipeline_wer, wait_for_job, wait_until, word_error_rate,
+                     write_wav)
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.brokers]
 
 ADMIN = {"Authorization": f"Bearer {os.environ.get('WHISPERQ_ADMIN_TOKEN', '')}"}
 
@@ -37,24 +38,21 @@ def stored_lines(worker, job_id: str) -> int:
 
 
 def wait_for_stage(client, job_id: str, stage: str, timeout: float = 60):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job = client.get(f"/v1/jobs/{job_id}").get_json()
-        if job["stage"] == stage or job["status"] in ("COMPLETED", "FAILED"):
-            return job
-        time.sleep(0.05)
-    raise AssertionError(f"job {job_id} never reached stage {stage}")
+    return wait_until(lambda: ((job := client.get(f"/v1/jobs/{job_id}").get_json())["stage"] == stage
+                               or job["status"] in ("COMPLETED", "FAILED")) and job, timeout,
+                      f"job {job_id} never reached stage {stage}")
 
 
 @pytest.mark.timeout(900)  # waits up to 300 s for the job after the kill (setup.cfg's default is 300)
-def test_kill_9_of_the_inference_worker_mid_job_costs_one_attempt(client, worker, tmp_path, database):
+def test_kill_9_of_the_inference_worker_mid_job_costs_one_attempt(client, worker, celery_app, tmp_path, database):
     samples, text = long_recording(repeats=4)
     path = write_wav(tmp_path / "long.wav", samples)
     resp = client.post("/v1/jobs", data={"file": (io.BytesIO(path.read_bytes()), "long.wav")},
                        content_type="multipart/form-data")
     job_id = resp.get_json()["job_id"]
     assert wait_for_stage(client, job_id, "infer")["status"] == "PROCESSING"
-    time.sleep(0.5)  # the batcher is in the model now
+    wait_until(lambda: job_id in worker.batcher_stats(celery_app).get("running_jobs", []), 120,
+               f"job {job_id}'s windows never reached the model")
     worker.kill_inference()
     worker.restart_inference()
     worker.sweep()  # RabbitMQ has already redelivered; on Redis the sweeper puts it back
@@ -63,26 +61,26 @@ def test_kill_9_of_the_inference_worker_mid_job_costs_one_attempt(client, worker
     assert job["attempts"] == 2
     # As good as faster-whisper's own pipeline on the same samples, redelivery or not.
     assert word_error_rate(text, job["result"]["text"]) <= pipeline_wer("long_recording(4)", samples, text) + PIPELINE_MARGIN
-    time.sleep(2)  # a late duplicate would store now
+    # Every delivery the pools were handed has ended (the killed one's redelivery included)
+    # before counting what they stored.
+    worker.handled(job_id, deliveries=1)
     assert stored_lines(worker, job_id) == 1
     assert engine_runs(database, job_id) == 1  # the killed run never finished; the redelivery ran once
 
 
 def wait_for_workers(celery_app, worker, timeout: float = 90) -> None:
-    nodes = {worker.prepare.node, worker.inference.node}
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        from conftest import control_connection
+    from conftest import control_connection
 
+    nodes = {worker.prepare.node, worker.inference.node}
+
+    def answered() -> bool:
         try:
             with control_connection(celery_app) as conn:
-                answered = {key for reply in celery_app.control.ping(timeout=1.0, connection=conn) for key in reply}
+                return nodes <= {key for reply in celery_app.control.ping(timeout=1.0, connection=conn) for key in reply}
         except Exception:  # the broker is still coming back
-            answered = set()
-        if nodes <= answered:
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"workers did not answer after the broker restart:\n{worker.output()[-4000:]}")
+            return False
+
+    wait_until(answered, timeout, "the workers did not answer after the broker restart")
 
 
 @pytest.mark.timeout(900)  # a broker restart, then waits up to 300 s (setup.cfg's default is 300)
@@ -103,15 +101,17 @@ def test_a_broker_restart_with_jobs_queued_and_running_loses_none(broker_stack, 
         if not left:
             break
         reports.append(worker.sweep())
-        time.sleep(3)
+        time.sleep(3)  # paces the sweeps, as beat's interval does: the loop waits for the jobs' states
     jobs = [client.get(f"/v1/jobs/{job_id}").get_json() for job_id in job_ids]
     assert [j["status"] for j in jobs] == ["COMPLETED"] * len(job_ids), (jobs, [vars(r) for r in reports])
-    time.sleep(2)  # a late duplicate would store now
+    # The service takes new work on the restarted broker. Queued behind every message sent for
+    # the jobs above, this one done means the pools have taken all of those; once they run
+    # none of them, any late duplicate has had its chance.
+    assert wait_for_job(client, submit(client))["status"] == "COMPLETED"
+    wait_until(lambda: not worker.held(celery_app) & set(job_ids), 60, "the pools still hold some of the jobs")
     assert [stored_lines(worker, job_id) for job_id in job_ids] == [1] * len(job_ids)
     assert [engine_runs(database, job_id) for job_id in job_ids] == [1] * len(job_ids)
     assert all(j["attempts"] <= 2 for j in jobs), [j["attempts"] for j in jobs]
-    # The service takes new work on the restarted broker.
-    assert wait_for_job(client, submit(client))["status"] == "COMPLETED"
 
 
 def test_the_same_message_twice_gives_one_transcript(client, worker, celery_app, database):
@@ -125,7 +125,7 @@ def test_the_same_message_twice_gives_one_transcript(client, worker, celery_app,
         publish_transcribe(celery_app, get_job(get_runtime(), job_id))  # the broker delivers it again
     job = wait_for_job(client, job_id)
     assert job["status"] == "COMPLETED"
-    time.sleep(3)
+    worker.handled(job_id, deliveries=2)  # the duplicate has had its run
     # Counted where a second run would show, not in a log line only the first writer prints
     # (with the duplicate guards in preparation._claim and jobs.begin_inference disabled, this is 2).
     assert engine_runs(database, job_id) == 1

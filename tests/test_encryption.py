@@ -9,14 +9,13 @@ import json
 import os
 import socket
 import threading
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 from sqlalchemy import text
 
-from helpers import CLIPS, LiveServer, make_job, wait_for_job, word_error_rate
+from helpers import CLIPS, LiveServer, make_job, wait_for_job, wait_until, word_error_rate
 from models.security.crypto import DecryptionError, Keyring, decrypt_value, parse_keys
 from models.security import crypto
 from models.security.sealed import CHUNK_BYTES, MAGIC, EncryptedWriter, open_decrypted
@@ -542,10 +541,7 @@ def test_a_chunked_upload_over_the_limit_is_refused_while_it_streams(private_rt)
     assert b" 413 " in status, reply[:300]
     assert b"WHISPERQ_MAX_UPLOAD_MB" in body and b"too_large" in body
     assert sent["bytes"] < 16 * 1024 * 1024  # refused early, not after the whole body
-    deadline = time.monotonic() + 5
-    while list(tmp.iterdir()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert list(tmp.iterdir()) == []
+    wait_until(lambda: not list(tmp.iterdir()), 5, f"the refused upload's spool is still in {tmp}")
 
 
 # --- rotation ------------------------------------------------------------------------------
@@ -641,6 +637,7 @@ def test_rotation_does_not_bring_back_a_file_deleted_meanwhile(tmp_path):
 
 # --- the whole path ------------------------------------------------------------------------
 
+@pytest.mark.integration
 def test_a_real_job_leaves_nothing_in_plaintext(client, settings, database, worker, caplog, celery_app):
     caplog.set_level("DEBUG")
     name = "board-meeting-7f3a.flac"
@@ -701,23 +698,61 @@ def test_a_transcript_under_a_missing_key_is_a_clear_error(client, database):
 
 @pytest.mark.parametrize("path", ["first publish", "retry", "sweeper", "dead-letter replay"])
 def test_every_path_that_publishes_an_api_job_keeps_it_out_of_the_result_backend(
-        client, celery_app, published, database, settings, path):
+        client, celery_app, published, database, settings, monkeypatch, path):
     """An API job's transcript lives in its row, encrypted: no message for it may ask the
-    result backend to keep one. A transcribe.delay() job keeps its result for .get()."""
+    result backend to keep one. A transcribe.delay() job keeps its result for .get().
+    Each path publishes as it does in service: the door; the task's own retry after a
+    transient failure; a sweeper pass finding the job's message lost; an operator's replay."""
     import io as _io
+    from datetime import timedelta
 
-    from tasks.broker import publish_transcribe
+    from sqlalchemy import select
+
+    from models.jobs.deadletter import bury
     from models.jobs.operations import get_job
-    from models.runtime import Runtime
+    from models.jobs.record import Job, JobStatus
+    from models.jobs.sweeper import sweep
+    from tasks import transcribe
+    from tasks.broker import CeleryBroker, publish_transcribe
 
-    resp = client.post("/v1/jobs", data={"file": (_io.BytesIO(CLIPS["fox.flac"]["path"].read_bytes()), "fox.flac")},
-                       content_type="multipart/form-data")
-    job = get_job(Runtime(settings), resp.get_json()["job_id"])
-    if path != "first publish":  # how the retry, the sweeper and the replay publish it
+    def submit() -> str:
+        resp = client.post("/v1/jobs", data={"file": (_io.BytesIO(CLIPS["fox.flac"]["path"].read_bytes()), "fox.flac")},
+                           content_type="multipart/form-data")
+        assert resp.status_code == 202, resp.get_json()
+        return resp.get_json()["job_id"]
+
+    rt = client.application.extensions["whisperq"]
+    if path == "first publish":
+        job_id = submit()
+    else:
+        with monkeypatch.context() as m:  # its first message is lost: no worker runs it meanwhile
+            m.setattr(CeleryBroker, "publish_job", lambda self, job, **kw: None)
+            job_id = submit()
         published.clear()
-        publish_transcribe(celery_app, job, countdown=0.0 if path == "retry" else None)
-    headers, _body = published[-1]
-    assert headers["ignore_result"] is True
+    if path == "retry":
+        job = get_job(rt, job_id)
+        stored = rt.storage.path(job.audio_ref)
+        away = stored.rename(stored.with_name(stored.name + ".away"))  # shared storage has not caught up yet
+        try:
+            transcribe.apply(args=[job.audio_ref], kwargs={"language": job.language, "priority": job.priority},
+                             task_id=job_id)  # the task as a worker runs it, here
+        finally:
+            away.rename(stored)
+        assert get_job(rt, job_id).next_attempt_at is not None  # it went the retry's way
+    elif path == "sweeper":
+        with database.session() as s:  # every other job's message is taken to be in the queue: left alone
+            others = set(s.scalars(select(Job.id).where(Job.status.in_([JobStatus.PENDING.value,
+                                                                        JobStatus.PROCESSING.value]), Job.id != job_id)))
+        report = sweep(rt, {}, grace=timedelta(0), waiting=others)
+        assert job_id in report.requeued
+    elif path == "dead-letter replay":
+        bury(rt, job_id, "whisperq.transcribe", "gave up", None)
+        resp = client.post(f"/v1/admin/dead-letters/{job_id}/replay",
+                           headers={"Authorization": f"Bearer {os.environ['WHISPERQ_ADMIN_TOKEN']}"})
+        assert resp.status_code == 202, resp.get_json()
+    mine = [headers for headers, _body in published if headers["id"] == job_id]
+    assert mine and all(headers["ignore_result"] is True for headers in mine), mine
+    job = get_job(rt, job_id)
     delay_job = dataclasses.replace(job) if dataclasses.is_dataclass(job) else job
     delay_job.origin = "delay"  # as the preparation pool records a transcribe.delay() job
     published.clear()

@@ -2,7 +2,6 @@
 RabbitMQ management API derived from the broker URL. Flower's API with and without the
 password is checked end to end in test_run.py."""
 import os
-import time
 import subprocess
 import sys
 from pathlib import Path
@@ -68,12 +67,14 @@ def test_flower_refuses_a_network_address_without_auth(tmp_path):
     assert not (tmp_path / "flower.db").exists()
 
 
+@pytest.mark.integration
+@pytest.mark.brokers
 def test_task_events_carry_no_transcript(client, worker, celery_app):
     """Flower shows what the task events carry: ids and references, never the transcript."""
     import io
     import threading
 
-    from helpers import CLIPS, wait_for_job
+    from helpers import CLIPS, wait_for_job, wait_until
 
     events: list[dict] = []
     ready = threading.Event()
@@ -89,18 +90,24 @@ def test_task_events_carry_no_transcript(client, worker, celery_app):
 
         thread = threading.Thread(target=capture, daemon=True)
         thread.start()
-        ready.wait(5)
-        time.sleep(1.0)  # the receiver's queue is bound
+        assert ready.wait(5)
+
+        def bound() -> bool:  # an event sent now is received: the receiver's queue is bound
+            dispatcher.send("whisperq-test-bound")
+            return any(e.get("type") == "whisperq-test-bound" for e in events)
+
+        with celery_app.events.default_dispatcher() as dispatcher:
+            wait_until(bound, 10, "the event receiver got none of the events sent to it")
         resp = client.post("/v1/jobs", data={"file": (io.BytesIO(CLIPS["fox.flac"]["path"].read_bytes()), "fox.flac")},
                            content_type="multipart/form-data")
         job_id = resp.get_json()["job_id"]
         done = wait_for_job(client, job_id)
         assert done["status"] == "COMPLETED"
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not any(
-                e.get("type") == "task-succeeded" and e.get("uuid") == job_id for e in events):
-            time.sleep(0.2)
-        receiver.should_stop = True
+        try:
+            wait_until(lambda: any(e.get("type") == "task-succeeded" and e.get("uuid") == job_id for e in events), 10,
+                       "no task-succeeded event")
+        finally:
+            receiver.should_stop = True
     succeeded = [e for e in events if e.get("type") == "task-succeeded" and e.get("uuid") == job_id]
     assert succeeded, sorted({e.get("type") for e in events})
     words = [w for w in done["result"]["text"].split() if len(w) > 3]

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import hosts
+from helpers import wait_until
 from hosts import ROOT, HostUnavailable, SecondHost, second_host
 
 PY = sys.executable
@@ -284,8 +285,8 @@ def test_a_forwarder_serves_host_2_alone(host):
         with socket.create_connection((address, port), timeout=2) as sock:
             sock.settimeout(2)
             assert sock.recv(1) == b""
-        time.sleep(0.2)
-        assert server.threads == [] and host.forwarders.refused == 1
+        wait_until(lambda: host.forwarders.refused == 1, 5, "the forwarder did not count the refusal")
+        assert server.threads == []  # the forwarder has dealt with the connection: it never reached the server
     finally:
         server.close()
 
@@ -302,9 +303,8 @@ def test_nothing_is_left_after_exit():
                                        "print('up', flush=True); time.sleep(600)", url], stdout=subprocess.PIPE)
         assert holder.stdout.readline() == b"up\n"
         host.popen(["sh", "-c", "sleep 600 & exec sleep 600"])
-        time.sleep(0.1)
-        pids = host.pids() | {host.anchor.pid}
-        assert len(pids) >= 4
+        pids = wait_until(lambda: len(found := host.pids() | {host.anchor.pid}) >= 4 and found, 5,
+                          "the background processes did not start")
         assert name in _netns() and _link_exists(device) and data_dir.is_dir()
         forwarder_thread = host.forwarders.thread
     assert name not in _netns()
@@ -335,10 +335,7 @@ def test_kill_9_of_a_process_kills_it_and_its_children(host):
     assert host.pids() == {own, child}
     proc.kill()
     assert proc.wait(5) == -9
-    deadline = time.monotonic() + 5
-    while (hosts._alive(own) or hosts._alive(child)) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert not hosts._alive(own) and not hosts._alive(child)
+    wait_until(lambda: not hosts._alive(own) and not hosts._alive(child), 5, "the command or its child outlived the kill")
     assert host.pids() == set()
 
 
@@ -364,9 +361,7 @@ def test_a_crashed_runs_namespace_is_removed_at_the_next_start():
         leftover = subprocess.Popen(["ip", "netns", "exec", stale, "sleep", "600"], start_new_session=True)
         mount_point = Path(tempfile.gettempdir()) / f"{stale}-data"
         mount_point.mkdir(exist_ok=True)
-        deadline = time.monotonic() + 5
-        while not hosts._namespace_pids(stale) and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: hosts._namespace_pids(stale), 5, "the leftover process did not start in its namespace")
         with second_host() as host:
             assert stale not in _netns()
             assert not _link_exists(f"{stale}h")
@@ -413,9 +408,7 @@ def test_a_celery_worker_on_host_2_answers_over_host_1s_broker(celery_app):
             assert proc.pid in pool and len(pool) == 3, "the worker and its two pool processes"
             proc.kill()
             proc.wait(5)
-            deadline = time.monotonic() + 5
-            while [pid for pid in pool if hosts._alive(pid)] and time.monotonic() < deadline:
-                time.sleep(0.02)
-            assert [pid for pid in pool if hosts._alive(pid)] == [] and host.pids() == set()
+            wait_until(lambda: not [pid for pid in pool if hosts._alive(pid)], 5, "the worker's pool outlived it")
+            assert host.pids() == set()
         finally:
             shutil.rmtree(log.parent, ignore_errors=True)

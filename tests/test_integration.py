@@ -6,7 +6,7 @@ import pytest
 
 from helpers import CLIPS, wait_for_job, wait_for_line, word_error_rate
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.brokers]
 
 
 @pytest.mark.parametrize("name", ["fox.flac", "report.opus"])

@@ -21,7 +21,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from helpers import CLIPS, need_service, wait_for_job
+from helpers import CLIPS, need_service, wait_for_job, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -380,6 +380,7 @@ def _submit(client, priority: str) -> str:
 
 
 @pytest.mark.integration
+@pytest.mark.brokers
 @pytest.mark.timeout(900)  # waits of 180 + 300 s (setup.cfg's default is 300)
 def test_queue_depth_per_priority_is_the_brokers_own(client, app, worker, celery_app, tmp_path):
     from conftest import start_worker, stop_worker
@@ -418,14 +419,11 @@ def test_queue_depth_per_priority_is_the_brokers_own(client, app, worker, celery
         extra = start_worker(celery_app, tmp_path, f"prepare-metrics-{uuid.uuid4().hex[:6]}", PREPARE_QUEUE,
                              extra_env={"WHISPERQ_METRICS_PORT": str(base)})
         try:
-            deadline = time.monotonic() + 180
-            while time.monotonic() < deadline:
+            def stages() -> list:
                 with rt.db.session() as session:
-                    stages = [session.get(Job, job_id).stage for job_id in ids]
-                if stages == ["queued"] * len(ids):
-                    break
-                time.sleep(0.3)
-            assert stages == ["queued"] * len(ids), f"{stages}\n{extra.output()[-3000:]}"
+                    return [session.get(Job, job_id).stage for job_id in ids]
+
+            wait_until(lambda: stages() == ["queued"] * len(ids), 180, "the extra worker did not prepare every job")
             samples2, broker2 = look()
             for tier, n in queued.items():
                 if redis:

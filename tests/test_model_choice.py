@@ -4,13 +4,12 @@ pool of their own, and named with their version in every result. The suite serve
 import hashlib
 import io
 import os
-import time
 from pathlib import Path
 
 import pytest
 
 from config import ConfigError, Settings
-from helpers import CLIPS, wait_for_job, word_error_rate
+from helpers import CLIPS, wait_for_job, wait_until, word_error_rate
 
 BASE_VERSION = "sha256:d01c3014881c9c6f3133c182f3d2887eb6ca1c789a7538c5c007196857a0a6a9"
 
@@ -187,6 +186,7 @@ def test_swapped_weights_changed_on_disk_are_refused_and_the_previous_keep_servi
 # --- the API ------------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_the_models_are_listed_with_version_languages_and_workers(client, worker):
     data = {m["id"]: m for m in client.get("/v1/models").get_json()["data"]}
     assert list(data) == ["whisper-1", "tiny.en", "base", "next"]
@@ -240,10 +240,8 @@ def test_each_model_runs_in_its_own_pool_and_every_result_names_what_made_it(cli
     base = start_worker(celery_app, tmp_path, "inference-base", "whisperq.inference.base", pool="threads",
                         concurrency=4)
     try:
-        deadline = time.monotonic() + 30
-        while not {m["id"]: m for m in client.get("/v1/models").get_json()["data"]}["base"]["served"]:
-            assert time.monotonic() < deadline, "the base worker's heartbeat did not arrive"
-            time.sleep(0.5)
+        wait_until(lambda: {m["id"]: m for m in client.get("/v1/models").get_json()["data"]}["base"]["served"], 30,
+                   "the base worker's heartbeat did not arrive")
         mixed = _submit(client, "bilingual.opus", model="base")
         plain = _submit(client, "fox.flac", language="en")
         assert mixed.status_code == plain.status_code == 202, (mixed.get_json(), plain.get_json())

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import CLIPS, FIXTURES, Receiver, need_service, word_error_rate
+from helpers import CLIPS, FIXTURES, Receiver, need_service, wait_until, word_error_rate
 
 ROOT = Path(__file__).resolve().parent.parent
 MOSQUITTO = ("127.0.0.1", 1883)
@@ -172,10 +172,8 @@ class Listener:
             for name, value in properties.items():
                 setattr(props, name, value)
         data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-        deadline = time.monotonic() + 30
-        while not self.client.is_connected():  # back from a broker restart: paho reconnects by itself
-            assert time.monotonic() < deadline, "the listener did not reconnect to Mosquitto within 30 s"
-            time.sleep(0.1)
+        # back from a broker restart: paho reconnects by itself
+        wait_until(self.client.is_connected, 30, "the listener did not reconnect to Mosquitto")
         info = self.client.publish(f"{self.prefix}/requests/{client}", data, qos=1, properties=props)
         info.wait_for_publish(10)
 
@@ -216,7 +214,7 @@ def _forget_session(client_id: str) -> None:
     try:
         client.connect(*MOSQUITTO, keepalive=10, clean_start=True)
         client.loop_start()
-        time.sleep(0.3)
+        wait_until(client.is_connected, 10, "no connection to Mosquitto to drop the session with")
         client.disconnect()
         client.loop_stop()
     except OSError:
@@ -247,14 +245,15 @@ class BridgeProcess:
         return self
 
     def wait_for_line(self, text: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if text in self.output():
-                return
-            if self.proc.poll() is not None:
+        def seen() -> bool:
+            if self.proc.poll() is not None and text not in self.output():
                 raise AssertionError(f"the bridge exited with {self.proc.returncode}:\n{self.output()}")
-            time.sleep(0.1)
-        raise AssertionError(f"the bridge did not log {text!r} within {timeout} s:\n{self.output()}")
+            return text in self.output()
+
+        try:
+            wait_until(seen, timeout, f"no {text!r} in the bridge's log")
+        except AssertionError:
+            raise AssertionError(f"the bridge did not log {text!r} within {timeout} s:\n{self.output()}") from None
 
     def output(self) -> str:
         return "\n".join((self.tmp / f"bridge-{n}.log").read_text(errors="replace") for n in range(1, self.starts + 1))
@@ -368,10 +367,8 @@ def test_requests_get_their_status_changes_and_results(bridge, listener, prefix,
     assert topics["by-url"] == (f"{prefix}/replies/alice/calls", b"by-url")
     assert topics["by-v5"] == (f"{prefix}/replies/bob/v5", b"by-v5")
     assert Path(FOX).exists() and Path(REPORT).exists()  # a caller's own files are read in place
-    deadline = time.monotonic() + 10
-    while replies_owed(settings) and time.monotonic() < deadline:  # the last replies' PUBACKs settle them
-        time.sleep(0.2)
-    assert replies_owed(settings) == 0
+    # the last replies' PUBACKs settle them
+    wait_until(lambda: not replies_owed(settings), 10, "replies are still owed")
 
 
 @pytest.mark.integration
@@ -411,8 +408,10 @@ def test_bad_requests_get_an_error_saying_what_to_fix_and_make_no_job(bridge, li
     # Each was acknowledged: a restarted bridge is not handed them again.
     bridged.stop()
     bridged.start()
-    time.sleep(3)
-    assert len(listener.replies(kind="error")) == len(bad) + 1
+    # A request sent now is handed to the restarted bridge after any its session still held.
+    listener.send("alice", {"path": FOX, "priority": "urgent", "correlation_id": "after-restart"})
+    listener.wait_for(lambda: listener.replies("after-restart"), 60, "an answer after the restart")
+    assert len(listener.replies(kind="error")) == len(bad) + 2
     assert job_rows(settings) == before
 
 
@@ -444,9 +443,7 @@ def test_a_request_sent_twice_makes_one_job_owned_by_its_clients_key(bridge, lis
     [refused] = listener.replies("no-key")
     assert refused["error"]["code"] == "unauthorized" and "WHISPERQ_MQTT_CLIENTS" in refused["error"]["message"]
     # Asked again once its result was delivered: the same job's result again, no new job.
-    deadline = time.monotonic() + 10
-    while replies_owed(settings) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_until(lambda: not replies_owed(settings), 10, "replies are still owed")
     listener.send("carol", request)
     listener.wait_for(lambda: len(listener.replies("twice", "result")) == 2, 60, "the result again")
     assert {r["job_id"] for r in listener.replies("twice", "result")} == {job["job_id"]}
@@ -466,10 +463,7 @@ def _mosquitto_pid() -> int:
 def _start_mosquitto() -> None:
     if not mosquitto_up():
         subprocess.run(["mosquitto", "-d", "-c", str(MOSQUITTO_CONF)], check=True, timeout=30)
-    deadline = time.monotonic() + 30
-    while not mosquitto_up(0.5):
-        assert time.monotonic() < deadline, "Mosquitto did not come back within 30 s"
-        time.sleep(0.2)
+    wait_until(lambda: mosquitto_up(0.5), 30, "Mosquitto did not come back")
 
 
 @pytest.fixture()
@@ -486,12 +480,9 @@ def restartable_mosquitto(mosquitto):
     def restart(down: float = 3.0, during=None) -> None:
         pid = _mosquitto_pid()
         os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 30
-        while Path(f"/proc/{pid}").exists():
-            assert time.monotonic() < deadline, "Mosquitto did not stop within 30 s"
-            time.sleep(0.1)
+        wait_until(lambda: not Path(f"/proc/{pid}").exists(), 30, "Mosquitto did not stop")
         try:
-            time.sleep(down)
+            time.sleep(down)  # the outage itself, as long as asked: not a wait for an event
             if during is not None:
                 during()
         finally:
@@ -534,10 +525,8 @@ def test_nothing_is_lost_while_mosquitto_restarts_and_the_bridge_is_away(bridge,
     jobs = accepted(first)
 
     def meanwhile() -> None:  # Mosquitto is down: the jobs finish, their results cannot go out
-        deadline = time.monotonic() + 120
-        while not all(get_job(rt, j).state.finished for j in jobs.values()):
-            assert time.monotonic() < deadline, "the jobs did not finish while Mosquitto was down"
-            time.sleep(0.2)
+        wait_until(lambda: all(get_job(rt, j).state.finished for j in jobs.values()), 120,
+                   "the jobs did not finish while Mosquitto was down")
         bridged.kill()  # what paho held for the broker is gone: what is owed is in the database
 
     restartable_mosquitto(down=1.0, during=meanwhile)
@@ -557,10 +546,7 @@ def test_nothing_is_lost_while_mosquitto_restarts_and_the_bridge_is_away(bridge,
     assert job_rows(settings) == before + len(paths)
     assert listener.replies(kind="error") == []
     assert bridged.output().count("session resumed") >= 2 and "disconnected from the MQTT broker" in bridged.output()
-    deadline = time.monotonic() + 10
-    while replies_owed(settings) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert replies_owed(settings) == 0
+    wait_until(lambda: not replies_owed(settings), 10, "replies are still owed")
 
 
 @pytest.mark.integration
@@ -592,14 +578,15 @@ def test_the_acl_example_keeps_each_client_to_its_own_topics(bridge, tmp_path, s
     broker = subprocess.Popen(["mosquitto", "-c", str(tmp_path / "mosquitto.conf")], stdout=subprocess.DEVNULL,
                               stderr=(tmp_path / "mosquitto.log").open("w"))
     try:
-        deadline = time.monotonic() + 20
-        while True:
+        def listening() -> bool:
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
+                return True
             except OSError:
-                assert broker.poll() is None and time.monotonic() < deadline, (tmp_path / "mosquitto.log").read_text()
-                time.sleep(0.1)
+                assert broker.poll() is None, (tmp_path / "mosquitto.log").read_text()
+                return False
+
+        wait_until(listening, 20, "the TLS Mosquitto is not listening")
         bridge(WHISPERQ_MQTT_URL=f"mqtts://whisperq-bridge:{passwords['whisperq-bridge']}@localhost:{port}",
                WHISPERQ_MQTT_CA=str(cert), WHISPERQ_MQTT_REQUEST_TOPIC="whisperq/requests/+",
                WHISPERQ_MQTT_REPLY_PREFIX="whisperq/replies").start()
@@ -614,8 +601,12 @@ def test_the_acl_example_keeps_each_client_to_its_own_topics(bridge, tmp_path, s
             check_result(alice.results(["mine"])["mine"], FOX)
             [refused] = alice.replies("to-bob")
             assert refused["error"]["code"] == "forbidden"
-            time.sleep(1)
-            assert alice.replies("as-bob") == [] and bob.messages == []  # bob's subscription to # shows him nothing
+            # Bob's own answer, published after alice's replies, reaches him: theirs had their chance.
+            bob.send("bob", {"path": FOX, "priority": "urgent", "correlation_id": "bobs"})
+            bob.wait_for(lambda: bob.messages, 60, "bob's own answer")
+            assert alice.replies("as-bob") == []
+            # bob's subscription to # shows him nothing of alice's
+            assert [(t, m["correlation_id"]) for t, m, _c in bob.messages] == [("whisperq/replies/bob", "bobs")]
             assert {t for t, _m, _c in alice.messages} == {"whisperq/replies/alice", "whisperq/replies/alice/jobs"}
             assert job_rows(settings) == before + 1
         finally:

@@ -1,13 +1,12 @@
 """Priority, batching and failure isolation through real pools on the real broker."""
 import io
-import time
 
 import pytest
 
 from helpers import (CLIPS, LONG_FORM, PIPELINE_MARGIN, long_form, long_recording, pipeline_wer, wait_for_job,
-                     word_error_rate, write_wav)
+                     wait_until, word_error_rate, write_wav)
 
-pytestmark = [pytest.mark.integration,
+pytestmark = [pytest.mark.integration, pytest.mark.brokers,
               pytest.mark.timeout(900)]  # waits of up to 600 s for a backlog of jobs
 
 
@@ -34,17 +33,14 @@ def test_jobs_queued_together_are_batched_and_read_as_they_do_alone(client, work
     from models.speech.engines import FasterWhisperEngine, bundled_model_path
 
     names = ["fox.flac", "report.opus"] * 4
-    before = len(worker.batch_sizes(celery_app))
     prepared = worker.prepared(celery_app)
     # Hold inference until all eight are prepared, so they wait in its queue together.
     with worker.paused(celery_app, pools=("inference",)):
         ids = [submit(client, name, language="en") for name in names]
-        deadline = time.monotonic() + 120
-        while worker.prepared(celery_app) < prepared + len(ids) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_until(lambda: worker.prepared(celery_app) >= prepared + len(ids), 120, "the jobs were not all prepared")
     jobs = [wait_for_job(client, job_id, timeout=300) for job_id in ids]
     assert all(j["status"] == "COMPLETED" for j in jobs), jobs
-    sizes = worker.batch_sizes(celery_app)[before:]
+    sizes = worker.batch_sizes(ids)
     assert sizes and max(sizes) > 1, f"batch sizes seen: {sizes}"
 
     reference = FasterWhisperEngine(bundled_model_path(), device="cpu")
@@ -55,34 +51,24 @@ def test_jobs_queued_together_are_batched_and_read_as_they_do_alone(client, work
         assert job["result"]["segments"] == alone[name]["segments"]
 
 
-def batcher_stats(celery_app, worker) -> dict:
-    from conftest import control_connection
-
-    with control_connection(celery_app) as conn:
-        reply = celery_app.control.inspect(destination=[worker.inference.node], timeout=5,
-                                           connection=conn)._request("batcher_stats") or {}
-    return reply.get(worker.inference.node, {})
-
-
 def test_a_burst_runs_full_batches(client, worker, celery_app):
     """Jobs waiting for inference fill every batch: the next batch forms while the running
     ones run (the pool holds a batch more than it runs at once), so after the first ones
     (which start as soon as a window waits) every batch but the last is full, and was
     waiting when a batcher thread became free."""
     wait_for_job(client, submit(client, "fox.flac"))  # the batcher exists once a job has run
-    start = batcher_stats(celery_app, worker)
+    start = worker.batcher_stats(celery_app)
     full, parallel = start["max_batch"], start["parallel"]
     prepared = worker.prepared(celery_app)
     with worker.paused(celery_app, pools=("inference",)):
         ids = [submit(client, "fox.flac", language="en") for _ in range(6 * parallel * full)]
-        deadline = time.monotonic() + 120
-        while worker.prepared(celery_app) < prepared + len(ids) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_until(lambda: worker.prepared(celery_app) >= prepared + len(ids), 120, "the jobs were not all prepared")
     jobs = [wait_for_job(client, job_id, timeout=300) for job_id in ids]
     assert all(j["status"] == "COMPLETED" for j in jobs), jobs
-    end = batcher_stats(celery_app, worker)
+    end = worker.batcher_stats(celery_app)
     ran = end["batches"] - start["batches"]
     sizes, ready = end["recent_sizes"][-ran:], end["recent_ready"][-ran:]
+    assert worker.batch_sizes(ids) == sizes  # the batches since the start ran these jobs and no other
     middle = slice(parallel, -parallel)  # the first batches start as soon as windows wait; the last have what is left
     assert sum(sizes) == len(ids) and sizes[middle] and all(size == full for size in sizes[middle]), sizes
     # While batches ran the next filled (not for the last few: fewer jobs were left).
@@ -139,4 +125,4 @@ def test_long_recordings_sharing_batches_keep_every_word(client, worker, celery_
         segments = job["result"]["segments"]
         assert all(0 <= s["start"] <= s["end"] <= job["audio_duration"] for s in segments)
         assert all(a["end"] <= b["start"] + 1e-6 for a, b in zip(segments, segments[1:]))
-    assert max(worker.batch_sizes(celery_app)) > 1
+    assert max(worker.batch_sizes(jobs.values())) > 1

@@ -9,7 +9,7 @@ import pytest
 
 from helpers import CLIPS, ROOT, wait_for_job
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.brokers]
 
 SCHEMA = json.loads((ROOT / "docs" / "messages" / "transcribe.v1.schema.json").read_text())
 STEPS = {"high": 0, "normal": 3, "low": 6}  # Redis: the priority sub-list of each tier

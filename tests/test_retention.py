@@ -10,13 +10,13 @@ import dataclasses
 import io
 import os
 import threading
-import time
 import uuid
 from datetime import timedelta
 
 import pytest
 from sqlalchemy import select
 
+from helpers import wait_until
 from models.delivery.notify import WebhookDelivery
 from models.errors import AudioPurged
 from models.jobs.deadletter import DeadLetter, replay, take_for_replay
@@ -319,6 +319,7 @@ def test_beat_schedules_it_on_the_preparation_queue(celery_app, settings):
     assert "whisperq.retention" in celery_app.tasks
 
 
+@pytest.mark.integration
 def test_the_task_runs_in_a_real_worker(rt, celery_app, tmp_path):
     """A prefork worker (the preparation pool's kind) on this test's database and data dir,
     on a queue of its own, so that it takes nobody else's messages."""
@@ -331,9 +332,7 @@ def test_the_task_runs_in_a_real_worker(rt, celery_app, tmp_path):
                                      "WHISPERQ_DATA_DIR": str(rt.settings.data_dir)})
     try:
         celery_app.send_task("whisperq.retention", queue=queue)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and row(rt, job_id).result_purged_at is None:
-            time.sleep(0.2)
+        wait_until(lambda: row(rt, job_id).result_purged_at is not None, 60, "the worker's retention pass purged nothing")
         job = row(rt, job_id)
         assert job.result_purged_at is not None and job.audio_purged_at is not None, worker.output()
         assert not audio_of(rt, job_id).exists()

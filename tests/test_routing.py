@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from config import ConfigError, Settings
-from helpers import CLIPS, wait_for_job, word_error_rate
+from helpers import CLIPS, wait_for_job, wait_until, word_error_rate
 
 BASE_VERSION = "sha256:d01c3014881c9c6f3133c182f3d2887eb6ca1c789a7538c5c007196857a0a6a9"
 
@@ -189,15 +189,13 @@ def extra_pool(celery_app, database, tmp_path_factory):
     pool = start_worker(celery_app, tmp_path_factory.mktemp("extra"), "inference-extra",
                         "whisperq.inference.base,whisperq.inference.next", pool="threads", concurrency=4)
     rt = Runtime(Settings.from_env())
-    deadline = time.monotonic() + 30
-    while not {"base", "next"} <= served_models(rt):
-        assert time.monotonic() < deadline, "the extra pool's heartbeat did not arrive"
-        time.sleep(0.3)
+    wait_until(lambda: {"base", "next"} <= served_models(rt), 30, "the extra pool's heartbeat did not arrive")
     yield pool
     stop_worker(pool)
 
 
 @pytest.mark.integration
+@pytest.mark.brokers
 @pytest.mark.timeout(900)  # waits of 300 + 120 s (setup.cfg's default is 300)
 def test_a_shadow_decodes_apart_and_its_agreement_is_recorded(client, worker, extra_pool, database):
     """Every tiny.en job also decoded by base, apart: the client sees tiny.en's transcript only;
@@ -212,15 +210,13 @@ def test_a_shadow_decodes_apart_and_its_agreement_is_recorded(client, worker, ex
         job = wait_for_job(client, job_id, timeout=300)
         assert job["status"] == "COMPLETED" and job["result"]["model"]["name"] == "tiny.en"
         assert "shadow" not in job and "shadow" not in job["result"]
-    deadline = time.monotonic() + 120
-    while True:
+    def compared() -> list:
         with database.session() as session:
             rows = session.query(ShadowResult).filter(ShadowResult.job_id.in_(ids)).all()
-            done = [(r.job_id, r.model, r.model_version, r.primary_model, r.wer, r.text) for r in rows
+            return [(r.job_id, r.model, r.model_version, r.primary_model, r.wer, r.text) for r in rows
                     if r.wer is not None]
-        if len(done) == 2 or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
+
+    done = wait_until(lambda: len(found := compared()) == 2 and found, 120, "the shadows were not both compared")
     assert sorted(d[0] for d in done) == sorted(ids), done
     for _job_id, model, version, primary, wer, text in done:
         assert (model, version, primary) == ("base", BASE_VERSION, "tiny.en")
@@ -236,6 +232,7 @@ def test_a_shadow_decodes_apart_and_its_agreement_is_recorded(client, worker, ex
 
 
 @pytest.mark.integration
+@pytest.mark.brokers
 @pytest.mark.timeout(1500)  # waits of 300 + 600 + 300 s (setup.cfg's default is 300)
 def test_a_hot_swap_under_a_burst_loses_nothing_and_each_job_names_the_weights_that_ran_it(
         client, worker, extra_pool, database):
@@ -244,7 +241,7 @@ def test_a_hot_swap_under_a_burst_loses_nothing_and_each_job_names_the_weights_t
     German half of the two-language clip window by window, tiny.en cannot — and jobs that start
     after the swap run on the new weights. Rollback is one command."""
     from models.jobs.record import Job
-    from models.speech.swaps import ModelWeights
+    from models.speech.swaps import CHECK_EVERY, ModelWeights
 
     def submit(n):
         out = []
@@ -256,17 +253,14 @@ def test_a_hot_swap_under_a_burst_loses_nothing_and_each_job_names_the_weights_t
 
     try:
         first = submit(4)
-        deadline = time.monotonic() + 300
-        while True:
-            before = [j for j in first if client.get(f"/v1/jobs/{j}").get_json()["status"] == "COMPLETED"]
-            if before:
-                break
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+        before = wait_until(lambda: [j for j in first if client.get(f"/v1/jobs/{j}").get_json()["status"] == "COMPLETED"],
+                            300, "none of the first jobs completed")
         swapped = _whisperq("models", "swap", "next", "bundled:base")
         assert swapped.exit_code == 0 and "rollback next" in swapped.output, swapped.output
         middle = submit(2)  # submitted at the moment of the swap: either weights, named truly
-        time.sleep(2.5)  # a worker reads the swap within 2 s
+        # Not ordering but the workers' cache: each reads the weights in force at most every
+        # CHECK_EVERY s, so a job started once that has passed since the swap runs on the new ones.
+        time.sleep(CHECK_EVERY + 0.5)
         after = submit(4)
         versions = {}
         for job_id in first + middle + after:
@@ -285,7 +279,7 @@ def test_a_hot_swap_under_a_burst_loses_nothing_and_each_job_names_the_weights_t
         assert extra_pool.proc.poll() is None and "whisper-base" in extra_pool.output()  # loaded in place
 
         assert _whisperq("models", "rollback", "next").exit_code == 0
-        time.sleep(2.5)
+        time.sleep(CHECK_EVERY + 0.5)  # the workers' cache, as after the swap
         (again,) = submit(1)
         job = wait_for_job(client, again, timeout=300)
         assert job["status"] == "COMPLETED" and job["result"]["model"]["version"] not in (None, BASE_VERSION)
@@ -297,6 +291,7 @@ def test_a_hot_swap_under_a_burst_loses_nothing_and_each_job_names_the_weights_t
 
 
 @pytest.mark.integration
+@pytest.mark.brokers
 @pytest.mark.timeout(900)  # waits of 120 + 300 + 300 s (setup.cfg's default is 300)
 def test_a_rerun_on_another_model_is_a_new_job_linked_to_the_first(client, worker, extra_pool, settings):
     resp = _submit(client, "fox.flac", language="en")
@@ -331,6 +326,7 @@ def test_a_rerun_on_another_model_is_a_new_job_linked_to_the_first(client, worke
 
 
 @pytest.mark.integration
+@pytest.mark.brokers
 @pytest.mark.timeout(900)  # waits up to 300 s for the replay (setup.cfg's default is 300)
 def test_a_dead_letter_is_replayed_on_another_model(client, worker, extra_pool, settings, monkeypatch):
     from models.jobs.deadletter import bury

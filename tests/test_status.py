@@ -7,7 +7,7 @@ import pytest
 
 from helpers import CLIPS
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.brokers]
 
 
 def test_status_shows_workers_queues_and_dead_letters(client, runner, worker, celery_app):

@@ -7,6 +7,12 @@ arrive, and runs one call. `parallel` such threads run batches side by side (on 
 one per core: see models.speech.engines.parallel_batches). Each window has its own future, so a
 failure belongs to the window that caused it: a batch that raises is split and retried
 window by window.
+
+What a batcher does is observable from outside its threads, for operators and for tests
+that must wait for an event rather than sleep: `stats()["running_jobs"]` names the jobs whose
+windows are in the model now, and a batch is recorded (`stats()`, the log line naming its
+jobs) before its windows' results are handed out, so whoever has a result can already see
+the batch that made it.
 """
 from __future__ import annotations
 
@@ -68,6 +74,7 @@ class Batcher:
         self.batches = 0
         self.windows = 0
         self._count_lock = threading.Lock()
+        self._running: dict[int, list[str]] = {}  # batch -> its job ids, while the model runs it
         self._threads = [threading.Thread(target=self._loop, name=f"whisperq-batcher-{n}", daemon=True)
                          for n in range(parallel)]
         for thread in self._threads:
@@ -102,10 +109,16 @@ class Batcher:
         with self._cond:
             return len(self._pending)
 
+    def running_jobs(self) -> list[str]:
+        """The jobs whose windows are in the model now."""
+        with self._count_lock:
+            return sorted({job_id for jobs in self._running.values() for job_id in jobs})
+
     def stats(self) -> dict[str, Any]:
         records = list(self.records)
         sizes = [r.size for r in records]
         return {
+            "running_jobs": self.running_jobs(),
             "batches": self.batches,
             "windows": self.windows,
             "pending": self.pending(),
@@ -165,7 +178,7 @@ class Batcher:
         started = time.monotonic()
         wait_ms = (started - min(i.enqueued for i in batch)) * 1000
         try:
-            results = list(self.run_batch(batch[0].key, [i.payload for i in batch]))
+            results = self._call(batch)
             if len(results) != len(batch):
                 raise RuntimeError(f"run_batch returned {len(results)} results for {len(batch)} inputs")
         except Exception as exc:
@@ -176,20 +189,29 @@ class Batcher:
                 for item in batch:
                     self._run_one(item)
             return
-        run_ms = (time.monotonic() - started) * 1000
+        self._record(batch, wait_ms, (time.monotonic() - started) * 1000, ready)
         for item, result in zip(batch, results):
             item.future.set_result(result)
-        self._record(batch, wait_ms, run_ms, ready)
 
     def _run_one(self, item: _Item) -> None:
         started = time.monotonic()
         try:
-            (result,) = self.run_batch(item.key, [item.payload])
+            (result,) = self._call([item])
         except Exception as exc:
             item.future.set_exception(exc)
             return
-        item.future.set_result(result)
         self._record([item], 0.0, (time.monotonic() - started) * 1000)
+        item.future.set_result(result)
+
+    def _call(self, batch: list[_Item]) -> list[Any]:
+        """run_batch on these windows, with their jobs listed in `running_jobs` meanwhile."""
+        with self._count_lock:
+            self._running[id(batch)] = [i.job_id for i in batch if i.job_id]
+        try:
+            return list(self.run_batch(batch[0].key, [i.payload for i in batch]))
+        finally:
+            with self._count_lock:
+                del self._running[id(batch)]
 
     def _record(self, batch: list[_Item], wait_ms: float, run_ms: float, ready: bool = False) -> None:
         jobs = len({i.job_id for i in batch})
@@ -203,4 +225,5 @@ class Batcher:
                 self.on_batch(record)
             except Exception:
                 log.warning("batch record not passed on", exc_info=True)
-        log.info("batch: %d windows from %d jobs, waited %.0f ms, ran %.0f ms", len(batch), jobs, wait_ms, run_ms)
+        log.info("batch: %d windows from %d jobs (%s), waited %.0f ms, ran %.0f ms", len(batch), jobs,
+                 ", ".join(sorted({i.job_id for i in batch if i.job_id})), wait_ms, run_ms)
