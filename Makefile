@@ -47,7 +47,7 @@ bench-ci: $(STAMP)
 	$(BIN)/python bench/ci.py
 
 # The stack under a steady stream with bursts while its processes are killed (bench/soak.py);
-# SOAK_MINUTES=4 is the CI-size run. Fails if a job was lost, run twice, wrong or failed unexpectedly.
+# SOAK_MINUTES=3 is the CI-size run (bench-ci). Fails if a job was lost, run twice, wrong or failed unexpectedly.
 SOAK_MINUTES ?= 60
 soak: $(STAMP)
 	@$(BIN)/python -c 'import matplotlib, psutil' 2>/dev/null || $(BIN)/python -m pip install --quiet -e '.[bench]'

@@ -94,6 +94,33 @@ class Memory(threading.Thread):
                 return
 
 
+def memory_summary(series: dict[str, list[tuple[float, float]]], warmup: float) -> dict:
+    """Whether memory stayed flat: for the whole stack and for each kind of process (the sum
+    over its processes, so a killed one's successor counts as the same), the median resident
+    MiB over the first window after `warmup` seconds against the median over the last window
+    (a tenth of what remains, at least 30 s), and the growth between them in per cent."""
+    totals: dict[str, dict[float, float]] = {}
+    for name, points in series.items():
+        label = name.rsplit(" ", 1)[0]
+        for t, mib in points:
+            for key in ("stack", label):
+                totals.setdefault(key, {}).setdefault(t, 0.0)
+                totals[key][t] += mib
+    out: dict[str, dict] = {}
+    for key, by_time in totals.items():
+        times = sorted(by_time)
+        after = [t for t in times if t >= warmup]
+        if len(after) < 4:
+            continue
+        window = max(30.0, (after[-1] - after[0]) / 10)
+        first = [by_time[t] for t in after if t <= after[0] + window]
+        last = [by_time[t] for t in after if t >= after[-1] - window]
+        start, end = sorted(first)[len(first) // 2], sorted(last)[len(last) // 2]
+        out[key] = {"after_warmup_mib": round(start, 1), "end_mib": round(end, 1),
+                    "growth_pct": round(100 * (end - start) / start, 1) if start else None}
+    return out
+
+
 class Chaos(threading.Thread):
     """Kills the stack's processes in turn, one every `every` seconds."""
 
