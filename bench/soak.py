@@ -393,6 +393,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.minutes <= 0 or (args.rate is not None and args.rate <= 0):
         parser.error("--minutes and --rate must be above 0")
+    args.out = args.out.resolve()  # transcribe.delay() is given paths under it, which must be absolute
     args.out.mkdir(parents=True, exist_ok=True)
     seed = args.seed if args.seed is not None else random.randrange(2**32)
     rng = random.Random(seed)
