@@ -83,7 +83,7 @@ def _history(rt: Runtime, model: str | None = None) -> tuple[float, float, float
     waited behind others took longer)."""
     model = _model(rt, model)
     with _cache_lock:
-        hit = _cache.get(("speed", model))
+        hit = _cache.get(("speed", rt.settings.database_url, model))
         if hit and hit[0] > time.monotonic():
             return hit[1]
     with rt.db.session() as session:
@@ -111,7 +111,7 @@ def _history(rt: Runtime, model: str | None = None) -> tuple[float, float, float
         if busy > 0:
             value = (audio / busy / workers, audio / len(rows), lead)
     with _cache_lock:
-        _cache[("speed", model)] = (time.monotonic() + _CACHE_SECONDS, value)
+        _cache[("speed", rt.settings.database_url, model)] = (time.monotonic() + _CACHE_SECONDS, value)
     return value
 
 
