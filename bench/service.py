@@ -60,6 +60,18 @@ def running_service(prefix: str = "whisperq-bench-", env_extra: dict[str, str] |
 FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "EXPIRED")
 
 
+def submit_recordings(base: str, items: dict[str, dict]) -> dict[str, str]:
+    """name -> job id: each recording (`{"path": ...}`) uploaded to the service, in English."""
+    jobs = {}
+    for name, item in items.items():
+        with open(item["path"], "rb") as fh:
+            resp = requests.post(f"{base}/v1/jobs", files={"file": (Path(item["path"]).name, fh)},
+                                 data={"language": "en"}, timeout=60)
+        resp.raise_for_status()
+        jobs[name] = resp.json()["job_id"]
+    return jobs
+
+
 def wait_finished(base: str, ids: list[str], timeout: float = 1800) -> dict[str, dict]:
     """job id -> the job (its whole body) once every one has finished. Watched through one
     listing a second, not a poll per job: polls would take the CPU being measured, and a job

@@ -22,7 +22,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import requests
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE.parent / "tests"), str(HERE)]
@@ -30,7 +29,7 @@ sys.path[:0] = [str(HERE.parent), str(HERE.parent / "tests"), str(HERE)]
 import knobs  # noqa: E402
 from accuracy import evaluation_set  # noqa: E402
 from helpers import word_error_rate  # noqa: E402
-from service import running_service, wait_finished  # noqa: E402
+from service import running_service, submit_recordings, wait_finished  # noqa: E402
 
 ENV = {"WHISPERQ_MODELS": "tiny.en=bundled:tiny.en, base=bundled:base", "WHISPERQ_SHADOW": "tiny.en=base:100"}
 
@@ -38,13 +37,7 @@ ENV = {"WHISPERQ_MODELS": "tiny.en=bundled:tiny.en, base=bundled:base", "WHISPER
 def one_run(items: dict[str, dict]) -> tuple[dict[str, tuple[float, float, float]], str]:
     """recording -> (tiny.en's WER, base's WER, base vs tiny.en), and `whisperq models compare`."""
     with running_service("whisperq-shadow-", ENV) as (_proc, base, data):
-        jobs = {}
-        for name, item in items.items():
-            with open(item["path"], "rb") as fh:
-                resp = requests.post(f"{base}/v1/jobs", files={"file": (Path(item["path"]).name, fh)},
-                                     data={"language": "en"}, timeout=60)
-            resp.raise_for_status()
-            jobs[name] = resp.json()["job_id"]
+        jobs = submit_recordings(base, items)
         deadline = time.monotonic() + 1800
         results = wait_finished(base, list(jobs.values()))
         env = dict(os.environ, WHISPERQ_DATA_DIR=str(data), **ENV)

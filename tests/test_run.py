@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import requests
 
+import helpers
 from helpers import CLIPS, Receiver, word_error_rate
 
 pytestmark = pytest.mark.integration
@@ -266,9 +267,7 @@ def long_polls_hold_no_thread(base: str) -> None:
         resp = requests.post(f"{base}/v1/jobs", json={"audio_url": origin.url("/slow.flac")}, timeout=10)
         assert resp.status_code == 202, resp.text
         status_url = resp.headers["Location"]
-        deadline = time.monotonic() + 30
-        while not origin.requests and time.monotonic() < deadline:  # the fetch has begun: the job holds still
-            time.sleep(0.2)
+        helpers.wait_until(lambda: origin.requests, 30, "the fetch began (the job holds still from then)")
         first = requests.get(status_url, timeout=10)
         tag = first.headers["ETag"]
 
@@ -444,10 +443,9 @@ def test_nothing_outlives_a_killed_run_and_the_next_run_starts(tmp_path):
         assert len(stack) >= 8, stack  # supervisord, the broker, web (and its workers), the pools, Flower, beat
         proc.kill()
         proc.wait()
-        deadline = time.monotonic() + 120  # each process drains in turn: idle, seconds each
-        while (left := {p for p in stack if alive(p)}) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert not left, [Path(f"/proc/{p}/cmdline").read_bytes() for p in left if alive(p)]
+        # Each process drains in turn: idle, seconds each.
+        helpers.wait_until(lambda: not any(alive(p) for p in stack), 120,
+                           "every process of the killed run gone")
         with pytest.raises(requests.ConnectionError):
             requests.get(f"{base}/healthz", timeout=2)
     finally:
