@@ -1,11 +1,14 @@
 """Typed reads of environment variables for Settings: each error names the variable and
 says what to set it to."""
+
 from __future__ import annotations
 
 import base64
+import builtins
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
+from typing import TypeVar
 
 from .allow import AllowRule, parse_rule
 from .keys import parse_keys
@@ -13,6 +16,9 @@ from .languages import LANGUAGES
 
 # Read by earlier versions for webhooks and fetches alike; still honoured for both.
 LEGACY_ALLOW = "WHISPERQ_WEBHOOK_ALLOW_NETWORKS"
+
+# What a read returns when the variable is unset: the caller's default, often None.
+D = TypeVar("D")
 
 
 class ConfigError(ValueError):
@@ -32,44 +38,49 @@ def parse_rate(text: str) -> tuple[int, int]:
 class Env:
     """Typed reads of environment variables; every error names the variable."""
 
-    def __init__(self, environ: Mapping[str, str]):
+    # Annotations here spell builtins.str, builtins.int, …: the methods str, int, float and bool
+    # shadow those names in the class body.
+
+    def __init__(self, environ: Mapping[builtins.str, builtins.str]) -> None:
         self.environ = environ
 
-    def raw(self, name: str) -> str | None:
+    def raw(self, name: builtins.str) -> builtins.str | None:
         value = self.environ.get(name)
         if value is None or value.strip() == "":
             return None
         return value.strip()
 
-    def str(self, name: str, default):
+    def str(self, name: builtins.str, default: D) -> builtins.str | D:
         value = self.raw(name)
         return default if value is None else value
 
-    def int(self, name: str, default: int, low: int, high: int) -> int:
+    def int(self, name: builtins.str, default: builtins.int, low: builtins.int, high: builtins.int) -> builtins.int:
         value = self.raw(name)
         if value is None:
             return default
         try:
             number = int(value)
         except ValueError:
-            raise ConfigError(f"{name}={value!r} is not a whole number; set it to an integer from {low} to {high}")
+            raise ConfigError(
+                f"{name}={value!r} is not a whole number; set it to an integer from {low} to {high}"
+            ) from None
         if not low <= number <= high:
             raise ConfigError(f"{name}={number} is out of range; set it to an integer from {low} to {high}")
         return number
 
-    def float(self, name: str, default: float, low: float) -> float:
+    def float(self, name: builtins.str, default: builtins.float, low: builtins.float) -> builtins.float:
         value = self.raw(name)
         if value is None:
             return default
         try:
             number = float(value)
         except ValueError:
-            raise ConfigError(f"{name}={value!r} is not a number; set it to a number of at least {low}")
+            raise ConfigError(f"{name}={value!r} is not a number; set it to a number of at least {low}") from None
         if not number >= low:
             raise ConfigError(f"{name}={number} is too small; set it to a number of at least {low}")
         return number
 
-    def choice(self, name: str, default: str, choices: tuple[str, ...]) -> str:
+    def choice(self, name: builtins.str, default: builtins.str, choices: tuple[builtins.str, ...]) -> builtins.str:
         value = self.raw(name)
         if value is None:
             return default
@@ -77,7 +88,7 @@ class Env:
             raise ConfigError(f"{name}={value!r} is not one of: {', '.join(choices)}")
         return value.lower()
 
-    def url(self, name: str, default, schemes: tuple[str, ...]):
+    def url(self, name: builtins.str, default: D, schemes: tuple[builtins.str, ...]) -> builtins.str | D:
         value = self.raw(name)
         if value is None:
             return default
@@ -89,7 +100,7 @@ class Env:
             )
         return value
 
-    def basic_auth(self, name: str) -> str | None:
+    def basic_auth(self, name: builtins.str) -> builtins.str | None:
         value = self.raw(name)
         if value is None:
             return None
@@ -103,36 +114,38 @@ class Env:
                 )
         return ",".join(pairs)
 
-    def rate(self, name: str, default: str) -> str | None:
+    def rate(self, name: builtins.str, default: builtins.str) -> builtins.str | None:
         value = self.raw(name) or default
         if value.lower() in ("off", "none", "0"):
             return None
         try:
             parse_rate(value)
         except ValueError:
-            raise ConfigError(f"{name}={value!r} is not a rate; set it to a number per second, minute, hour or day "
-                              "such as 120/minute, or to off") from None
+            raise ConfigError(
+                f"{name}={value!r} is not a rate; set it to a number per second, minute, hour or day "
+                "such as 120/minute, or to off"
+            ) from None
         return value
 
-    def webhook_secret(self, name: str) -> str | None:
+    def webhook_secret(self, name: builtins.str) -> builtins.str | None:
         value = self.raw(name)
         if value is not None and value.startswith("whsec_"):
             try:
-                key = base64.b64decode(value[len("whsec_"):], validate=True)
+                key = base64.b64decode(value[len("whsec_") :], validate=True)
             except ValueError:
                 key = b""
             if len(key) < 16:
                 raise ConfigError(
                     f"{name} starts with whsec_ but the rest is not base64 of at least 16 bytes; set it to "
-                    "whsec_ followed by base64 of a random key (such as `python -c \"import base64,os; "
+                    'whsec_ followed by base64 of a random key (such as `python -c "import base64,os; '
                     "print('whsec_' + base64.b64encode(os.urandom(32)).decode())\"`), or unset it"
                 )
         return value
 
-    def allow(self, name: str) -> tuple[AllowRule, ...]:
+    def allow(self, name: builtins.str) -> tuple[AllowRule, ...]:
         """An allow-list (config.allow). WHISPERQ_WEBHOOK_ALLOW_NETWORKS, which older versions
         read for both webhooks and fetches, still counts for both."""
-        out = []
+        out: list[AllowRule] = []
         for var in (name, LEGACY_ALLOW):
             for entry in (e.strip() for e in (self.raw(var) or "").split(",")):
                 if not entry:
@@ -144,11 +157,12 @@ class Env:
                 except ValueError as exc:
                     raise ConfigError(
                         f"{var} has {entry!r}: {exc}; use comma-separated networks, addresses or host names, each "
-                        "with an optional :PORT, such as 10.0.0.0/8:8443,hooks.internal:443") from None
+                        "with an optional :PORT, such as 10.0.0.0/8:8443,hooks.internal:443"
+                    ) from None
                 out.append(rule)
         return tuple(out)
 
-    def bool(self, name: str, default: bool) -> bool:
+    def bool(self, name: builtins.str, default: builtins.bool) -> builtins.bool:
         value = self.raw(name)
         if value is None:
             return default
@@ -158,7 +172,7 @@ class Env:
             return False
         raise ConfigError(f"{name}={value!r} is not a yes/no value; set it to true or false")
 
-    def duration(self, name: str, default: float | None) -> float | None:
+    def duration(self, name: builtins.str, default: builtins.float | None) -> builtins.float | None:
         """Seconds, or a number with s, m, h or d ('90m', '7d'); 'off' keeps things for good."""
         value = self.raw(name)
         if value is None:
@@ -172,11 +186,13 @@ class Env:
         except ValueError:
             seconds = -1.0
         if not seconds >= 0:
-            raise ConfigError(f"{name}={value!r} is not a duration; set it to seconds or a number with s, m, h or d "
-                              "(such as 3600, 90m, 7d), or to off")
+            raise ConfigError(
+                f"{name}={value!r} is not a duration; set it to seconds or a number with s, m, h or d "
+                "(such as 3600, 90m, 7d), or to off"
+            )
         return seconds
 
-    def hours(self, name: str) -> float | None:
+    def hours(self, name: builtins.str) -> builtins.float | None:
         """A number of hours above 0, or off (unset, 'off', 'none'): a quota."""
         value = self.raw(name)
         if value is None or value.lower() in ("off", "none"):
@@ -186,11 +202,12 @@ class Env:
         except ValueError:
             number = -1.0
         if not 0 < number < float("inf"):
-            raise ConfigError(f"{name}={value!r} is not a number of hours; set it to a number above 0 (such as 10 "
-                              "or 0.5), or to off")
+            raise ConfigError(
+                f"{name}={value!r} is not a number of hours; set it to a number above 0 (such as 10 or 0.5), or to off"
+            )
         return number
 
-    def encryption_keys(self, name: str) -> str | None:
+    def encryption_keys(self, name: builtins.str) -> builtins.str | None:
         value = self.raw(name)
         if value is None:
             return None
@@ -200,7 +217,7 @@ class Env:
             raise ConfigError(f"{name}: {exc}") from None
         return value
 
-    def language(self, name: str, default):
+    def language(self, name: builtins.str, default: D) -> builtins.str | D:
         value = self.raw(name)
         if value is None:
             return default
@@ -226,11 +243,15 @@ def input_dirs(value: str | None, data_dir: Path) -> tuple[tuple[str | None, Pat
         if not part.startswith("/") and "=" in part:
             owner, _, part = (x.strip() for x in part.partition("="))
             if len(owner) < 8 or not owner.replace("-", "").isalnum():
-                raise ConfigError(f"WHISPERQ_INPUT_DIRS: {owner!r} is not an API key id; write KEY=DIR with the key's "
-                                  "id or at least its first 8 characters (`whisperq keys list`)")
+                raise ConfigError(
+                    f"WHISPERQ_INPUT_DIRS: {owner!r} is not an API key id; write KEY=DIR with the key's "
+                    "id or at least its first 8 characters (`whisperq keys list`)"
+                )
         if not os.path.isabs(part):
-            raise ConfigError(f"WHISPERQ_INPUT_DIRS: {part!r} is not an absolute path; list absolute directories "
-                              "(DIR, shared, or KEY=DIR, one key's own), separated by commas")
+            raise ConfigError(
+                f"WHISPERQ_INPUT_DIRS: {part!r} is not an absolute path; list absolute directories "
+                "(DIR, shared, or KEY=DIR, one key's own), separated by commas"
+            )
         dirs.append((owner, Path(os.path.realpath(part))))
     return tuple(dirs)
 

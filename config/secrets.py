@@ -2,10 +2,12 @@
 or too short to be secret stops every process at start, with the setting's name and how to
 make a real one. Unset is fine (the service then generates or goes without, see
 config.settings); only a bad value is refused. No message ever repeats the value."""
+
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from .env import ConfigError
@@ -14,7 +16,7 @@ from .env import ConfigError
 PLACEHOLDER = re.compile(r"change[-_ ]?me", re.IGNORECASE)
 MIN_LENGTH = 16
 MIN_DISTINCT = 6  # 'aaaaaaaaaaaaaaaa' is long enough and no secret
-GENERATE = "python -c \"import secrets; print(secrets.token_urlsafe(32))\""
+GENERATE = 'python -c "import secrets; print(secrets.token_urlsafe(32))"'
 
 # Settings field -> its variable, and how to make a good value where the generic way is not one.
 TOKENS: dict[str, str] = {
@@ -25,11 +27,13 @@ TOKENS: dict[str, str] = {
 }
 HINTS: dict[str, str] = {
     "WHISPERQ_WEBHOOK_SECRET": (
-        "set it to whsec_ followed by base64 of 32 random bytes (`python -c \"import base64,os; "
-        "print('whsec_' + base64.b64encode(os.urandom(32)).decode())\"`), or unset it"),
+        'set it to whsec_ followed by base64 of 32 random bytes (`python -c "import base64,os; '
+        "print('whsec_' + base64.b64encode(os.urandom(32)).decode())\"`), or unset it"
+    ),
     "WHISPERQ_ENCRYPTION_KEYS": (
-        "make a key with `whisperq encryption new-key` (or `python -c \"import base64,os; "
-        "print('k1:' + base64.b64encode(os.urandom(32)).decode())\"`)"),
+        'make a key with `whisperq encryption new-key` (or `python -c "import base64,os; '
+        "print('k1:' + base64.b64encode(os.urandom(32)).decode())\"`)"
+    ),
 }
 # URLs that may carry a password. Their passwords must match a server's, so only the
 # example's placeholder is refused here, not a short one (a local guest:guest is fine).
@@ -55,8 +59,10 @@ def weakness(value: str) -> str | None:
 
 def refuse(name: str, why: str, subject: str = "the value") -> ConfigError:
     """The error for a bad secret: the setting, what is wrong (never the value), how to make one."""
-    hint = HINTS.get(name) or (f"set it to a random value of at least {MIN_LENGTH} characters, such as the output "
-                               f"of `{GENERATE}`" + (", or unset it" if subject == "the value" else ""))
+    hint = HINTS.get(name) or (
+        f"set it to a random value of at least {MIN_LENGTH} characters, such as the output "
+        f"of `{GENERATE}`" + (", or unset it" if subject == "the value" else "")
+    )
     return ConfigError(f"{name}: {subject} {why}; {hint}")
 
 
@@ -92,7 +98,8 @@ def check_url(name: str, value: str | None) -> None:
     if password is not None and PLACEHOLDER.search(unquote(password)):
         raise ConfigError(
             f"{name}: the URL's password is still the example's placeholder (CHANGE-ME); give the server a random "
-            f"password (such as the output of `{GENERATE}`) and put the same one in {name}")
+            f"password (such as the output of `{GENERATE}`) and put the same one in {name}"
+        )
 
 
 def check_encryption_keys(name: str, value: str | None) -> None:

@@ -2,22 +2,33 @@
 
 Every process (web, worker, CLI) builds one :class:`Settings` from the same variables, so a bad value
 stops the process at start with a message that names the variable, instead of failing on the first job.
+Each field is declared once (config.declare.setting): its variable, how it is read, its default and
+bounds, and the sentence the configuration reference (`python -m config.reference`) shows for it.
 """
+
 from __future__ import annotations
 
 import base64
+import importlib.util
+import ipaddress
 import os
+import re
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Mapping
+from typing import Any
 
 from .allow import AllowRule
-from .checks import check_model_path, check_values
-from .env import ConfigError, Env, input_dirs as _input_dirs, hosts as _hosts
+from .checks import check_model_path, check_values, share
+from .declare import Values, Var, declared, read_all, setting
+from .env import LEGACY_ALLOW, ConfigError, Env
+from .env import hosts as _hosts
+from .env import input_dirs as _input_dirs
 from .files import generated_secret, published_broker
 from .priorities import PRIORITIES
 from .registry import ModelSpec, Routes, find_model, parse_models, parse_routes
+from .secrets import check_basic_auth, check_encryption_keys, check_secret, check_url
 
 ENGINES = ("faster-whisper", "openai-whisper")
 DEVICES = ("auto", "cpu", "cuda")
@@ -25,198 +36,877 @@ COMPUTE_TYPES = ("auto", "default", "int8", "int8_float16", "int8_float32", "int
 # Worker metrics ports: WHISPERQ_METRICS_PORT + 0..METRICS_PORT_SPAN-1 (see tasks.metrics).
 METRICS_PORT_SPAN = 100
 LOG_FORMATS = ("auto", "json", "text")
-STORAGES = ("local", "postgres")
+STORAGES = ("local", "postgres")  # and s3://BUCKET/PREFIX (s3_location)
+S3_FORM = "s3://BUCKET/PREFIX"
+S3_INSTALL = "pip install 'whisperq[s3]' (in a checkout: .venv/bin/pip install -e '.[s3]')"
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+_PREFIX_PART = re.compile(r"[A-Za-z0-9!_.*'()-]+")  # S3's characters safe in a key
+BROKER_SCHEMES = ("redis", "rediss", "redis+socket", "amqp", "amqps", "pyamqp", "memory")
+DATABASE_SCHEMES = ("sqlite", "postgresql", "postgresql+psycopg", "postgresql+psycopg2", "postgres")
+HOURS_4 = 4 * 3600.0
+DAY = 24 * 3600.0
+
+
+def _models(value: str | None, values: Values) -> tuple[ModelSpec, ...]:
+    return parse_models(
+        value,
+        engine=values["engine"],
+        compute_type=values["compute_type"],
+        beam_size=values["beam_size"],
+        model_path=values["model_path"],
+        engines=ENGINES,
+        compute_types=COMPUTE_TYPES,
+    )
+
+
+def _routes(env: Env, values: Values) -> tuple[Routes, str]:
+    """WHISPERQ_ALIASES and WHISPERQ_SHADOW (the routes), with WHISPERQ_DEFAULT_MODEL, which may name an alias."""
+    return parse_routes(
+        env.str("WHISPERQ_ALIASES", None),
+        env.str("WHISPERQ_SHADOW", None),
+        env.str("WHISPERQ_DEFAULT_MODEL", None),
+        values["models"],
+    )
+
+
+def s3_location(url: str) -> tuple[str, str]:
+    """(bucket, prefix) of WHISPERQ_STORAGE=s3://BUCKET/PREFIX, the prefix without slashes at
+    its ends ("" for none); ValueError saying what is wrong and what to write instead."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() != "s3":
+        raise ValueError(f"is not an {S3_FORM} URL")
+    bucket, _, prefix = rest.partition("/")
+    if "@" in bucket or ":" in bucket:
+        raise ValueError(
+            "carries credentials or a port; name only the bucket and give the credentials and an endpoint "
+            "the AWS way (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a profile or a role; AWS_ENDPOINT_URL)"
+        )
+    if not bucket:
+        raise ValueError("names no bucket")
+    if not _BUCKET.fullmatch(bucket) or ".." in bucket or _is_address(bucket):
+        raise ValueError(
+            f"names {bucket!r}, which is not an S3 bucket name (3 to 63 lowercase letters, digits, dots and "
+            "hyphens, starting and ending with a letter or digit)"
+        )
+    prefix = prefix.strip("/")
+    parts = prefix.split("/") if prefix else []
+    if any(part in ("", ".", "..") or not _PREFIX_PART.fullmatch(part) for part in parts):
+        raise ValueError(
+            f"has the prefix {prefix!r}; a prefix is folder names of letters, digits and !_.*'()- "
+            "separated by single slashes (whisperq/audio), without . or .. parts"
+        )
+    return bucket, prefix
+
+
+def _is_address(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _storage(env: Env, _values: Values) -> str:
+    """WHISPERQ_STORAGE: local, postgres, or s3://BUCKET/PREFIX (written back without a
+    trailing slash), which needs boto3."""
+    name = "WHISPERQ_STORAGE"
+    value = env.raw(name)
+    if value is None:
+        return "local"
+    if value.lower() in STORAGES:
+        return value.lower()
+    if not value.lower().startswith("s3://"):
+        raise ConfigError(f"{name}={value!r} is not one of: {', '.join(STORAGES)}, {S3_FORM}; set it to one of them")
+    try:
+        bucket, prefix = s3_location(value)
+    except ValueError as exc:
+        shown = value if "@" not in value else "s3://…@…"
+        raise ConfigError(f"{name}={shown!r} {exc}; set it to {S3_FORM} (or s3://BUCKET for none)") from None
+    if importlib.util.find_spec("boto3") is None:
+        raise ConfigError(f"{name}={value!r} keeps audio in S3 through boto3, which is not installed: {S3_INSTALL}")
+    return f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
+
+
+def _tier_audio(tier: str) -> Any:
+    return setting(
+        f"WHISPERQ_MAX_AUDIO_SECONDS_{tier.upper()}",
+        "float",
+        group="Limits & queue",
+        default=HOURS_4,
+        low=1.0,
+        doc=f"The longest audio, in seconds, a key of the {tier} tier may upload or have fetched by URL "
+        "(at most WHISPERQ_MAX_AUDIO_SECONDS).",
+    )
+
+
+def _tier_rate(tier: str, default: str) -> Any:
+    return setting(
+        f"WHISPERQ_RATE_LIMIT_{tier.upper()}",
+        "rate",
+        group="Quotas & rates",
+        default=default,
+        doc=f"Submissions per API key of the {tier} tier per window, such as {default}; off for no limit.",
+    )
+
+
+def _tier_quota(tier: str) -> Any:
+    return setting(
+        f"WHISPERQ_QUOTA_HOURS_{tier.upper()}",
+        "hours",
+        group="Quotas & rates",
+        shown_default="off",
+        doc=f"Hours of audio each key of the {tier} tier may have transcribed per calendar month (UTC); "
+        "past it, submissions get 429 quota_exceeded until the first of next month.",
+    )
+
+
+_ALLOW_FORM = (
+    "networks, addresses or host names, each with an optional :PORT, comma separated (10.1.2.3:8443,[fd00::/8]:443)"
+)
 
 
 @dataclass(frozen=True)
 class Settings:
-    data_dir: Path
-    broker_url: str | None
-    result_backend: str | None
-    database_url: str
-    storage: str  # where audio lives: local (the data dir) or postgres (large objects in DATABASE_URL)
-    host: str
-    port: int
-    flower_port: int
-    flower_address: str
-    flower_basic_auth: str | None
-    flower_broker_api: str | None
-    log_format: str
-    engine: str
-    model_path: str | None
+    # --- storage & data
+    data_dir: Path = setting(  # noqa: RUF009 (a Field, as field() gives)
+        "WHISPERQ_DATA_DIR",
+        group="Storage & data",
+        default="./var",
+        then=lambda value, _: Path(value).expanduser().resolve(),
+        type_name="directory",
+        form="a directory (made 0700 where the service creates it)",
+        doc="Where uploaded audio (with local storage), upload spools, the SQLite database, the embedded broker and "
+        "Flower's state live; every process of one deployment must name the same directory.",
+    )
+    # Unset: the broker a stack running on this data dir published (`whisperq run`'s embedded one).
+    broker_url: str | None = setting(
+        "CELERY_BROKER_URL",
+        "url",
+        group="Broker & database",
+        schemes=BROKER_SCHEMES,
+        check=check_url,
+        then=lambda value, values: value or published_broker(values["data_dir"]),
+        shown_default="unset: the embedded Redis `whisperq run` starts on WHISPERQ_DATA_DIR",
+        doc="The Celery broker every process shares, such as redis://HOST:6379/0 or amqp://USER:PASS@HOST:5672//.",
+    )
+    result_backend: str | None = setting(
+        "CELERY_RESULT_BACKEND",
+        group="Broker & database",
+        check=check_url,
+        shown_default="the broker for Redis, db+DATABASE_URL for RabbitMQ",
+        form="a Celery result backend URL",
+        doc="Where transcribe.delay().get() finds results; unset it to use the default.",
+    )
+    database_url: str = setting(
+        "DATABASE_URL",
+        "url",
+        group="Broker & database",
+        schemes=DATABASE_SCHEMES,
+        check=check_url,
+        default=lambda values: f"sqlite:///{values['data_dir'] / 'whisperq.db'}",
+        shown_default="sqlite:///$WHISPERQ_DATA_DIR/whisperq.db",
+        doc="The database of jobs, keys and transcripts: SQLite in the data dir, or "
+        "postgresql+psycopg://USER@HOST:5432/DB for several hosts.",
+    )
+    # where audio lives: local (the data dir), postgres (large objects in DATABASE_URL) or
+    # s3://BUCKET/PREFIX (objects in S3 or a store that speaks its API: models.storage.s3)
+    storage: str = setting(
+        "WHISPERQ_STORAGE",
+        "choice",
+        group="Storage & data",
+        default="local",
+        choices=STORAGES,
+        parse=_storage,
+        form=f"{', '.join(STORAGES)}, or {S3_FORM}",
+        doc="Where audio and prepared samples live: local (the data dir, a shared mount for several hosts), "
+        "postgres (large objects in DATABASE_URL's PostgreSQL) or s3://BUCKET/PREFIX (objects in S3 or an "
+        "S3-compatible store, sealed like the others; needs the s3 extra, `pip install 'whisperq[s3]'`, and "
+        "takes its endpoint, region and credentials from AWS's own variables below).",
+        also=(
+            Var(
+                "AWS_ENDPOINT_URL",
+                "Storage & data",
+                "URL",
+                "unset: AWS's S3",
+                "an http:// or https:// URL",
+                "With s3:// storage: an S3-compatible store's endpoint (MinIO, Ceph, a cloud's S3 API), read by "
+                "boto3; leave it unset on AWS.",
+            ),
+            Var(
+                "AWS_DEFAULT_REGION",
+                "Storage & data",
+                "text",
+                "unset: the profile's, or us-east-1",
+                "a region name (eu-central-1)",
+                "With s3:// storage: the bucket's region, read by boto3.",
+            ),
+            Var(
+                "AWS_ACCESS_KEY_ID",
+                "Storage & data",
+                "text",
+                "unset: boto3's credentials chain (AWS_PROFILE, an instance or pod role)",
+                "an access key id, with AWS_SECRET_ACCESS_KEY",
+                "With s3:// storage: the credentials, read by boto3 like the rest of its chain; they need "
+                "s3:GetObject, s3:PutObject, s3:DeleteObject and s3:ListBucket on the bucket and prefix.",
+            ),
+        ),
+    )
+    # --- web
+    host: str = setting(
+        "HOST", group="Web", default="127.0.0.1", form="an address", doc="The address the web process listens on."
+    )
+    port: int = setting(
+        "PORT", "int", group="Web", default=8000, low=1, high=65535, doc="The port the web process listens on."
+    )
+    flower_port: int = setting(
+        "FLOWER_PORT", "int", group="Web", default=5555, low=1, high=65535, doc="Flower's port (`whisperq flower`)."
+    )
+    flower_address: str = setting(
+        "FLOWER_ADDRESS",
+        group="Web",
+        default="127.0.0.1",
+        form="an address",
+        doc="The address Flower listens on; an address other machines reach needs FLOWER_BASIC_AUTH.",
+    )
+    flower_basic_auth: str | None = setting(
+        "FLOWER_BASIC_AUTH",
+        "basic_auth",
+        group="Web",
+        secret=True,
+        check=check_basic_auth,
+        shown_default="unset (`whisperq run` generates admin:<random>)",
+        doc="Flower's logins; each password at least 16 characters; masked in `whisperq config`.",
+    )
+    flower_broker_api: str | None = setting(
+        "FLOWER_BROKER_API",
+        "url",
+        group="Web",
+        schemes=("http", "https"),
+        check=check_url,
+        shown_default="derived from CELERY_BROKER_URL on RabbitMQ",
+        doc="RabbitMQ's management API for Flower's broker tab.",
+    )
+    log_format: str = setting(
+        "WHISPERQ_LOG_FORMAT",
+        "choice",
+        group="Logs & tracing",
+        default="auto",
+        choices=LOG_FORMATS,
+        doc="How processes log: json, text, or auto (JSON unless stderr is a terminal).",
+    )
+    # --- models & engine
+    engine: str = setting(
+        "WHISPERQ_ENGINE",
+        "choice",
+        group="Models & engine",
+        default="faster-whisper",
+        choices=ENGINES,
+        doc="The engine of models that name none: faster-whisper, or openai-whisper (needs the [openai-whisper] "
+        "extra and PyTorch).",
+    )
+    model_path: str | None = setting(
+        "WHISPERQ_MODEL",
+        group="Models & engine",
+        type_name="path",
+        shown_default="the bundled tiny.en",
+        form="a CTranslate2 model directory, or (openai-whisper) a .pt checkpoint",
+        doc="The one model served when WHISPERQ_MODELS is unset; point it at a CTranslate2 Whisper model directory "
+        "(with model.bin) or, with WHISPERQ_ENGINE=openai-whisper, an openai-whisper checkpoint.",
+    )
     # The models served, by name (config.registry), and the one a job gets when it names none.
-    models: tuple[ModelSpec, ...]
-    default_model: str
-    device: str
-    compute_type: str
-    beam_size: int
-    cpu_threads: int
-    max_upload_mb: int
-    max_batch_items: int
-    max_batch_upload_mb: int
-    max_audio_seconds: float
-    url_audio_estimate_seconds: float
-    default_language: str | None
-    batch_size: int
-    batch_wait_ms: int
-    inference_slots: int
-    max_attempts: int
-    retry_base_seconds: float
-    retry_max_seconds: float
-    job_ttl_seconds: float
-    sweep_interval_seconds: float
-    admin_token: str | None
-    queue_budget_seconds: float
-    queue_budget_jobs: int
-    queue_key_share: float
-    high_reserve: float
-    disk_floor_mb: int
-    rate_limit: str | None
-    redis_url: str | None
-    sync_wait_seconds: float
-    webhook_secret: str | None
-    webhook_allow: tuple[AllowRule, ...]  # non-public hosts webhooks may go to (config.allow)
-    fetch_allow: tuple[AllowRule, ...]  # non-public hosts audio may be fetched from
-    webhook_timeout_seconds: float
-    webhook_retry_base_seconds: float
-    webhook_retry_window_seconds: float
-    webhook_max_inline_bytes: int
-    fetch_timeout_seconds: float
-    public_url: str | None
-    metrics_port: int
-    metrics_address: str  # where workers serve /metrics (tasks.metrics): loopback unless set
-    alert_queue_age_seconds: float
-    alert_queue_depth: int
-    alert_failure_rate: float
-    alert_dead_letters: int
-    alert_disk_free_bytes: int
+    models: tuple[ModelSpec, ...] = setting(
+        "WHISPERQ_MODELS",
+        group="Models & engine",
+        late=True,
+        then=_models,
+        type_name="model list",
+        shown_default="one model: tiny.en (or WHISPERQ_MODEL)",
+        form="NAME=WEIGHTS[;engine=…][;compute=…][;beam=…], comma separated; WEIGHTS bundled:tiny.en, bundled:base "
+        "or an absolute path",
+        doc="The models served, by name; each model other than the default has its own inference queue "
+        "(whisperq.inference.NAME).",
+    )
+    default_model: str = setting(
+        "WHISPERQ_DEFAULT_MODEL",
+        group="Models & engine",
+        late=True,
+        parse=lambda env, values: _routes(env, values)[1],
+        type_name="model or alias name",
+        shown_default="the first of WHISPERQ_MODELS",
+        form="a name of WHISPERQ_MODELS or WHISPERQ_ALIASES",
+        doc="The model (or alias) a job gets when it names none; its queue is whisperq.inference.",
+    )
+    device: str = setting(
+        "WHISPERQ_DEVICE",
+        "choice",
+        group="Models & engine",
+        default="auto",
+        choices=DEVICES,
+        doc="Where inference runs: auto (CUDA when there is one), cpu or cuda.",
+    )
+    compute_type: str = setting(
+        "WHISPERQ_COMPUTE_TYPE",
+        "choice",
+        group="Models & engine",
+        default="auto",
+        choices=COMPUTE_TYPES,
+        doc="The weights' number type: auto is float16 on CUDA and int8 on a CPU.",
+    )
+    beam_size: int = setting(
+        "WHISPERQ_BEAM_SIZE",
+        "int",
+        group="Models & engine",
+        default=5,
+        low=1,
+        high=20,
+        doc="Beam search width of models that name none.",
+    )
+    cpu_threads: int = setting(
+        "WHISPERQ_CPU_THREADS",
+        "int",
+        group="Models & engine",
+        default=0,
+        low=0,
+        high=1024,
+        shown_default="0 (faster-whisper: 1 per batch; openai-whisper: every usable core)",
+        doc="CPU threads per running batch; the usable cores divided by it is how many batches run at once.",
+    )
+    # --- limits & queue
+    max_upload_mb: int = setting(
+        "WHISPERQ_MAX_UPLOAD_MB",
+        "int",
+        group="Limits & queue",
+        default=200,
+        low=1,
+        high=10_000,
+        doc="The largest upload, in MB; larger ones get 413.",
+    )
+    max_batch_items: int = setting(
+        "WHISPERQ_MAX_BATCH_ITEMS",
+        "int",
+        group="Limits & queue",
+        default=100,
+        low=1,
+        high=10_000,
+        doc="The most audio URLs or files in one POST /v1/batches; more get 400.",
+    )
+    max_batch_upload_mb: int = setting(
+        "WHISPERQ_MAX_BATCH_UPLOAD_MB",
+        "int",
+        group="Limits & queue",
+        default=1024,
+        low=1,
+        high=1_000_000,
+        doc="The largest multipart POST /v1/batches, all its files together, in MB (each file also at most "
+        "WHISPERQ_MAX_UPLOAD_MB); larger ones get 413.",
+    )
+    max_audio_seconds: float = setting(
+        "WHISPERQ_MAX_AUDIO_SECONDS",
+        "float",
+        group="Limits & queue",
+        default=HOURS_4,
+        low=1.0,
+        doc="The longest audio, in seconds: longer gets 413 at the door or fails while decoded; also sets Redis's "
+        "visibility_timeout.",
+    )
+    # What a job by URL counts against the queue budget and its key's quota until its
+    # audio is fetched and measured (the fetch checks the real length against both).
+    url_audio_estimate_seconds: float = setting(
+        "WHISPERQ_URL_AUDIO_ESTIMATE_SECONDS",
+        "float",
+        group="Limits & queue",
+        default=600.0,
+        low=0.0,
+        doc="Seconds of audio a job by URL counts as against the queue budget, its key's share and quota until its "
+        "audio is fetched and measured (at most WHISPERQ_MAX_AUDIO_SECONDS).",
+    )
+    default_language: str | None = setting(
+        "WHISPERQ_DEFAULT_LANGUAGE",
+        "language",
+        group="Models & engine",
+        shown_default="unset (detect)",
+        doc="The language of requests that name none; unset, it is detected.",
+    )
+    # --- batching & workers
+    batch_size: int = setting(
+        "WHISPERQ_BATCH_SIZE",
+        "int",
+        group="Batching & workers",
+        default=0,
+        low=0,
+        high=256,
+        shown_default="0 (by device: 2 on a CPU, 16 on a GPU)",  # models.speech.engines
+        doc="The most audio windows in one inference call.",
+    )
+    batch_wait_ms: int = setting(
+        "WHISPERQ_BATCH_WAIT_MS",
+        "int",
+        group="Batching & workers",
+        default=50,
+        low=0,
+        high=60_000,
+        doc="The longest a window waits, in milliseconds, for its batch to fill.",
+    )
+    inference_slots: int = setting(
+        "WHISPERQ_INFERENCE_SLOTS",
+        "int",
+        group="Batching & workers",
+        default=8,
+        low=1,
+        high=1024,
+        doc="Jobs an inference process holds at once (its threads and prefetch): about (parallel batches + 1) × "
+        "batch size.",
+    )
+    # --- retries & sweeps
+    max_attempts: int = setting(
+        "WHISPERQ_MAX_ATTEMPTS",
+        "int",
+        group="Retries & sweeps",
+        default=3,
+        low=1,
+        high=100,
+        doc="Attempts before a job goes to the dead-letter queue.",
+    )
+    retry_base_seconds: float = setting(
+        "WHISPERQ_RETRY_BASE_SECONDS",
+        "float",
+        group="Retries & sweeps",
+        default=2.0,
+        low=0.0,
+        doc="Retry backoff base, in seconds (full jitter, doubling).",
+    )
+    retry_max_seconds: float = setting(
+        "WHISPERQ_RETRY_MAX_SECONDS",
+        "float",
+        group="Retries & sweeps",
+        default=300.0,
+        low=0.0,
+        doc="Retry backoff cap, in seconds.",
+    )
+    job_ttl_seconds: float = setting(
+        "WHISPERQ_JOB_TTL",
+        "float",
+        group="Retries & sweeps",
+        default=DAY,
+        low=1.0,
+        doc="Seconds a job may wait for its first start before it is EXPIRED.",
+    )
+    sweep_interval_seconds: float = setting(
+        "WHISPERQ_SWEEP_INTERVAL",
+        "float",
+        group="Retries & sweeps",
+        default=30.0,
+        low=1.0,
+        doc="Seconds between sweeper passes (the beat process).",
+    )
+    admin_token: str | None = setting(
+        "WHISPERQ_ADMIN_TOKEN",
+        group="Security & keys",
+        secret=True,
+        check=check_secret,
+        type_name="secret",
+        form="a random value of 16+ characters",
+        doc="A bearer token that acts as an admin key (every job, /v1/admin/…); masked in `whisperq config`.",
+    )
+    queue_budget_seconds: float = setting(
+        "WHISPERQ_QUEUE_BUDGET_SECONDS",
+        "float",
+        group="Limits & queue",
+        default=8 * 3600.0,
+        low=1.0,
+        doc="Seconds of audio waiting beyond which submissions get 429.",
+    )
+    queue_budget_jobs: int = setting(
+        "WHISPERQ_QUEUE_BUDGET_JOBS",
+        "int",
+        group="Limits & queue",
+        default=10_000,
+        low=1,
+        high=10**9,
+        doc="Jobs waiting beyond which submissions get 429.",
+    )
+    queue_key_share: float = setting(
+        "WHISPERQ_QUEUE_KEY_SHARE",
+        "float",
+        group="Limits & queue",
+        default=0.5,
+        low=0.01,
+        then=lambda value, _: min(1.0, value),
+        form="0.01 to 1 (more counts as 1)",
+        doc="The share of the queue budget one API key may hold; 1 for no per-key limit.",
+    )
+    high_reserve: float = setting(
+        "WHISPERQ_HIGH_RESERVE",
+        "float",
+        group="Limits & queue",
+        default=0.2,
+        low=0.0,
+        form="0 to less than 1",
+        check=share("the share of the queue budget kept for priority high", below_one=True),
+        doc="The share of the queue budget only priority high may use.",
+    )
+    disk_floor_mb: int = setting(
+        "WHISPERQ_DISK_FLOOR_MB",
+        "int",
+        group="Limits & queue",
+        default=1024,
+        low=0,
+        high=10**9,
+        doc="Free space in the data dir, in MB, below which submissions get 503 and /readyz fails.",
+    )
+    rate_limit: str | None = setting(
+        "WHISPERQ_RATE_LIMIT",
+        "rate",
+        group="Quotas & rates",
+        default="off",
+        doc="Submissions per anonymous client (by address) per window, such as 120/minute; off for no limit.",
+    )
+    redis_url: str | None = setting(
+        "WHISPERQ_REDIS_URL",
+        "url",
+        group="Broker & database",
+        schemes=("redis", "rediss", "unix"),
+        check=check_url,
+        shown_default="the broker when it is Redis",
+        doc="Where rate-limit counts are kept.",
+    )
+    sync_wait_seconds: float = setting(
+        "WHISPERQ_SYNC_WAIT_SECONDS",
+        "float",
+        group="Limits & queue",
+        default=60.0,
+        low=0.0,
+        doc="How long /v1/audio/transcriptions waits for the transcript before answering 202.",
+    )
+    webhook_secret: str | None = setting(
+        "WHISPERQ_WEBHOOK_SECRET",
+        "webhook_secret",
+        group="Webhooks & fetching",
+        secret=True,
+        check=check_secret,
+        shown_default="generated into the data dir",
+        doc="The key that signs webhooks, the same in every process; masked in `whisperq config`.",
+    )
+    # non-public hosts webhooks may go to (config.allow)
+    webhook_allow: tuple[AllowRule, ...] = setting(
+        "WHISPERQ_WEBHOOK_ALLOW",
+        "allow",
+        group="Webhooks & fetching",
+        shown_default="none",
+        form=_ALLOW_FORM,
+        doc="Non-public hosts webhooks may be sent to (public ones always may).",
+        also=(
+            Var(
+                LEGACY_ALLOW,
+                "Webhooks & fetching",
+                "network list",
+                "none",
+                "networks, comma separated",
+                "Earlier versions' single list; it still counts for webhooks and fetches alike: move it to "
+                "WHISPERQ_WEBHOOK_ALLOW and WHISPERQ_FETCH_ALLOW.",
+            ),
+        ),
+    )
+    # non-public hosts audio may be fetched from
+    fetch_allow: tuple[AllowRule, ...] = setting(
+        "WHISPERQ_FETCH_ALLOW",
+        "allow",
+        group="Webhooks & fetching",
+        shown_default="none",
+        form=_ALLOW_FORM,
+        doc="Non-public hosts audio_url may fetch from (public ones always may).",
+    )
+    webhook_timeout_seconds: float = setting(
+        "WHISPERQ_WEBHOOK_TIMEOUT",
+        "float",
+        group="Webhooks & fetching",
+        default=10.0,
+        low=0.1,
+        doc="Seconds for one webhook attempt, connection included.",
+    )
+    webhook_retry_base_seconds: float = setting(
+        "WHISPERQ_WEBHOOK_RETRY_BASE_SECONDS",
+        "float",
+        group="Webhooks & fetching",
+        default=5.0,
+        low=0.0,
+        doc="Webhook backoff base, in seconds (full jitter, doubling, capped at an hour).",
+    )
+    webhook_retry_window_seconds: float = setting(
+        "WHISPERQ_WEBHOOK_RETRY_WINDOW",
+        "float",
+        group="Webhooks & fetching",
+        default=DAY,
+        low=0.0,
+        doc="Seconds after which a failing webhook is given up.",
+    )
+    webhook_max_inline_bytes: int = setting(
+        "WHISPERQ_WEBHOOK_MAX_INLINE_BYTES",
+        "int",
+        group="Webhooks & fetching",
+        default=262144,
+        low=0,
+        high=64 * 1024 * 1024,
+        doc="Larger transcripts, in bytes, are left out of the webhook body (the receiver fetches transcript_url).",
+    )
+    fetch_timeout_seconds: float = setting(
+        "WHISPERQ_FETCH_TIMEOUT",
+        "float",
+        group="Webhooks & fetching",
+        default=120.0,
+        low=1.0,
+        doc="Seconds to fetch one audio_url.",
+    )
+    public_url: str | None = setting(
+        "WHISPERQ_PUBLIC_URL",
+        "url",
+        group="Web",
+        schemes=("http", "https"),
+        shown_default="http://$HOST:$PORT",
+        doc="The API's address as clients see it, for links in webhooks (and a name WHISPERQ_ALLOWED_HOSTS allows).",
+    )
+    # --- metrics & alerts
+    metrics_port: int = setting(
+        "WHISPERQ_METRICS_PORT",
+        "int",
+        group="Metrics & alerts",
+        default=0,
+        low=0,
+        high=65535 - METRICS_PORT_SPAN,
+        shown_default="0 (off)",
+        doc="Base port of the workers' own /metrics: prepare +0, inference +1, notify +2, further workers from +3.",
+    )
+    # where workers serve /metrics (tasks.metrics): loopback unless set
+    metrics_address: str = setting(
+        "WHISPERQ_METRICS_ADDRESS",
+        group="Metrics & alerts",
+        default="127.0.0.1",
+        then=lambda value, _: value.strip(),
+        form="an IP address",
+        doc="Where workers serve their /metrics, which takes no token.",
+    )
+    alert_queue_age_seconds: float = setting(
+        "WHISPERQ_ALERT_QUEUE_AGE_SECONDS",
+        "float",
+        group="Metrics & alerts",
+        default=600.0,
+        low=0.0,
+        doc="Alert when a queue's oldest job has waited longer, in seconds.",
+    )
+    alert_queue_depth: int = setting(
+        "WHISPERQ_ALERT_QUEUE_DEPTH",
+        "int",
+        group="Metrics & alerts",
+        default=1000,
+        low=0,
+        high=10**9,
+        doc="Alert when more messages than this wait in a queue for 5 minutes.",
+    )
+    alert_failure_rate: float = setting(
+        "WHISPERQ_ALERT_FAILURE_RATE",
+        "float",
+        group="Metrics & alerts",
+        default=0.05,
+        low=0.0,
+        form="0 to 1",
+        check=share("a share of jobs"),
+        doc="Alert when more than this share of the jobs finished in 15 minutes failed or expired.",
+    )
+    alert_dead_letters: int = setting(
+        "WHISPERQ_ALERT_DEAD_LETTERS",
+        "int",
+        group="Metrics & alerts",
+        default=1,
+        low=0,
+        high=10**9,
+        doc="Alert at this many dead letters; 0 for never.",
+    )
+    alert_disk_free_bytes: int = setting(
+        "WHISPERQ_ALERT_DISK_FREE_BYTES",
+        "int",
+        group="Metrics & alerts",
+        default=5 * 1024**3,
+        low=0,
+        high=2**62,
+        shown_default="5368709120 (5 GiB)",
+        doc="Alert when the data dir's file system has less free, in bytes.",
+    )
     # Security and tenancy (see models.access.apikeys, models.security.crypto, models.maintenance.retention).
-    allow_anonymous: bool
-    secret_key: str | None
-    metrics_token: str | None
-    encryption_keys: str | None
-    allow_plaintext_rows: bool  # data from before encryption reads (models.security.crypto): to rotate it
-    audio_retention_seconds: float | None
-    result_retention_seconds: float | None
-    retention_interval_seconds: float
-    rate_limit_premium: str | None
-    rate_limit_standard: str | None
-    rate_limit_batch: str | None
-    poll_limit: bool  # a status poll faster than its Retry-After gets 429 (web.pollrate)
-    input_grants: tuple[tuple[str | None, Path], ...]  # WHISPERQ_INPUT_DIRS: (key or None for shared, dir)
-    anonymous_max_priority: str
-    sync_waits: int
-    max_audio_seconds_premium: float
-    max_audio_seconds_standard: float
-    max_audio_seconds_batch: float
-    sync_waits_per_client: int
-    allowed_hosts: tuple[str, ...] | None
+    allow_anonymous: bool = setting(
+        "WHISPERQ_ALLOW_ANONYMOUS",
+        "bool",
+        group="Security & keys",
+        default=False,
+        shown_default="false (true under `whisperq run`)",
+        doc="Requests without a key act anonymously (the web page needs no sign-in).",
+    )
+    secret_key: str | None = setting(
+        "WHISPERQ_SECRET_KEY",
+        group="Security & keys",
+        secret=True,
+        check=check_secret,
+        type_name="secret",
+        shown_default="generated into the data dir",
+        form="a random value of 16+ characters",
+        doc="Signs the web page's session cookie; the same in every web process; masked in `whisperq config`.",
+    )
+    metrics_token: str | None = setting(
+        "WHISPERQ_METRICS_TOKEN",
+        group="Metrics & alerts",
+        secret=True,
+        check=check_secret,
+        type_name="secret",
+        shown_default="unset: /metrics answers loopback only",
+        form="a random value of 16+ characters",
+        doc="The bearer token /metrics needs (an admin key works too); masked in `whisperq config`.",
+    )
+    encryption_keys: str | None = setting(
+        "WHISPERQ_ENCRYPTION_KEYS",
+        "encryption_keys",
+        group="Security & keys",
+        secret=True,
+        check=check_encryption_keys,
+        shown_default="generated into the data dir, with a warning",
+        doc="The first key encrypts audio, prepared samples and transcripts, all decrypt; make one with "
+        "`whisperq encryption new-key`; masked in `whisperq config`.",
+    )
+    # data from before encryption reads (models.security.crypto): to rotate it
+    allow_plaintext_rows: bool = setting(
+        "WHISPERQ_ALLOW_PLAINTEXT_ROWS",
+        "bool",
+        group="Security & keys",
+        default=False,
+        doc="Read values and files stored before encryption: set it, run `whisperq encryption rotate`, unset it.",
+    )
+    # --- retention
+    audio_retention_seconds: float | None = setting(
+        "WHISPERQ_AUDIO_RETENTION",
+        "duration",
+        group="Retention",
+        default=3600.0,
+        shown_default="1h",
+        doc="How long audio (upload and prepared samples) is kept after its job ends.",
+    )
+    result_retention_seconds: float | None = setting(
+        "WHISPERQ_RESULT_RETENTION",
+        "duration",
+        group="Retention",
+        default=7 * DAY,
+        shown_default="7d",
+        doc="How long a finished job's transcript, file name, prompt, URLs, webhook records and dead letter are kept.",
+    )
+    retention_interval_seconds: float = setting(
+        "WHISPERQ_RETENTION_INTERVAL",
+        "float",
+        group="Retention",
+        default=300.0,
+        low=1.0,
+        doc="Seconds between retention passes (the beat process).",
+    )
+    # --- quotas & rates
+    rate_limit_premium: str | None = _tier_rate("premium", "600/minute")
+    rate_limit_standard: str | None = _tier_rate("standard", "120/minute")
+    rate_limit_batch: str | None = _tier_rate("batch", "60/minute")
+    # a status poll faster than its Retry-After gets 429 (web.pollrate)
+    poll_limit: bool = setting(
+        "WHISPERQ_POLL_LIMIT",
+        "bool",
+        group="Quotas & rates",
+        default=True,
+        doc="A client polling a job's status faster than its Retry-After (after 3 reads of grace) gets 429 saying the "
+        "interval to use.",
+    )
+    # WHISPERQ_INPUT_DIRS: (key or None for shared, dir)
+    input_grants: tuple[tuple[str | None, Path], ...] = setting(
+        "WHISPERQ_INPUT_DIRS",
+        group="Storage & data",
+        then=lambda value, values: _input_dirs(value, values["data_dir"]),
+        type_name="directory list",
+        shown_default="$WHISPERQ_DATA_DIR/inbox",
+        form="absolute directories, comma separated: DIR (shared) or KEY=DIR (one API key's own)",
+        doc="Where transcribe.delay(path), raw messages and MQTT requests may read files from; a file in a key's own "
+        "directory is that key's alone, even inside a shared one.",
+    )
+    anonymous_max_priority: str = setting(
+        "WHISPERQ_ANONYMOUS_MAX_PRIORITY",
+        "choice",
+        group="Security & keys",
+        default="normal",
+        choices=PRIORITIES,
+        doc="The highest priority anonymous use may ask for.",
+    )
+    sync_waits: int = setting(
+        "WHISPERQ_SYNC_WAITS",
+        "int",
+        group="Limits & queue",
+        default=2,
+        low=0,
+        high=10_000,
+        doc="Requests to /v1/audio/transcriptions one web process lets wait for their transcript at once.",
+    )
+    max_audio_seconds_premium: float = _tier_audio("premium")
+    max_audio_seconds_standard: float = _tier_audio("standard")
+    max_audio_seconds_batch: float = _tier_audio("batch")
+    sync_waits_per_client: int = setting(
+        "WHISPERQ_SYNC_WAITS_PER_CLIENT",
+        "int",
+        group="Limits & queue",
+        default=1,
+        low=0,
+        high=10_000,
+        doc="Of WHISPERQ_SYNC_WAITS, how many one key or address may hold.",
+    )
+    allowed_hosts: tuple[str, ...] | None = setting(
+        "WHISPERQ_ALLOWED_HOSTS",
+        group="Web",
+        then=lambda value, _: _hosts(value),
+        type_name="host list",
+        shown_default="loopback names and WHISPERQ_PUBLIC_URL's host while listening on loopback; any otherwise",
+        form="host names (no port), comma separated; * for any",
+        doc="The Host names requests to the API and pages may use (a guard against DNS rebinding).",
+    )
     # Monthly audio quotas per tier, in hours (None: off; see models.access.quotas).
-    quota_hours_premium: float | None
-    quota_hours_standard: float | None
-    quota_hours_batch: float | None
-    routes: Routes = Routes()  # aliases (A/B by weight) and shadow decoding (config.registry)
-    claim_lease_seconds: float = 60.0  # an inference claim's lease, renewed while it runs (models.jobs.claims)
+    quota_hours_premium: float | None = _tier_quota("premium")
+    quota_hours_standard: float | None = _tier_quota("standard")
+    quota_hours_batch: float | None = _tier_quota("batch")
+    # aliases (A/B by weight) and shadow decoding (config.registry)
+    routes: Routes = setting(  # noqa: RUF009 (a Field, as field() gives)
+        "WHISPERQ_ALIASES",
+        group="Models & engine",
+        late=True,
+        parse=lambda env, values: _routes(env, values)[0],
+        field_default=Routes(),
+        type_name="alias list",
+        shown_default="none",
+        form="ALIAS=MODEL:WEIGHT|MODEL:WEIGHT, comma separated",
+        doc="A/B routing: a job naming the alias draws one of its models by weight, once.",
+        also=(
+            Var(
+                "WHISPERQ_SHADOW",
+                "Models & engine",
+                "shadow list",
+                "none",
+                "PRIMARY=CANDIDATE:PERCENT, comma separated (tiny.en=base:20)",
+                "Shadow decoding: that share of the primary's jobs is decoded again by the candidate, apart, and "
+                "compared; clients see the primary's transcript.",
+            ),
+        ),
+    )
+    # an inference claim's lease, renewed while it runs (models.jobs.claims)
+    claim_lease_seconds: float = setting(
+        "WHISPERQ_CLAIM_LEASE_SECONDS",
+        "float",
+        group="Batching & workers",
+        default=60.0,
+        low=3.0,
+        field_default=60.0,
+        doc="Lease of an inference worker's claim on a job, renewed while it runs: a killed worker's job is taken "
+        "over within it.",
+    )
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides) -> "Settings":
-        env = Env(os.environ if environ is None else environ)
-        data_dir = Path(env.str("WHISPERQ_DATA_DIR", "./var")).expanduser().resolve()
-        values = dict(
-            data_dir=data_dir,
-            # Unset: the broker a stack running on this data dir published (`whisperq run`'s embedded one).
-            broker_url=env.url("CELERY_BROKER_URL", None, schemes=BROKER_SCHEMES) or published_broker(data_dir),
-            result_backend=env.str("CELERY_RESULT_BACKEND", None),
-            database_url=env.url(
-                "DATABASE_URL", f"sqlite:///{data_dir / 'whisperq.db'}", schemes=DATABASE_SCHEMES
-            ),
-            storage=env.choice("WHISPERQ_STORAGE", "local", STORAGES),
-            host=env.str("HOST", "127.0.0.1"),
-            port=env.int("PORT", 8000, low=1, high=65535),
-            flower_port=env.int("FLOWER_PORT", 5555, low=1, high=65535),
-            flower_address=env.str("FLOWER_ADDRESS", "127.0.0.1"),
-            flower_basic_auth=env.basic_auth("FLOWER_BASIC_AUTH"),
-            flower_broker_api=env.url("FLOWER_BROKER_API", None, schemes=("http", "https")),
-            log_format=env.choice("WHISPERQ_LOG_FORMAT", "auto", LOG_FORMATS),
-            engine=env.choice("WHISPERQ_ENGINE", "faster-whisper", ENGINES),
-            model_path=env.str("WHISPERQ_MODEL", None),
-            device=env.choice("WHISPERQ_DEVICE", "auto", DEVICES),
-            compute_type=env.choice("WHISPERQ_COMPUTE_TYPE", "auto", COMPUTE_TYPES),
-            beam_size=env.int("WHISPERQ_BEAM_SIZE", 5, low=1, high=20),
-            cpu_threads=env.int("WHISPERQ_CPU_THREADS", 0, low=0, high=1024),
-            max_upload_mb=env.int("WHISPERQ_MAX_UPLOAD_MB", 200, low=1, high=10_000),
-            max_batch_items=env.int("WHISPERQ_MAX_BATCH_ITEMS", 100, low=1, high=10_000),
-            max_batch_upload_mb=env.int("WHISPERQ_MAX_BATCH_UPLOAD_MB", 1024, low=1, high=1_000_000),
-            max_audio_seconds=env.float("WHISPERQ_MAX_AUDIO_SECONDS", 4 * 3600.0, low=1.0),
-            # What a job by URL counts against the queue budget and its key's quota until its
-            # audio is fetched and measured (the fetch checks the real length against both).
-            url_audio_estimate_seconds=env.float("WHISPERQ_URL_AUDIO_ESTIMATE_SECONDS", 600.0, low=0.0),
-            default_language=env.language("WHISPERQ_DEFAULT_LANGUAGE", None),
-            batch_size=env.int("WHISPERQ_BATCH_SIZE", 0, low=0, high=256),  # 0: by device (models.speech.engines)
-            batch_wait_ms=env.int("WHISPERQ_BATCH_WAIT_MS", 50, low=0, high=60_000),
-            inference_slots=env.int("WHISPERQ_INFERENCE_SLOTS", 8, low=1, high=1024),
-            max_attempts=env.int("WHISPERQ_MAX_ATTEMPTS", 3, low=1, high=100),
-            retry_base_seconds=env.float("WHISPERQ_RETRY_BASE_SECONDS", 2.0, low=0.0),
-            retry_max_seconds=env.float("WHISPERQ_RETRY_MAX_SECONDS", 300.0, low=0.0),
-            job_ttl_seconds=env.float("WHISPERQ_JOB_TTL", 24 * 3600.0, low=1.0),
-            sweep_interval_seconds=env.float("WHISPERQ_SWEEP_INTERVAL", 30.0, low=1.0),
-            claim_lease_seconds=env.float("WHISPERQ_CLAIM_LEASE_SECONDS", 60.0, low=3.0),
-            admin_token=env.str("WHISPERQ_ADMIN_TOKEN", None),
-            queue_budget_seconds=env.float("WHISPERQ_QUEUE_BUDGET_SECONDS", 8 * 3600.0, low=1.0),
-            queue_budget_jobs=env.int("WHISPERQ_QUEUE_BUDGET_JOBS", 10_000, low=1, high=10**9),
-            queue_key_share=min(1.0, env.float("WHISPERQ_QUEUE_KEY_SHARE", 0.5, low=0.01)),
-            high_reserve=env.float("WHISPERQ_HIGH_RESERVE", 0.2, low=0.0),
-            disk_floor_mb=env.int("WHISPERQ_DISK_FLOOR_MB", 1024, low=0, high=10**9),
-            rate_limit=env.rate("WHISPERQ_RATE_LIMIT", "off"),
-            redis_url=env.url("WHISPERQ_REDIS_URL", None, schemes=("redis", "rediss", "unix")),
-            sync_wait_seconds=env.float("WHISPERQ_SYNC_WAIT_SECONDS", 60.0, low=0.0),
-            webhook_secret=env.webhook_secret("WHISPERQ_WEBHOOK_SECRET"),
-            webhook_allow=env.allow("WHISPERQ_WEBHOOK_ALLOW"),
-            fetch_allow=env.allow("WHISPERQ_FETCH_ALLOW"),
-            webhook_timeout_seconds=env.float("WHISPERQ_WEBHOOK_TIMEOUT", 10.0, low=0.1),
-            webhook_retry_base_seconds=env.float("WHISPERQ_WEBHOOK_RETRY_BASE_SECONDS", 5.0, low=0.0),
-            webhook_retry_window_seconds=env.float("WHISPERQ_WEBHOOK_RETRY_WINDOW", 24 * 3600.0, low=0.0),
-            webhook_max_inline_bytes=env.int("WHISPERQ_WEBHOOK_MAX_INLINE_BYTES", 262144, low=0, high=64 * 1024 * 1024),
-            fetch_timeout_seconds=env.float("WHISPERQ_FETCH_TIMEOUT", 120.0, low=1.0),
-            public_url=env.url("WHISPERQ_PUBLIC_URL", None, schemes=("http", "https")),
-            metrics_port=env.int("WHISPERQ_METRICS_PORT", 0, low=0, high=65535 - METRICS_PORT_SPAN),
-            metrics_address=env.str("WHISPERQ_METRICS_ADDRESS", "127.0.0.1").strip(),
-            alert_queue_age_seconds=env.float("WHISPERQ_ALERT_QUEUE_AGE_SECONDS", 600.0, low=0.0),
-            alert_queue_depth=env.int("WHISPERQ_ALERT_QUEUE_DEPTH", 1000, low=0, high=10**9),
-            alert_failure_rate=env.float("WHISPERQ_ALERT_FAILURE_RATE", 0.05, low=0.0),
-            alert_dead_letters=env.int("WHISPERQ_ALERT_DEAD_LETTERS", 1, low=0, high=10**9),
-            alert_disk_free_bytes=env.int("WHISPERQ_ALERT_DISK_FREE_BYTES", 5 * 1024**3, low=0, high=2**62),
-            allow_anonymous=env.bool("WHISPERQ_ALLOW_ANONYMOUS", False),
-            secret_key=env.str("WHISPERQ_SECRET_KEY", None),
-            metrics_token=env.str("WHISPERQ_METRICS_TOKEN", None),
-            encryption_keys=env.encryption_keys("WHISPERQ_ENCRYPTION_KEYS"),
-            allow_plaintext_rows=env.bool("WHISPERQ_ALLOW_PLAINTEXT_ROWS", False),
-            audio_retention_seconds=env.duration("WHISPERQ_AUDIO_RETENTION", 3600.0),
-            result_retention_seconds=env.duration("WHISPERQ_RESULT_RETENTION", 7 * 24 * 3600.0),
-            retention_interval_seconds=env.float("WHISPERQ_RETENTION_INTERVAL", 300.0, low=1.0),
-            rate_limit_premium=env.rate("WHISPERQ_RATE_LIMIT_PREMIUM", "600/minute"),
-            rate_limit_standard=env.rate("WHISPERQ_RATE_LIMIT_STANDARD", "120/minute"),
-            rate_limit_batch=env.rate("WHISPERQ_RATE_LIMIT_BATCH", "60/minute"),
-            poll_limit=env.bool("WHISPERQ_POLL_LIMIT", True),
-            input_grants=_input_dirs(env.str("WHISPERQ_INPUT_DIRS", None), data_dir),
-            max_audio_seconds_premium=env.float("WHISPERQ_MAX_AUDIO_SECONDS_PREMIUM", 4 * 3600.0, low=1.0),
-            max_audio_seconds_standard=env.float("WHISPERQ_MAX_AUDIO_SECONDS_STANDARD", 4 * 3600.0, low=1.0),
-            max_audio_seconds_batch=env.float("WHISPERQ_MAX_AUDIO_SECONDS_BATCH", 4 * 3600.0, low=1.0),
-            sync_waits=env.int("WHISPERQ_SYNC_WAITS", 2, low=0, high=10_000),
-            sync_waits_per_client=env.int("WHISPERQ_SYNC_WAITS_PER_CLIENT", 1, low=0, high=10_000),
-            anonymous_max_priority=env.choice("WHISPERQ_ANONYMOUS_MAX_PRIORITY", "normal", PRIORITIES),
-            allowed_hosts=_hosts(env.str("WHISPERQ_ALLOWED_HOSTS", None)),
-            quota_hours_premium=env.hours("WHISPERQ_QUOTA_HOURS_PREMIUM"),
-            quota_hours_standard=env.hours("WHISPERQ_QUOTA_HOURS_STANDARD"),
-            quota_hours_batch=env.hours("WHISPERQ_QUOTA_HOURS_BATCH"),
-        )
-        check_values(values)
-        values["models"] = parse_models(
-            env.str("WHISPERQ_MODELS", None), engine=values["engine"], compute_type=values["compute_type"],
-            beam_size=values["beam_size"], model_path=values["model_path"], engines=ENGINES, compute_types=COMPUTE_TYPES)
-        values["routes"], values["default_model"] = parse_routes(
-            env.str("WHISPERQ_ALIASES", None), env.str("WHISPERQ_SHADOW", None), env.str("WHISPERQ_DEFAULT_MODEL", None),
-            values["models"])
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        values = read_all(fields(cls), Env(os.environ if environ is None else environ), check_values)
         values.update(overrides)
         settings = cls(**values)
         check_model_path(settings)
@@ -241,9 +931,13 @@ class Settings:
             return None if "*" in self.allowed_hosts else self.allowed_hosts
         public = (urlsplit(self.public_url).hostname or "",) if self.public_url else ()
         if self.host in ("127.0.0.1", "localhost", "::1") or self.host.startswith("127."):
-            return ("localhost", "127.0.0.1", "::1", self.host.lower()) + public
+            return ("localhost", "127.0.0.1", "::1", self.host.lower(), *public)
         if public:
-            return ("localhost", "127.0.0.1", "::1") + public + ((self.host.lower(),) if self.host not in ("0.0.0.0", "::") else ())
+            return (
+                ("localhost", "127.0.0.1", "::1")
+                + public
+                + ((self.host.lower(),) if self.host not in ("0.0.0.0", "::") else ())
+            )
         return None
 
     @property
@@ -303,8 +997,9 @@ class Settings:
         every process sharing the data dir signs with the same key."""
         if self.webhook_secret:
             return self.webhook_secret
-        return generated_secret(self.data_dir / "webhook-secret",
-                                lambda: "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode())
+        return generated_secret(
+            self.data_dir / "webhook-secret", lambda: "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
+        )
 
     def session_secret(self) -> str:
         """WHISPERQ_SECRET_KEY (signs the web page's session cookie), or one generated once
@@ -315,19 +1010,11 @@ class Settings:
         """Settings as strings with passwords masked, for logs and `whisperq config`."""
         out = {}
         for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name in ("admin_token", "webhook_secret", "secret_key", "metrics_token", "encryption_keys") and value:
-                value = "***"
-            elif f.name == "flower_basic_auth" and value:
-                value = ",".join(pair.split(":", 1)[0] + ":***" for pair in value.split(","))
-            elif isinstance(value, tuple):
+            value = declared(f).mask(getattr(self, f.name))  # the declaration marks secrets
+            if isinstance(value, tuple):
                 value = ",".join(str(v) for v in value)
             out[f.name] = _mask(str(value)) if value is not None else ""
         return out
-
-
-BROKER_SCHEMES = ("redis", "rediss", "redis+socket", "amqp", "amqps", "pyamqp", "memory")
-DATABASE_SCHEMES = ("sqlite", "postgresql", "postgresql+psycopg", "postgresql+psycopg2", "postgres")
 
 
 def _mask(text: str) -> str:
