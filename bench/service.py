@@ -1,4 +1,5 @@
 """Starting and stopping the whole service (`whisperq run`) for the benchmarks."""
+
 from __future__ import annotations
 
 import os
@@ -8,9 +9,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import requests
 
@@ -31,15 +32,26 @@ def stop(proc: subprocess.Popen, timeout: float = 90) -> None:
 
 
 @contextmanager
-def running_service(prefix: str = "whisperq-bench-", env_extra: dict[str, str] | None = None
-                    ) -> Iterator[tuple[subprocess.Popen, str, Path]]:
+def running_service(
+    prefix: str = "whisperq-bench-", env_extra: dict[str, str] | None = None
+) -> Iterator[tuple[subprocess.Popen, str, Path]]:
     """`whisperq run` on the embedded broker in a fresh data dir, ready: (process, base URL, data dir)."""
     tmp = Path(tempfile.mkdtemp(prefix=prefix))
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("CELERY_BROKER_URL", "DATABASE_URL")}
-    env.update(WHISPERQ_DATA_DIR=str(tmp), PORT=str(port), FLOWER_PORT=str(free_port()), **(env_extra or {}))
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "whisperq"), "run"], env=env,
-                            stdout=(tmp / "run.log").open("w"), stderr=subprocess.STDOUT)
+    env.update(
+        WHISPERQ_DATA_DIR=str(tmp),
+        PORT=str(port),
+        FLOWER_PORT=str(free_port()),
+        WHISPERQ_GRPC_PORT=str(free_port()),
+        **(env_extra or {}),
+    )
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "whisperq"), "run"],
+        env=env,
+        stdout=(tmp / "run.log").open("w"),
+        stderr=subprocess.STDOUT,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -65,8 +77,9 @@ def submit_recordings(base: str, items: dict[str, dict]) -> dict[str, str]:
     jobs = {}
     for name, item in items.items():
         with open(item["path"], "rb") as fh:
-            resp = requests.post(f"{base}/v1/jobs", files={"file": (Path(item["path"]).name, fh)},
-                                 data={"language": "en"}, timeout=60)
+            resp = requests.post(
+                f"{base}/v1/jobs", files={"file": (Path(item["path"]).name, fh)}, data={"language": "en"}, timeout=60
+            )
         resp.raise_for_status()
         jobs[name] = resp.json()["job_id"]
     return jobs

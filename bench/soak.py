@@ -28,6 +28,7 @@ count, total, longest) and each process's resident memory over time. JSON and a 
     make soak SOAK_MINUTES=60       # the full one
     python bench/soak.py --minutes 10 --rate 12 --out /tmp/soak
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,7 +60,15 @@ from soak_watch import Chaos, Health, Memory, memory_summary, plot  # noqa: E402
 CAPACITY_CLIP = "report.opus"
 GOOD_CLIPS = ("report.opus", "fox.flac")
 PRIORITIES = {"high": 0.2, "normal": 0.5, "low": 0.3}
-KINDS = {"upload": 0.40, "url": 0.15, "batch": 0.08, "delay": 0.15, "garbage": 0.08, "unsupported": 0.07, "bad_url": 0.07}
+KINDS = {
+    "upload": 0.40,
+    "url": 0.15,
+    "batch": 0.08,
+    "delay": 0.15,
+    "garbage": 0.08,
+    "unsupported": 0.07,
+    "bad_url": 0.07,
+}
 BAD = {"garbage", "unsupported", "bad_url"}
 WRONG = 0.2  # word error rate above which a transcript counts as wrong (the tests' bar)
 FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "EXPIRED")
@@ -69,7 +78,7 @@ PDF = b"%PDF-1.4\n%\xe2\xe3\xcf\xd3\n1 0 obj << /Type /Catalog >> endobj\n" + b"
 
 def pct(values: list[float], q: float) -> float | None:
     ordered = sorted(values)
-    return round(ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))], 2) if ordered else None
+    return round(ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))], 2) if ordered else None
 
 
 def pick(weights: dict[str, float], rng: random.Random) -> str:
@@ -84,7 +93,7 @@ class Files:
         routes["/noise.wav"] = rng.randbytes(64 * 1024)
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 (http.server's name)
+            def do_GET(self):  # http.server's name
                 body = routes.get(self.path)
                 self.send_response(200 if body is not None else 404)
                 self.send_header("Content-Length", str(len(body or b"")))
@@ -112,12 +121,21 @@ class Stack:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.env = {k: v for k, v in os.environ.items() if k not in ("FLOWER_BASIC_AUTH", "WHISPERQ_INPUT_DIRS")}
-        self.env.update(WHISPERQ_DATA_DIR=str(self.data), PORT=str(self.port), FLOWER_PORT=str(free_port()),
-                        WHISPERQ_FETCH_ALLOW=f"127.0.0.1:{files.port}")
+        self.env.update(
+            WHISPERQ_DATA_DIR=str(self.data),
+            PORT=str(self.port),
+            FLOWER_PORT=str(free_port()),
+            WHISPERQ_GRPC_PORT=str(free_port()),
+            WHISPERQ_FETCH_ALLOW=f"127.0.0.1:{files.port}",
+        )
         self.embedded = not self.env.get("CELERY_BROKER_URL")
         self.log = self.data / "run.log"
-        self.proc = subprocess.Popen([str(Path(sys.executable).parent / "whisperq"), "run"], env=self.env,
-                                     stdout=self.log.open("w"), stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [str(Path(sys.executable).parent / "whisperq"), "run"],
+            env=self.env,
+            stdout=self.log.open("w"),
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + 180
         while not self.healthy("/readyz"):
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -125,8 +143,13 @@ class Stack:
                 raise SystemExit(f"the stack did not get ready; see {self.log}")
             time.sleep(0.5)
         # A premium key: every priority is open to it (anonymous callers get normal at most).
-        made = subprocess.run([str(Path(sys.executable).parent / "whisperq"), "keys", "create", "--name", "soak",
-                               "--tier", "premium"], env=self.env, capture_output=True, text=True, timeout=120)
+        made = subprocess.run(
+            [str(Path(sys.executable).parent / "whisperq"), "keys", "create", "--name", "soak", "--tier", "premium"],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         if made.returncode:
             stop(self.proc)
             raise SystemExit(f"could not make the soak's key: {made.stderr}")
@@ -152,8 +175,18 @@ class Stack:
             return False
 
     def pid(self, name: str) -> int:
-        out = subprocess.run([str(Path(sys.executable).parent / "supervisorctl"), "-c", str(self.data / "supervisord.conf"),
-                              "pid", name], capture_output=True, text=True, timeout=30).stdout.strip()
+        out = subprocess.run(
+            [
+                str(Path(sys.executable).parent / "supervisorctl"),
+                "-c",
+                str(self.data / "supervisord.conf"),
+                "pid",
+                name,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.strip()
         return int(out) if out.isdigit() else 0
 
     def rows(self, ids: list[str]) -> dict[str, dict]:
@@ -165,7 +198,7 @@ class Stack:
         found = {}
         for start in range(0, len(ids), 500):
             with self.db.connect() as conn:
-                for row in conn.execute(select(*columns).where(Job.id.in_(ids[start:start + 500]))).mappings():
+                for row in conn.execute(select(*columns).where(Job.id.in_(ids[start : start + 500]))).mappings():
                     found[row["id"]] = dict(row)
         return found
 
@@ -209,13 +242,17 @@ class Client:
         record = dict(kind=kind, priority=priority, bad=kind in BAD, submitted=at)
         try:
             if kind == "delay":
-                result = self.transcribe.delay(str(self.inbox / clip), language="en", priority=priority,
-                                                api_key=self.stack.key)
+                result = self.transcribe.delay(
+                    str(self.inbox / clip), language="en", priority=priority, api_key=self.stack.key
+                )
                 return self.ledger.add(**record, clip=clip, code=202, job_id=result.id)
             if kind == "batch":
                 names = [self.rng.choice(GOOD_CLIPS) for _ in range(self.rng.randint(2, 3))]
-                resp = self.stack.session.post(f"{self.stack.base}/v1/batches", timeout=60, json={
-                    "audio_urls": [self.files.url(n) for n in names], "priority": priority, "language": "en"})
+                resp = self.stack.session.post(
+                    f"{self.stack.base}/v1/batches",
+                    timeout=60,
+                    json={"audio_urls": [self.files.url(n) for n in names], "priority": priority, "language": "en"},
+                )
                 if resp.status_code == 202:
                     jobs = resp.json()["jobs"]
                     by_url = {self.files.url(n): n for n in names}
@@ -225,29 +262,43 @@ class Client:
                 return self.ledger.add(**record, clip=None, code=resp.status_code, error=_error(resp))
             fields = {"priority": priority, "language": "en"}
             if kind == "upload":
-                resp = self.stack.session.post(f"{self.stack.base}/v1/jobs", data=fields, timeout=60,
-                                     files={"file": (clip, CLIPS[clip]["path"].read_bytes())})
+                resp = self.stack.session.post(
+                    f"{self.stack.base}/v1/jobs",
+                    data=fields,
+                    timeout=60,
+                    files={"file": (clip, CLIPS[clip]["path"].read_bytes())},
+                )
             elif kind == "url":
-                resp = self.stack.session.post(f"{self.stack.base}/v1/jobs", json={**fields, "audio_url": self.files.url(clip)}, timeout=60)
+                resp = self.stack.session.post(
+                    f"{self.stack.base}/v1/jobs", json={**fields, "audio_url": self.files.url(clip)}, timeout=60
+                )
             elif kind == "garbage":
                 clip = None
-                resp = self.stack.session.post(f"{self.stack.base}/v1/jobs", data=fields, timeout=60,
-                                     files={"file": ("noise.wav", self.rng.randbytes(32 * 1024))})
+                resp = self.stack.session.post(
+                    f"{self.stack.base}/v1/jobs",
+                    data=fields,
+                    timeout=60,
+                    files={"file": ("noise.wav", self.rng.randbytes(32 * 1024))},
+                )
             elif kind == "unsupported":
                 clip = None
-                resp = self.stack.session.post(f"{self.stack.base}/v1/jobs", data=fields, timeout=60, files={"file": ("notes.pdf", PDF)})
+                resp = self.stack.session.post(
+                    f"{self.stack.base}/v1/jobs", data=fields, timeout=60, files={"file": ("notes.pdf", PDF)}
+                )
             else:  # bad_url
                 clip = None
-                resp = self.stack.session.post(f"{self.stack.base}/v1/jobs", json={**fields, "audio_url": self.files.url("noise.wav")},
-                                     timeout=60)
+                resp = self.stack.session.post(
+                    f"{self.stack.base}/v1/jobs", json={**fields, "audio_url": self.files.url("noise.wav")}, timeout=60
+                )
             job_id = resp.json().get("job_id") if resp.status_code == 202 else None
-            self.ledger.add(**record, clip=clip, code=resp.status_code, job_id=job_id,
-                            error=None if job_id else _error(resp))
+            self.ledger.add(
+                **record, clip=clip, code=resp.status_code, job_id=job_id, error=None if job_id else _error(resp)
+            )
         except requests.RequestException as exc:  # a web worker killed under the request
             self.ledger.add(**record, clip=None, code=0, error=f"connection: {type(exc).__name__}")
         except (OperationalError, OSError) as exc:  # transcribe.delay() with the broker down: come back later
             self.ledger.add(**record, clip=None, code=-1, error=f"{type(exc).__name__}: {str(exc)[:200]}")
-        except Exception as exc:  # noqa: BLE001 (transcribe.delay() refused it: counted, unexpected)
+        except Exception as exc:  # transcribe.delay() refused it: counted, unexpected
             self.ledger.add(**record, clip=None, code=-2, error=f"{type(exc).__name__}: {str(exc)[:200]}")
 
 
@@ -273,8 +324,12 @@ def measure_capacity(stack: Stack, jobs: int) -> float:
     path = CLIPS[CAPACITY_CLIP]["path"]
 
     def upload(_n=0) -> str:
-        resp = stack.session.post(f"{stack.base}/v1/jobs", files={"file": (CAPACITY_CLIP, path.read_bytes())},
-                             data={"language": "en"}, timeout=60)
+        resp = stack.session.post(
+            f"{stack.base}/v1/jobs",
+            files={"file": (CAPACITY_CLIP, path.read_bytes())},
+            data={"language": "en"},
+            timeout=60,
+        )
         resp.raise_for_status()
         return resp.json()["job_id"]
 
@@ -289,8 +344,15 @@ def measure_capacity(stack: Stack, jobs: int) -> float:
     return jobs / (max(ends) - start) * 60
 
 
-def stream(client: Client, rate: float, seconds: float, burst_every: float, burst_size: int, rng: random.Random,
-           pool: ThreadPoolExecutor) -> None:
+def stream(
+    client: Client,
+    rate: float,
+    seconds: float,
+    burst_every: float,
+    burst_size: int,
+    rng: random.Random,
+    pool: ThreadPoolExecutor,
+) -> None:
     """Poisson arrivals at `rate` a minute, and a burst every `burst_every` seconds."""
     start = time.monotonic()
     next_burst = start + burst_every
@@ -313,14 +375,27 @@ def transcript(stack: Stack, client: Client, job_id: str, kind: str) -> str | No
     if kind == "delay":  # its caller's way: the result backend
         try:
             return client.transcribe.AsyncResult(job_id).get(timeout=10)["text"]
-        except Exception:  # noqa: BLE001 (counted as unread)
+        except Exception:  # counted as unread
             return None
     return None
 
 
 def report(stack: Stack, client: Client, ledger: Ledger, rows: dict[str, dict]) -> dict:
-    counts = dict.fromkeys(("submitted", "accepted", "completed", "failed_as_expected", "failed_unexpectedly",
-                            "refused_for_now", "lost", "run_twice", "wrong_words", "unread"), 0)
+    counts = dict.fromkeys(
+        (
+            "submitted",
+            "accepted",
+            "completed",
+            "failed_as_expected",
+            "failed_unexpectedly",
+            "refused_for_now",
+            "lost",
+            "run_twice",
+            "wrong_words",
+            "unread",
+        ),
+        0,
+    )
     problems: dict[str, list] = {k: [] for k in ("failed_unexpectedly", "lost", "run_twice", "wrong_words", "unread")}
     latency: dict[str, list[float]] = {p: [] for p in PRIORITIES}
     for item in ledger.items:
@@ -348,12 +423,15 @@ def report(stack: Stack, client: Client, ledger: Ledger, rows: dict[str, dict]) 
             ok = status == "FAILED"
             counts["failed_as_expected" if ok else "failed_unexpectedly"] += 1
             if not ok:
-                problems["failed_unexpectedly"].append({"job_id": item["job_id"], "kind": item["kind"], "status": status})
+                problems["failed_unexpectedly"].append(
+                    {"job_id": item["job_id"], "kind": item["kind"], "status": status}
+                )
             continue
         if status != "COMPLETED":
             counts["failed_unexpectedly"] += 1
-            problems["failed_unexpectedly"].append({"job_id": item["job_id"], "kind": item["kind"], "status": status,
-                                                    "error": (row["error"] or "")[:300]})
+            problems["failed_unexpectedly"].append(
+                {"job_id": item["job_id"], "kind": item["kind"], "status": status, "error": (row["error"] or "")[:300]}
+            )
             continue
         counts["completed"] += 1
         latency[item["priority"]].append(row["finished_at"].timestamp() - item["submitted"])
@@ -369,22 +447,47 @@ def report(stack: Stack, client: Client, ledger: Ledger, rows: dict[str, dict]) 
         entry = by_kind.setdefault(item["kind"], {"submitted": 0, "accepted": 0})
         entry["submitted"] += 1
         entry["accepted"] += bool(item.get("job_id"))
-    return {"counts": counts, "by_kind": by_kind, "problems": problems,
-            "latency_seconds": {p: {"n": len(v), "p50": pct(v, 0.5), "p99": pct(v, 0.99),
-                                    "mean": round(statistics.fmean(v), 2) if v else None} for p, v in latency.items()}}
+    return {
+        "counts": counts,
+        "by_kind": by_kind,
+        "problems": problems,
+        "latency_seconds": {
+            p: {
+                "n": len(v),
+                "p50": pct(v, 0.5),
+                "p99": pct(v, 0.99),
+                "mean": round(statistics.fmean(v), 2) if v else None,
+            }
+            for p, v in latency.items()
+        },
+    }
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--minutes", type=float, default=float(os.environ.get("SOAK_MINUTES", "60")),
-                        help="length of the stream (default 60, or SOAK_MINUTES)")
-    parser.add_argument("--rate", type=float, default=None,
-                        help="jobs a minute in the steady stream (default: 2/3 of the capacity measured first)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--minutes",
+        type=float,
+        default=float(os.environ.get("SOAK_MINUTES", "60")),
+        help="length of the stream (default 60, or SOAK_MINUTES)",
+    )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="jobs a minute in the steady stream (default: 2/3 of the capacity measured first)",
+    )
     parser.add_argument("--capacity-jobs", type=int, default=8, help="the burst that measures capacity (default 8)")
     parser.add_argument("--burst-every", type=float, default=60.0, help="seconds between bursts (default 60)")
     parser.add_argument("--burst-size", type=int, default=6, help="jobs in a burst (default 6)")
-    parser.add_argument("--chaos-every", type=float, default=None,
-                        help="seconds between kills (default: each target hit at least once, at most every 120 s)")
+    parser.add_argument(
+        "--chaos-every",
+        type=float,
+        default=None,
+        help="seconds between kills (default: each target hit at least once, at most every 120 s)",
+    )
     parser.add_argument("--broker-restart", default=None, help="a command that restarts an external broker")
     parser.add_argument("--no-postgres-restart", action="store_true", help="on PostgreSQL, do not restart it")
     parser.add_argument("--drain", type=float, default=900.0, help="most seconds to wait for the jobs after the stream")
@@ -402,19 +505,34 @@ def main() -> int:
     ledger = Ledger()
     memory = Memory(stack.proc.pid)
     memory.start()
-    results: dict = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "seed": seed,
-                     "minutes": args.minutes, "cores": os.cpu_count(), "load_before": os.getloadavg(),
-                     "broker": "embedded redis" if stack.embedded else stack.broker_url.split("://")[0],
-                     "database": stack.settings.database_url.split(":")[0], "data_dir": str(stack.data)}
+    results: dict = {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "seed": seed,
+        "minutes": args.minutes,
+        "cores": os.cpu_count(),
+        "load_before": os.getloadavg(),
+        "broker": "embedded redis" if stack.embedded else stack.broker_url.split("://")[0],
+        "database": stack.settings.database_url.split(":")[0],
+        "data_dir": str(stack.data),
+    }
     try:
         capacity = measure_capacity(stack, args.capacity_jobs)
         rate = args.rate or capacity * 2 / 3
-        results.update(capacity_jobs_per_minute=round(capacity, 2), capacity_clip=CAPACITY_CLIP, rate_jobs_per_minute=round(rate, 2))
-        print(f"capacity {capacity:.1f} jobs/min of {CAPACITY_CLIP}; streaming {rate:.1f} jobs/min for {args.minutes} min",
-              flush=True)
+        results.update(
+            capacity_jobs_per_minute=round(capacity, 2),
+            capacity_clip=CAPACITY_CLIP,
+            rate_jobs_per_minute=round(rate, 2),
+        )
+        print(
+            f"capacity {capacity:.1f} jobs/min of {CAPACITY_CLIP}; "
+            f"streaming {rate:.1f} jobs/min for {args.minutes} min",
+            flush=True,
+        )
         client = Client(stack, files, ledger, rng)
         seconds = args.minutes * 60
-        chaos = Chaos(stack, args.chaos_every or min(120.0, seconds / 6), args.broker_restart, not args.no_postgres_restart)
+        chaos = Chaos(
+            stack, args.chaos_every or min(120.0, seconds / 6), args.broker_restart, not args.no_postgres_restart
+        )
         health = Health(stack)
         health.start()
         chaos.start()
@@ -430,10 +548,13 @@ def main() -> int:
         health.join(5)
         results["drain_seconds"] = round(time.time() - drain_start, 1)
         results.update(report(stack, client, ledger, rows))
-        results["healthz"] = {"probes": health.probes, "outages": len(health.outages),
-                              "down_seconds": round(sum(s for _, s in health.outages), 1),
-                              "longest_outage_seconds": max((s for _, s in health.outages), default=0.0),
-                              "each": health.outages}
+        results["healthz"] = {
+            "probes": health.probes,
+            "outages": len(health.outages),
+            "down_seconds": round(sum(s for _, s in health.outages), 1),
+            "longest_outage_seconds": max((s for _, s in health.outages), default=0.0),
+            "each": health.outages,
+        }
         results["chaos"] = chaos.events
     finally:
         memory.done.set()
@@ -446,14 +567,17 @@ def main() -> int:
         (args.out / "soak.json").write_text(json.dumps(results, indent=1, default=str))
     plot(args.out / "soak.png", memory, chaos, health)
     counts = results["counts"]
-    print(json.dumps({k: results[k] for k in ("capacity_jobs_per_minute", "rate_jobs_per_minute", "counts", "latency_seconds")}
-                     | {"healthz": {k: v for k, v in results["healthz"].items() if k != "each"}}, indent=1))
+    summary = {k: results[k] for k in ("capacity_jobs_per_minute", "rate_jobs_per_minute", "counts", "latency_seconds")}
+    print(json.dumps(summary | {"healthz": {k: v for k, v in results["healthz"].items() if k != "each"}}, indent=1))
     print(json.dumps({"memory": results["memory"]}, indent=1))
     # The targets a long soak is held to; reported, not failed on: a few minutes in CI are too short to judge them.
     growth = (results["memory"].get("stack") or {}).get("growth_pct")
     longest = results["healthz"]["longest_outage_seconds"]
-    print(f"targets: stack memory growth after warm-up {growth} % (target <= 10 %); longest /healthz outage "
-          f"{longest} s (target <= 2 s)", flush=True)
+    print(
+        f"targets: stack memory growth after warm-up {growth} % (target <= 10 %); longest /healthz outage "
+        f"{longest} s (target <= 2 s)",
+        flush=True,
+    )
     print(f"written: {args.out / 'soak.json'}, {args.out / 'soak.png'}", flush=True)
     bad = {k: counts[k] for k in ("lost", "run_twice", "wrong_words", "failed_unexpectedly") if counts[k]}
     if bad:

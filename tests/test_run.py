@@ -1,5 +1,6 @@
 """`whisperq run` (what `make run` starts) on a machine with no services: embedded broker,
 web, worker and Flower; a real upload comes back COMPLETED; SIGTERM stops everything."""
+
 import json
 import os
 import re
@@ -11,10 +12,9 @@ import sys
 import time
 from pathlib import Path
 
+import helpers
 import pytest
 import requests
-
-import helpers
 from helpers import CLIPS, Receiver, word_error_rate
 
 pytestmark = pytest.mark.integration
@@ -26,7 +26,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_until(check, timeout: float, what: str, proc: subprocess.Popen, log: Path):
+def wait_for_stack(check, timeout: float, what: str, proc: subprocess.Popen, log: Path):
+    """`check()`'s first true value, looked for every 0.3 s while `whisperq run` (`proc`) is
+    alive, a request that fails counting as not yet; AssertionError with the end of its log
+    after `timeout` seconds, or at once if it exits."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert proc.poll() is None, f"whisperq run exited early:\n{log.read_text()}"
@@ -40,6 +43,23 @@ def wait_until(check, timeout: float, what: str, proc: subprocess.Popen, log: Pa
     raise AssertionError(f"{what} not ready within {timeout} s:\n{log.read_text()[-4000:]}")
 
 
+def run_env(tmp_path: Path, port: int, drop: tuple[str, ...] = (), **settings: str) -> dict[str, str]:
+    """The environment of a `whisperq run` on a data dir of its own and free ports, with none
+    of the machine's services named (so the embedded broker and SQLite), `drop` left out too."""
+    gone = ("CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "DATABASE_URL", "FLOWER_BASIC_AUTH", "WHISPERQ_INPUT_DIRS")
+    env = {k: v for k, v in os.environ.items() if k not in (*gone, *drop)}
+    # The tests poll each job in a loop (WHISPERQ_POLL_LIMIT would answer it 429).
+    env.update(
+        WHISPERQ_DATA_DIR=str(tmp_path / "var"),
+        PORT=str(port),
+        FLOWER_PORT=str(free_port()),
+        WHISPERQ_GRPC_PORT=str(free_port()),
+        WHISPERQ_POLL_LIMIT="false",
+    )
+    env.update(settings)
+    return env
+
+
 def _json_or_none(text: str):
     try:
         return json.loads(text)
@@ -49,12 +69,7 @@ def _json_or_none(text: str):
 
 def test_run_starts_the_whole_service_on_the_embedded_broker(tmp_path):
     port, flower = free_port(), free_port()
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "DATABASE_URL", "FLOWER_BASIC_AUTH", "WHISPERQ_LOG_FORMAT",
-                        "WHISPERQ_INPUT_DIRS")}
-    # The test polls each job in a loop (WHISPERQ_POLL_LIMIT would answer it 429).
-    env.update(WHISPERQ_DATA_DIR=str(tmp_path / "var"), PORT=str(port), FLOWER_PORT=str(flower),
-               WHISPERQ_SWEEP_INTERVAL="5", WHISPERQ_POLL_LIMIT="false")
+    env = run_env(tmp_path, port, drop=("WHISPERQ_LOG_FORMAT",), FLOWER_PORT=str(flower), WHISPERQ_SWEEP_INTERVAL="5")
     # Tracing on, as an operator turns it on: every process exports over OTLP/HTTP to a
     # collector (here a local receiver that keeps what it is sent).
     collector = Receiver({"/v1/traces": (200, {"Content-Type": "application/x-protobuf"}, b"")})
@@ -65,7 +80,7 @@ def test_run_starts_the_whole_service_on_the_embedded_broker(tmp_path):
     proc = subprocess.Popen([str(whisperq), "run"], env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_until(lambda: requests.get(f"{base}/readyz", timeout=2).status_code == 200, 60, "web", proc, log)
+        wait_for_stack(lambda: requests.get(f"{base}/readyz", timeout=2).status_code == 200, 60, "web", proc, log)
         assert f"http://127.0.0.1:{port}/" in log.read_text()  # the URLs are printed, and the inbox
         assert f"inbox        {tmp_path / 'var' / 'inbox'}" in log.read_text()
         clip = CLIPS["report.opus"]
@@ -73,15 +88,18 @@ def test_run_starts_the_whole_service_on_the_embedded_broker(tmp_path):
             resp = requests.post(f"{base}/v1/jobs", files={"file": ("report.opus", fh)}, timeout=30)
         assert resp.status_code == 202, resp.text
         status_url = resp.headers["Location"]
-        job = wait_until(
+        job = wait_for_stack(
             lambda: (j := requests.get(status_url, timeout=5).json())["status"] in ("COMPLETED", "FAILED") and j,
-            120, "job", proc, log,
+            120,
+            "job",
+            proc,
+            log,
         )
         assert job["status"] == "COMPLETED", job
         assert word_error_rate(clip["text"], job["result"]["text"]) <= 0.2
         # One trace, read back from the collector, runs through the web, prepare and
         # inference processes: the upload's request and both tasks' runs.
-        trace = wait_until(lambda: job_trace(collector, job["job_id"]), 30, "the job's trace", proc, log)
+        trace = wait_for_stack(lambda: job_trace(collector, job["job_id"]), 30, "the job's trace", proc, log)
         assert {"whisperq-web", "whisperq-prepare", "whisperq-inference"} <= {svc for svc, _ in trace}, trace
         assert {("whisperq-prepare", "run/whisperq.transcribe"), ("whisperq-inference", "run/whisperq.infer")} <= trace
         assert any(svc == "whisperq-web" and name.startswith("POST") for svc, name in trace), trace
@@ -97,27 +115,55 @@ def test_run_starts_the_whole_service_on_the_embedded_broker(tmp_path):
         # workers and the task through its API; without the password it answers 401.
         password = re.search(r"user admin, password (\S+);", log.read_text()).group(1)
         flower_api, auth = f"http://127.0.0.1:{flower}/api", ("admin", password)
-        wait_until(lambda: requests.get(f"{flower_api}/workers", timeout=5).status_code == 401, 30, "flower", proc, log)
+        wait_for_stack(
+            lambda: requests.get(f"{flower_api}/workers", timeout=5).status_code == 401, 30, "flower", proc, log
+        )
         assert requests.get(f"{flower_api}/tasks", timeout=5).status_code == 401
         assert requests.get(f"{flower_api}/workers", auth=("admin", "wrong"), timeout=5).status_code == 401
-        wait_until(
-            lambda: {name.split("@")[0] for name in requests.get(f"{flower_api}/workers?refresh=1", auth=auth, timeout=10).json()}
-            >= {"prepare", "inference"}, 30, "flower workers", proc, log,
+        wait_for_stack(
+            lambda: (
+                {
+                    name.split("@")[0]
+                    for name in requests.get(f"{flower_api}/workers?refresh=1", auth=auth, timeout=10).json()
+                }
+                >= {"prepare", "inference"}
+            ),
+            30,
+            "flower workers",
+            proc,
+            log,
         )
-        wait_until(
-            lambda: requests.get(f"{flower_api}/tasks", auth=auth, timeout=5).json().get(job["job_id"], {}).get("state")
-            == "SUCCESS", 30, "flower tasks", proc, log,
+        wait_for_stack(
+            lambda: (
+                requests.get(f"{flower_api}/tasks", auth=auth, timeout=5).json().get(job["job_id"], {}).get("state")
+                == "SUCCESS"
+            ),
+            30,
+            "flower tasks",
+            proc,
+            log,
         )
         # State persists under the data dir.
         assert list((tmp_path / "var").glob("flower.db*"))
 
         # Logs: one JSON object a line, naming the job; no transcript, no file name.
-        records = [r for line in log.read_text().splitlines() if " | {" in line
-                   if (r := _json_or_none(line.split(" | ", 1)[1]))]
+        records = [
+            r
+            for line in log.read_text().splitlines()
+            if " | {" in line
+            if (r := _json_or_none(line.split(" | ", 1)[1]))
+        ]
         about = [r for r in records if r.get("job_id") == job["job_id"]]
-        assert any(r.get("task") == "whisperq.infer" and r.get("queue") == "whisperq.inference"
-                   and r.get("attempt") == 1 and r.get("task_id") == job["job_id"] for r in about), about
-        assert any(r.get("task") == "whisperq.transcribe" and r.get("queue") == "whisperq.prepare" for r in about), about
+        assert any(
+            r.get("task") == "whisperq.infer"
+            and r.get("queue") == "whisperq.inference"
+            and r.get("attempt") == 1
+            and r.get("task_id") == job["job_id"]
+            for r in about
+        ), about
+        assert any(r.get("task") == "whisperq.transcribe" and r.get("queue") == "whisperq.prepare" for r in about), (
+            about
+        )
         assert any("succeeded in" in r["message"] and "omitted" in r["message"] for r in about), about
         text = log.read_text().lower()
         words = {w for w in re.findall(r"[a-z]+", job["result"]["text"].lower()) if len(w) >= 7}
@@ -125,7 +171,9 @@ def test_run_starts_the_whole_service_on_the_embedded_broker(tmp_path):
         assert "report.opus" not in text
         assert "setup plugin" not in text  # Alembic's start-up chatter is kept out (config.logs.QUIET)
         # The broker's data is kept under the data dir.
-        assert (tmp_path / "var" / "redis" / "appendonly.aof").exists() or (tmp_path / "var" / "redis" / "appendonlydir").exists()
+        assert (tmp_path / "var" / "redis" / "appendonly.aof").exists() or (
+            tmp_path / "var" / "redis" / "appendonlydir"
+        ).exists()
 
         # A program on this machine with no broker settings finds the running stack by itself.
         delay_finds_the_running_stack(tmp_path / "var", tmp_path)
@@ -162,27 +210,39 @@ def test_run_starts_the_whole_service_on_the_embedded_broker(tmp_path):
 
 def delay_finds_the_running_stack(data_dir: Path, cwd: Path) -> None:
     """`transcribe.delay()` and `whisperq env` in other processes, with the data dir alone, as
-    the README's "From Python" says: a file put in the inbox the stack made."""
+    docs/clients/delay.md says: a file put in the inbox the stack made."""
     import shlex
 
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "DATABASE_URL", "WHISPERQ_INPUT_DIRS")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "DATABASE_URL", "WHISPERQ_INPUT_DIRS")
+    }
     env["WHISPERQ_DATA_DIR"] = str(data_dir)
     published = data_dir / "broker.url"
     assert published.stat().st_mode & 0o777 == 0o600  # it holds the broker's password
-    exports = subprocess.run([str(Path(sys.executable).parent / "whisperq"), "env"], env=env, capture_output=True,
-                             text=True, timeout=60)
+    exports = subprocess.run(
+        [str(Path(sys.executable).parent / "whisperq"), "env"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert exports.returncode == 0, exports.stderr
     assert f"export CELERY_BROKER_URL={shlex.quote(published.read_text().strip())}" in exports.stdout
     inbox = data_dir / "inbox"
     assert f"reads files under: {inbox}" in exports.stdout
     assert inbox.is_dir() and inbox.stat().st_mode & 0o777 == 0o700  # made by `whisperq run`, owner only
     shutil.copy(CLIPS["fox.flac"]["path"], inbox / "fox.flac")
-    program = ("import json, sys\nfrom tasks import transcribe\n"
-               "r = transcribe.delay(sys.argv[1], language='en', word_timestamps=True)\n"
-               "print(json.dumps(r.get(timeout=240)))")
-    out = subprocess.run([sys.executable, "-c", program, str(inbox / "fox.flac")], env=env, cwd=cwd,
-                         capture_output=True, text=True, timeout=300)
+    program = (
+        "import json, sys\nfrom tasks import transcribe\n"
+        "r = transcribe.delay(sys.argv[1], language='en', word_timestamps=True)\n"
+        "print(json.dumps(r.get(timeout=240)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", program, str(inbox / "fox.flac")],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert "fox" in result["text"].lower() and result["segments"][0]["words"], result
@@ -198,8 +258,9 @@ def job_trace(collector, job_id: str) -> set[tuple[str, str]] | None:
     for _method, _path, _headers, body in list(collector.requests):
         request = ExportTraceServiceRequest.FromString(body)
         for resource_spans in request.resource_spans:
-            service = next((a.value.string_value for a in resource_spans.resource.attributes
-                            if a.key == "service.name"), "")
+            service = next(
+                (a.value.string_value for a in resource_spans.resource.attributes if a.key == "service.name"), ""
+            )
             for scope in resource_spans.scope_spans:
                 for span in scope.spans:
                     attributes = {a.key: a.value.string_value for a in span.attributes}
@@ -213,8 +274,12 @@ def job_trace(collector, job_id: str) -> set[tuple[str, str]] | None:
 
 
 def supervised_pid(data_dir: Path, name: str) -> int:
-    out = subprocess.run([str(Path(sys.executable).parent / "supervisorctl"), "-c", str(data_dir / "supervisord.conf"),
-                          "pid", name], capture_output=True, text=True, timeout=30).stdout.strip()
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "supervisorctl"), "-c", str(data_dir / "supervisord.conf"), "pid", name],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout.strip()
     return int(out) if out.isdigit() else 0
 
 
@@ -237,15 +302,33 @@ def survives_a_killed_pool(base: str, data_dir: Path, proc, log: Path) -> None:
         return resp.headers["Location"]
 
     jobs = [upload() for _ in range(3)]
-    wait_until(lambda: any(requests.get(u, timeout=5).json()["stage"] == "infer" for u in jobs), 60,
-               "a job in inference", proc, log)
+    wait_for_stack(
+        lambda: any(requests.get(u, timeout=5).json()["stage"] == "infer" for u in jobs),
+        60,
+        "a job in inference",
+        proc,
+        log,
+    )
     os.kill(pids["inference"], signal.SIGKILL)
     assert requests.get(f"{base}/healthz", timeout=5).status_code == 200
     jobs.append(upload())  # the door keeps taking work
-    wait_until(lambda: supervised_pid(data_dir, "inference") not in (0, pids["inference"]), 60,
-               "the inference pool back", proc, log)
-    done = [wait_until(lambda u=u: (j := requests.get(u, timeout=5).json())["status"] in ("COMPLETED", "FAILED") and j,
-                       180, "a job after the kill", proc, log) for u in jobs]
+    wait_for_stack(
+        lambda: supervised_pid(data_dir, "inference") not in (0, pids["inference"]),
+        60,
+        "the inference pool back",
+        proc,
+        log,
+    )
+    done = [
+        wait_for_stack(
+            lambda u=u: (j := requests.get(u, timeout=5).json())["status"] in ("COMPLETED", "FAILED") and j,
+            180,
+            "a job after the kill",
+            proc,
+            log,
+        )
+        for u in jobs
+    ]
     assert [j["status"] for j in done] == ["COMPLETED"] * len(jobs), done
     assert all(word_error_rate(clip["text"], j["result"]["text"]) <= 0.2 for j in done)
     assert supervised_pid(data_dir, "web") == pids["web"]  # the web was never restarted
@@ -294,8 +377,12 @@ def calls_answered_at_once(base: str) -> None:
     audio = CLIPS["fox.flac"]["path"].read_bytes()
 
     def call(_n):
-        resp = requests.post(f"{base}/v1/audio/transcriptions", files={"file": ("fox.flac", audio)},
-                             data={"model": "whisper-1"}, timeout=120)
+        resp = requests.post(
+            f"{base}/v1/audio/transcriptions",
+            files={"file": ("fox.flac", audio)},
+            data={"model": "whisper-1"},
+            timeout=120,
+        )
         return resp.status_code, resp.json()
 
     with ThreadPoolExecutor(64) as pool:
@@ -318,7 +405,9 @@ def calls_answered_at_once(base: str) -> None:
 
 def test_run_refuses_a_bad_setting_with_its_name(tmp_path):
     env = dict(os.environ, WHISPERQ_DATA_DIR=str(tmp_path), PORT="eighty")
-    out = subprocess.run([str(Path(sys.executable).parent / "whisperq"), "run"], env=env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "whisperq"), "run"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode != 0
     assert "PORT='eighty' is not a whole number" in out.stderr
 
@@ -339,15 +428,11 @@ def test_supervisords_socket_stays_within_a_sockets_path_length(tmp_path):
 def start_run(tmp_path: Path, **settings) -> tuple[subprocess.Popen, str, Path]:
     """`whisperq run` on a data dir of its own, as `make run` starts it; (process, base URL, log)."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "DATABASE_URL", "FLOWER_BASIC_AUTH",
-                        "WHISPERQ_INPUT_DIRS", "OTEL_EXPORTER_OTLP_ENDPOINT")}
-    # The test polls each job in a loop (WHISPERQ_POLL_LIMIT would answer it 429).
-    env.update(WHISPERQ_DATA_DIR=str(tmp_path / "var"), PORT=str(port), FLOWER_PORT=str(free_port()),
-               WHISPERQ_POLL_LIMIT="false", **settings)
+    env = run_env(tmp_path, port, drop=("OTEL_EXPORTER_OTLP_ENDPOINT",), **settings)
     log = tmp_path / "run.log"
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "whisperq"), "run"], env=env, stdout=log.open("w"),
-                            stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "whisperq"), "run"], env=env, stdout=log.open("w"), stderr=subprocess.STDOUT
+    )
     return proc, f"http://127.0.0.1:{port}", log
 
 
@@ -383,19 +468,26 @@ def test_a_killed_embedded_broker_comes_back_and_every_job_completes(tmp_path):
     proc, base, log = start_run(tmp_path, WHISPERQ_SWEEP_INTERVAL="5")
     data = tmp_path / "var"
     try:
-        wait_until(lambda: requests.get(f"{base}/readyz", timeout=2).status_code == 200, 90, "web", proc, log)
+        wait_for_stack(lambda: requests.get(f"{base}/readyz", timeout=2).status_code == 200, 90, "web", proc, log)
         url = (data / "broker.url").read_text().strip()
         broker = supervised_pid(data, "broker")
         assert broker and (data / "redis" / "redis.pid").read_text().strip() == str(broker)
         jobs = [upload(base, "report.opus") for _ in range(4)] + [upload(base, "fox.flac")]
-        wait_until(lambda: any(requests.get(u, timeout=5).json()["status"] != "PENDING" for u in jobs), 60,
-                   "a job started", proc, log)
+        wait_for_stack(
+            lambda: any(requests.get(u, timeout=5).json()["status"] != "PENDING" for u in jobs),
+            60,
+            "a job started",
+            proc,
+            log,
+        )
         os.kill(broker, signal.SIGKILL)
-        wait_until(lambda: supervised_pid(data, "broker") not in (0, broker), 60, "the broker back", proc, log)
+        wait_for_stack(lambda: supervised_pid(data, "broker") not in (0, broker), 60, "the broker back", proc, log)
         assert (data / "broker.url").read_text().strip() == url  # same address and password: clients reconnect
-        wait_until(lambda: requests.get(f"{base}/readyz", timeout=2).status_code == 200, 120, "ready again", proc, log)
+        wait_for_stack(
+            lambda: requests.get(f"{base}/readyz", timeout=2).status_code == 200, 120, "ready again", proc, log
+        )
         jobs.append(upload(base, "fox.flac"))  # the door takes work again, with no restart of the web
-        done = [wait_until(lambda u=u: finished(u), 240, "a job after the broker's kill", proc, log) for u in jobs]
+        done = [wait_for_stack(lambda u=u: finished(u), 240, "a job after the broker's kill", proc, log) for u in jobs]
         assert [j["status"] for j in done] == ["COMPLETED"] * len(jobs), done
         for job in done:
             name = job["filename"]
@@ -436,7 +528,7 @@ def test_nothing_outlives_a_killed_run_and_the_next_run_starts(tmp_path):
     their children all stop within a bounded time, and a new run on the same data dir starts."""
     proc, base, log = start_run(tmp_path)
     try:
-        wait_until(lambda: requests.get(f"{base}/readyz", timeout=2).status_code == 200, 90, "web", proc, log)
+        wait_for_stack(lambda: requests.get(f"{base}/readyz", timeout=2).status_code == 200, 90, "web", proc, log)
         stack = descendants(proc.pid)
         broker = supervised_pid(tmp_path / "var", "broker")
         assert broker in stack and supervised_pid(tmp_path / "var", "inference") in stack
@@ -444,15 +536,16 @@ def test_nothing_outlives_a_killed_run_and_the_next_run_starts(tmp_path):
         proc.kill()
         proc.wait()
         # Each process drains in turn: idle, seconds each.
-        helpers.wait_until(lambda: not any(alive(p) for p in stack), 120,
-                           "every process of the killed run gone")
+        helpers.wait_until(lambda: not any(alive(p) for p in stack), 120, "every process of the killed run gone")
         with pytest.raises(requests.ConnectionError):
             requests.get(f"{base}/healthz", timeout=2)
     finally:
         stop_run(proc)
     again, base, log = start_run(tmp_path)  # the same data dir: its lock and files are free again
     try:
-        wait_until(lambda: requests.get(f"{base}/readyz", timeout=2).status_code == 200, 90, "web again", again, log)
+        wait_for_stack(
+            lambda: requests.get(f"{base}/readyz", timeout=2).status_code == 200, 90, "web again", again, log
+        )
     finally:
         stop_run(again)
 
@@ -465,8 +558,9 @@ def test_a_run_stops_what_a_killed_run_left_and_refuses_a_second_run(tmp_path):
     fake = tmp_path / "bin" / "supervisord"  # stands in for the orphan: a supervisord of this data dir's configuration
     fake.parent.mkdir()
     fake.write_text("import time\nprint('up', flush=True)\nwhile True:\n    time.sleep(1)\n")
-    orphan = subprocess.Popen([sys.executable, str(fake), "-c", str(tmp_path / "supervisord.conf")],
-                              stdout=subprocess.PIPE, text=True)
+    orphan = subprocess.Popen(
+        [sys.executable, str(fake), "-c", str(tmp_path / "supervisord.conf")], stdout=subprocess.PIPE, text=True
+    )
     assert orphan.stdout.readline() == "up\n"  # running, under its command line
     (tmp_path / "supervisord.pid").write_text(f"{orphan.pid}\n")
     try:

@@ -20,6 +20,7 @@ Nothing outlives its supervisor: supervisord dies with `whisperq run`, and each 
 with supervisord (web/deathsig.py), and a run that finds what a killed one left on its
 data dir stops it before it starts.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -41,6 +42,17 @@ _LINE = re.compile(r"^([A-Za-z0-9_-]+):\s*(.+)$")
 # MQTT bridge has nothing to do, and a process that exits at once is restarted until
 # supervisord gives up on it (FATAL), which would look like a failure of the stack.
 OPTIONAL = {"mqtt": MQTT_URL}
+# Processes `whisperq run` starts beside the Procfile's (where it names none of that name): the
+# gRPC door (docs/clients/grpc.md), on loopback unless WHISPERQ_GRPC_ADDRESS says otherwise.
+BUILTIN = (("grpc", "whisperq grpc"),)
+
+
+def with_builtin(processes: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The Procfile's processes and BUILTIN's, a Procfile line of the same name first."""
+    named = {name for name, _ in processes}
+    return [*processes, *((name, command) for name, command in BUILTIN if name not in named)]
+
+
 BROKER = "broker"
 # Start order (lower first); supervisord stops in the reverse order, one after the other.
 PRIORITY = {BROKER: 1, "web": 10}
@@ -69,7 +81,8 @@ def procfile_processes(procfile: Path) -> list[tuple[str, str]]:
 
 def wanted(processes: list[tuple[str, str]], env: dict) -> tuple[list[tuple[str, str]], list[str]]:
     """The processes to run with this environment, and the optional ones left out (OPTIONAL)."""
-    run, left_out = [], []
+    run: list[tuple[str, str]] = []
+    left_out: list[tuple[str, str]] = []
     for name, command in processes:
         setting = OPTIONAL.get(name)
         (left_out if setting is not None and not (env.get(setting) or "").strip() else run).append((name, command))
@@ -98,8 +111,9 @@ def socket_path(data_dir: Path) -> Path:
     except FileExistsError:
         st = short.lstat()
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-            raise RuntimeError(f"{short} is not a private directory of this user's; remove it, or use a shorter "
-                               "WHISPERQ_DATA_DIR") from None
+            raise RuntimeError(
+                f"{short} is not a private directory of this user's; remove it, or use a shorter WHISPERQ_DATA_DIR"
+            ) from None
     return short / "supervisor.sock"
 
 
@@ -113,11 +127,24 @@ def config_text(processes: list[tuple[str, str]], root: Path, data_dir: Path) ->
         return str(value).replace("%", "%%")
 
     sections = [
-        "[supervisord]", "nodaemon=true", "silent=true", f"logfile={esc(logs / 'supervisord.log')}",
-        "logfile_maxbytes=10MB", f"pidfile={esc(data_dir / 'supervisord.pid')}", f"childlogdir={esc(logs)}", "",
-        "[unix_http_server]", f"file={esc(sock)}", "chmod=0700", "",
-        "[rpcinterface:supervisor]", "supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface",
-        "", "[supervisorctl]", f"serverurl=unix://{esc(sock)}", "",
+        "[supervisord]",
+        "nodaemon=true",
+        "silent=true",
+        f"logfile={esc(logs / 'supervisord.log')}",
+        "logfile_maxbytes=10MB",
+        f"pidfile={esc(data_dir / 'supervisord.pid')}",
+        f"childlogdir={esc(logs)}",
+        "",
+        "[unix_http_server]",
+        f"file={esc(sock)}",
+        "chmod=0700",
+        "",
+        "[rpcinterface:supervisor]",
+        "supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface",
+        "",
+        "[supervisorctl]",
+        f"serverurl=unix://{esc(sock)}",
+        "",
     ]
     for name, command in processes:
         sections += [
@@ -127,11 +154,19 @@ def config_text(processes: list[tuple[str, str]], root: Path, data_dir: Path) ->
             # The web starts first and stops last (after it, the broker): it answers (503 on
             # /readyz) while pools come and go.
             f"priority={PRIORITY.get(name, 100)}",
-            "autostart=true", "autorestart=true", f"startsecs={1 if name == BROKER else 3}",
+            "autostart=true",
+            "autorestart=true",
+            f"startsecs={1 if name == BROKER else 3}",
             f"startretries={BROKER_START_RETRIES if name == BROKER else 10}",
-            "stopsignal=TERM", f"stopwaitsecs={STOP_WAIT}", "stopasgroup=true", "killasgroup=true",
-            "redirect_stderr=true", f"stdout_logfile={esc(logs / (name + '.log'))}",
-            "stdout_logfile_maxbytes=10MB", "stdout_logfile_backups=3", "",
+            "stopsignal=TERM",
+            f"stopwaitsecs={STOP_WAIT}",
+            "stopasgroup=true",
+            "killasgroup=true",
+            "redirect_stderr=true",
+            f"stdout_logfile={esc(logs / (name + '.log'))}",
+            "stdout_logfile_maxbytes=10MB",
+            "stdout_logfile_backups=3",
+            "",
         ]
     return "\n".join(sections)
 
@@ -178,13 +213,15 @@ class Follower(threading.Thread):
 def claim(data_dir: Path):
     """Hold the data dir for this run (an open file, locked until it is closed or the run
     dies), after stopping what a killed run left on it; RuntimeError if another runs."""
-    lock = open(Path(data_dir) / "run.lock", "w")
+    lock = open(Path(data_dir) / "run.lock", "w")  # noqa: SIM115 - held for the run: it is the lock
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         lock.close()
-        raise RuntimeError(f"another `whisperq run` is running on the data dir {data_dir}; stop it first, or set "
-                           "WHISPERQ_DATA_DIR to another directory") from None
+        raise RuntimeError(
+            f"another `whisperq run` is running on the data dir {data_dir}; stop it first, or set "
+            "WHISPERQ_DATA_DIR to another directory"
+        ) from None
     _stop_orphan(Path(data_dir))
     return lock
 
@@ -207,8 +244,10 @@ def _stop_orphan(data_dir: Path) -> None:
         return
     # SIGTERM: it stops its processes as it would on Ctrl-C (they may be doing so already,
     # told by the death signal), the broker last.
-    print(f"stopping the processes an earlier, killed `whisperq run` left on {data_dir} (supervisord pid {pid})",
-          flush=True)
+    print(
+        f"stopping the processes an earlier, killed `whisperq run` left on {data_dir} (supervisord pid {pid})",
+        flush=True,
+    )
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
@@ -216,15 +255,17 @@ def _stop_orphan(data_dir: Path) -> None:
     deadline = time.monotonic() + STOP_WAIT * 3
     while _orphan_pid(data_dir) == pid:
         if time.monotonic() > deadline:
-            raise RuntimeError(f"the supervisord (pid {pid}) an earlier `whisperq run` left on {data_dir} is still "
-                               "stopping its processes; wait for it, or stop it")
+            raise RuntimeError(
+                f"the supervisord (pid {pid}) an earlier `whisperq run` left on {data_dir} is still "
+                "stopping its processes; wait for it, or stop it"
+            )
         time.sleep(0.2)
 
 
 def run_supervised(procfile: Path, root: Path, data_dir: Path, env: dict, broker: list[str] | None = None) -> int:
     """Run the Procfile (and `broker`, the embedded broker's command, where given) under
     supervisord until it is stopped; its exit status."""
-    processes, left_out = wanted(procfile_processes(procfile), env)
+    processes, left_out = wanted(with_builtin(procfile_processes(procfile)), env)
     if broker:
         processes = [(BROKER, shlex.join(broker)), *processes]
     for name in left_out:

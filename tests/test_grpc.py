@@ -1,0 +1,479 @@
+"""The gRPC door (web/rpc/, docs/clients/grpc.md), called as a client in another program would
+call it: through stubs generated from the .proto by grpc_tools into this run's temporary
+directory, not the server's own classes. The server runs in this process over a Flask app's
+runtime of the test's own settings, on a free loopback port."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import importlib
+import itertools
+import struct
+import sys
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+from helpers import CLIPS, word_error_rate
+
+grpc = pytest.importorskip("grpc")
+pytest.importorskip("grpc_tools")
+
+ROOT = Path(__file__).resolve().parent.parent
+FINAL = ("COMPLETED", "FAILED", "CANCELLED", "EXPIRED")
+
+
+# --- a client from the .proto ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def client_stubs(tmp_path_factory):
+    """(messages, service stubs) generated from the .proto into a directory of this run."""
+    from importlib.resources import files
+
+    from grpc_tools import protoc
+
+    out = tmp_path_factory.mktemp("grpc-client")
+    proto_root = ROOT / "web" / "rpc" / "proto"
+    argv = [
+        "grpc_tools.protoc",
+        f"-I{proto_root}",
+        f"-I{files('grpc_tools') / '_proto'}",
+        f"--python_out={out}",
+        f"--grpc_python_out={out}",
+        "whisperq/v1/transcription.proto",
+    ]
+    assert protoc.main(argv) == 0
+    sys.path.insert(0, str(out))
+    try:
+        messages = importlib.import_module("whisperq.v1.transcription_pb2")
+        services = importlib.import_module("whisperq.v1.transcription_pb2_grpc")
+    finally:
+        sys.path.remove(str(out))
+    assert Path(messages.__file__).is_relative_to(out)
+    return messages, services
+
+
+@dataclasses.dataclass
+class Door:
+    rt: object
+    app: object
+    port: int
+    channel: object
+    stub: object
+    pb: object
+
+    def call(self, name: str, request, key: str | None = None, timeout: float = 60.0):
+        metadata = [("authorization", f"Bearer {key}")] if key else None
+        return getattr(self.stub, name)(request, metadata=metadata, timeout=timeout)
+
+
+@pytest.fixture()
+def door(settings, database, client_stubs):
+    """A gRPC server over an app with `settings` changed as `door.build(**changes)` says."""
+    from config.grpc import GrpcSettings
+    from web import create_app
+    from web.rpc.server import start
+
+    pb, pb_grpc = client_stubs
+    started: list = []
+
+    def build(tls: tuple[Path, Path] | None = None, **changes) -> Door:
+        app = create_app({"SETTINGS": dataclasses.replace(settings, **changes), "TESTING": True})
+        rt = app.extensions["whisperq"]
+        cert, key = tls or (None, None)
+        server = start(rt, GrpcSettings(address="127.0.0.1", port=0, tls_cert=cert, tls_key=key, threads=8))
+        if tls:
+            creds = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
+            channel = grpc.secure_channel(f"localhost:{server.port}", creds)
+        else:
+            channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
+        started.append((server, channel))
+        return Door(rt, app, server.port, channel, pb_grpc.TranscriptionStub(channel), pb)
+
+    yield build
+    for server, channel in started:
+        channel.close()
+        server.stop(0)
+
+
+def refused(call) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as caught:
+        call()
+    return caught.value
+
+
+def clip_request(pb, name: str = "fox.flac", **options):
+    return pb.SubmitRequest(audio=CLIPS[name]["path"].read_bytes(), filename=name, **options)
+
+
+def watch(d: Door, job_id: str, key: str | None = None, timeout: float = 240.0) -> list:
+    """Every Job message WatchJob sends for `job_id`, until the stream ends."""
+    return list(d.call("WatchJob", d.pb.WatchJobRequest(id=job_id), key=key, timeout=timeout))
+
+
+def status_name(pb, job) -> str:
+    return pb.Job.Status.Name(job.status)
+
+
+# --- the stubs and the service's description ---------------------------------------------------
+
+
+def test_the_checked_in_stubs_are_what_protoc_generates_from_the_proto(tmp_path):
+    from web.rpc import protoc
+
+    written = protoc.generate(tmp_path)
+    assert [p.name for p in written] == list(protoc.FILES)
+    for path in written:
+        assert path.read_text() == (protoc.STUBS / path.name).read_text(), (
+            f"web/rpc/v1/{path.name} is not what the .proto gives: run `make proto`"
+        )
+
+
+def test_every_option_of_post_v1_jobs_is_a_field_of_submit_request_that_can_be_left_unset(client_stubs):
+    from models.pipeline.options import FIELDS
+
+    pb, _ = client_stubs
+    fields = pb.SubmitRequest.DESCRIPTOR.fields_by_name
+    for name in (*FIELDS, "idempotency_key"):
+        assert name in fields and fields[name].has_presence, name
+    # The Job message carries what GET /v1/jobs/<id> shows, under the same names.
+    job_fields = set(pb.Job.DESCRIPTOR.fields_by_name)
+    assert {
+        "status",
+        "stage",
+        "progress",
+        "queue_position",
+        "estimated_start_at",
+        "estimated_finish_at",
+        "error",
+        "result",
+        "attempts",
+    } <= job_fields
+
+
+def test_the_proto_ships_with_the_package():
+    text = (ROOT / "setup.cfg").read_text()
+    assert "rpc/proto/whisperq/v1/*.proto" in text
+    assert "package whisperq.v1;" in (ROOT / "web/rpc/proto/whisperq/v1/transcription.proto").read_text()
+
+
+def test_settings_have_loopback_defaults_and_say_what_to_set(tmp_path):
+    from config import ConfigError
+    from config.grpc import GrpcSettings
+
+    default = GrpcSettings.from_env({})
+    assert (default.address, default.port, default.tls) == ("127.0.0.1", 50051, False)
+    assert GrpcSettings.from_env({"WHISPERQ_GRPC_ADDRESS": "::1", "WHISPERQ_GRPC_PORT": "0"}).target == "[::1]:0"
+    with pytest.raises(ConfigError, match=r"WHISPERQ_GRPC_PORT.*set it to"):
+        GrpcSettings.from_env({"WHISPERQ_GRPC_PORT": "http"})
+    with pytest.raises(ConfigError, match="WHISPERQ_GRPC_TLS_KEY is not: set both"):
+        cert = tmp_path / "cert.pem"
+        cert.write_text("-----BEGIN CERTIFICATE-----\n")
+        GrpcSettings.from_env({"WHISPERQ_GRPC_TLS_CERT": str(cert)})
+    with pytest.raises(ConfigError, match=r"cannot be read.*set it to the path of a PEM file"):
+        GrpcSettings.from_env(
+            {"WHISPERQ_GRPC_TLS_CERT": str(tmp_path / "none.pem"), "WHISPERQ_GRPC_TLS_KEY": str(tmp_path / "none.key")}
+        )
+
+
+def test_the_command_and_whisperq_run_start_it(tmp_path):
+    from click.testing import CliRunner
+
+    from web.cli import cli
+    from web.supervise import wanted
+
+    result = CliRunner().invoke(cli, ["grpc", "--help"])
+    assert result.exit_code == 0 and "WHISPERQ_GRPC_PORT" in result.output
+    from web.supervise import procfile_processes, with_builtin
+
+    processes, _ = wanted(with_builtin(procfile_processes(ROOT / "Procfile")), {})
+    assert ("grpc", "whisperq grpc") in processes
+    assert with_builtin([("grpc", "whisperq grpc --other")]) == [("grpc", "whisperq grpc --other")]
+
+
+def test_the_domain_knows_nothing_of_grpc():
+    import re
+
+    library = re.compile(r"^\s*(?:import|from)\s+(?:grpc|grpc_\w+|google\.rpc)\b", re.MULTILINE)
+    for top in ("config", "models", "tasks"):
+        for path in (ROOT / top).rglob("*.py"):
+            assert not library.search(path.read_text()), path
+
+
+# --- health, reflection, TLS --------------------------------------------------------------------
+
+
+def test_health_is_serving_and_reflection_lists_the_service(door):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    d = door()
+    health = health_pb2_grpc.HealthStub(d.channel)
+    for service in ("", "whisperq.v1.Transcription"):
+        answer = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+        assert answer.status == health_pb2.HealthCheckResponse.SERVING, service
+    reflect = reflection_pb2_grpc.ServerReflectionStub(d.channel)
+    answers = list(
+        reflect.ServerReflectionInfo(
+            iter(
+                [
+                    reflection_pb2.ServerReflectionRequest(list_services=""),
+                    reflection_pb2.ServerReflectionRequest(file_containing_symbol="whisperq.v1.Transcription"),
+                ]
+            ),
+            timeout=10,
+        )
+    )
+    listed = {s.name for s in answers[0].list_services_response.service}
+    assert {"whisperq.v1.Transcription", "grpc.health.v1.Health"} <= listed
+    assert answers[1].file_descriptor_response.file_descriptor_proto  # grpcurl can describe it
+
+
+def test_tls_when_a_certificate_and_key_are_given(door, tmp_path):
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    d = door(tls=(cert_path, key_path))
+    answer = health_pb2_grpc.HealthStub(d.channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+    assert answer.status == health_pb2.HealthCheckResponse.SERVING
+    plain = grpc.insecure_channel(f"127.0.0.1:{d.port}")  # a plaintext client gets nowhere
+    try:
+        err = refused(lambda: health_pb2_grpc.HealthStub(plain).Check(health_pb2.HealthCheckRequest(), timeout=5))
+        assert err.code() is grpc.StatusCode.UNAVAILABLE
+    finally:
+        plain.close()
+
+
+# --- refusals -----------------------------------------------------------------------------------
+
+
+def test_a_bad_option_and_audio_that_is_not_audio_are_invalid_argument_with_the_apis_messages(door):
+    d = door()
+    pb = d.pb
+    err = refused(lambda: d.call("Submit", clip_request(pb, priority="urgent")))
+    assert err.code() is grpc.StatusCode.INVALID_ARGUMENT and "priority" in err.details(), err.details()
+    err = refused(lambda: d.call("Submit", clip_request(pb, temperature=3.0)))
+    assert err.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "temperature must be a number from 0 to 1" in err.details()
+    err = refused(
+        lambda: d.call("Submit", pb.SubmitRequest(audio=b"this is not audio at all" * 200, filename="notes.mp3"))
+    )
+    assert err.code() is grpc.StatusCode.INVALID_ARGUMENT, (err.code(), err.details())
+    assert dict(err.trailing_metadata())["whisperq-error-code"] == "unsupported_audio"
+    err = refused(lambda: d.call("Submit", pb.SubmitRequest(audio=b"", filename="empty.wav")))
+    assert err.code() is grpc.StatusCode.INVALID_ARGUMENT
+    err = refused(lambda: d.call("Submit", pb.SubmitRequest(audio=b"RIFF", filename="../x.wav")))
+    assert err.code() is grpc.StatusCode.INVALID_ARGUMENT and "plain name" in err.details()
+    err = refused(lambda: d.call("Submit", pb.SubmitRequest(priority="high")))
+    assert err.code() is grpc.StatusCode.INVALID_ARGUMENT and "no audio" in err.details()
+
+
+def test_a_priority_above_the_callers_cap_is_permission_denied(door):
+    d = door(anonymous_max_priority="normal")
+    err = refused(lambda: d.call("Submit", clip_request(d.pb, priority="high")))
+    assert err.code() is grpc.StatusCode.PERMISSION_DENIED
+    assert "anonymous use may ask for priority normal or low, not high" in err.details()
+
+
+def test_an_upload_over_the_limit_is_refused_saying_the_limit(door):
+    d = door(max_upload_mb=1)
+    pb = d.pb
+
+    def chunks():
+        yield pb.UploadChunk(head=pb.SubmitRequest(filename="big.wav"), data=b"\0" * (512 * 1024))
+        for _ in range(3):
+            yield pb.UploadChunk(data=b"\0" * (512 * 1024))
+
+    err = refused(lambda: d.call("Upload", chunks()))
+    assert err.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "larger than the limit of 1 MB (WHISPERQ_MAX_UPLOAD_MB)" in err.details()
+    err = refused(lambda: d.call("Upload", iter([pb.UploadChunk(data=b"RIFF")])))
+    assert err.code() is grpc.StatusCode.INVALID_ARGUMENT and "first chunk must carry `head`" in err.details()
+
+
+def test_a_full_queue_is_resource_exhausted_with_retry_info(door):
+    from google.rpc import error_details_pb2
+    from grpc_status import rpc_status
+
+    d = door(queue_budget_seconds=0.0)  # any backlog at all is past it
+    err = refused(lambda: d.call("Submit", clip_request(d.pb)))
+    assert err.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "the queue is full" in err.details() and "try again in" in err.details()
+    trailing = dict(err.trailing_metadata())
+    assert trailing["whisperq-error-code"] == "queue_full" and 1 <= int(trailing["retry-after"]) <= 3600
+    status = rpc_status.from_call(err)
+    retry = [detail for detail in status.details if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR)]
+    assert len(retry) == 1
+    info = error_details_pb2.RetryInfo()
+    retry[0].Unpack(info)
+    assert info.retry_delay.seconds == int(trailing["retry-after"])
+
+
+@pytest.mark.integration
+def test_keys_required_unauthenticated_without_a_good_one_and_not_found_for_anothers_job(door, celery_app, worker):
+    from models.access.apikeys import create_key
+
+    d = door(allow_anonymous=False)
+    pb = d.pb
+    for key in (None, "wq_" + "0" * 40, "not-a-key"):
+        err = refused(lambda key=key: d.call("GetJob", pb.GetJobRequest(id="x"), key=key))
+        assert err.code() is grpc.StatusCode.UNAUTHENTICATED, key
+    err = refused(lambda: d.stub.GetJob(pb.GetJobRequest(id="x"), metadata=[("authorization", "Basic abc")]))
+    assert err.code() is grpc.StatusCode.UNAUTHENTICATED and "Bearer" in err.details()
+    _, mine = create_key(d.rt, f"grpc-a-{uuid.uuid4().hex[:6]}", "standard")
+    _, theirs = create_key(d.rt, f"grpc-b-{uuid.uuid4().hex[:6]}", "standard")
+    # paused: the job must still be waiting when its owner cancels it
+    with worker.paused(celery_app):
+        job = d.call("Submit", clip_request(pb, priority="low"), key=mine)
+        assert status_name(pb, job) == "PENDING" and job.id
+        assert d.call("GetJob", pb.GetJobRequest(id=job.id), key=mine).id == job.id
+        unknown = refused(lambda: d.call("GetJob", pb.GetJobRequest(id="no-such-job"), key=theirs))
+        other = refused(lambda: d.call("GetJob", pb.GetJobRequest(id=job.id), key=theirs))
+        assert unknown.code() is other.code() is grpc.StatusCode.NOT_FOUND
+        assert other.details() == f"no job with id {job.id!r}"
+        assert (
+            refused(lambda: d.call("Cancel", pb.CancelRequest(id=job.id), key=theirs)).code()
+            is grpc.StatusCode.NOT_FOUND
+        )
+        assert refused(lambda: watch(d, job.id, key=theirs)).code() is grpc.StatusCode.NOT_FOUND
+        assert status_name(pb, d.call("Cancel", pb.CancelRequest(id=job.id), key=mine)) == "CANCELLED"
+
+
+# --- jobs through the door ----------------------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_cancel_a_waiting_job_and_its_watch_ends_cancelled(door, celery_app, worker):
+    d = door()
+    pb = d.pb
+    with worker.paused(celery_app):
+        job = d.call("Submit", clip_request(pb, "report.opus", priority="low"))
+        assert status_name(pb, job) == "PENDING"
+        seen: list = []
+        follower = threading.Thread(target=lambda: seen.extend(watch(d, job.id, timeout=60)))
+        follower.start()
+        cancelled = d.call("Cancel", pb.CancelRequest(id=job.id))
+        assert status_name(pb, cancelled) == "CANCELLED"
+        follower.join(60)
+    assert not follower.is_alive()
+    assert status_name(pb, seen[-1]) == "CANCELLED"
+    assert status_name(pb, d.call("GetJob", pb.GetJobRequest(id=job.id))) == "CANCELLED"
+
+
+@pytest.mark.integration
+def test_submit_then_watch_to_completed_with_the_words_and_the_same_job_as_http(door, worker):
+    from google.protobuf import json_format
+
+    d = door()
+    pb = d.pb
+    clip = CLIPS["fox.flac"]
+    key = f"grpc-{uuid.uuid4().hex}"
+    job = d.call("Submit", clip_request(pb, word_timestamps=True, idempotency_key=key))
+    assert status_name(pb, job) == "PENDING" and job.filename == "fox.flac" and job.word_timestamps
+    seen = watch(d, job.id)
+    statuses = [status_name(pb, j) for j in seen]
+    assert statuses[-1] == "COMPLETED", [(s, j.error) for s, j in zip(statuses, seen, strict=True)]
+    assert not any(s in FINAL for s in statuses[:-1])  # one final state, the last
+    assert len(seen) >= 2 and all(a != b for a, b in itertools.pairwise(seen))  # a message per change
+    done = seen[-1]
+    assert done.progress == 1.0 and not done.HasField("queue_position")
+    assert word_error_rate(clip["text"], done.result.text) <= 0.2, done.result.text
+    words = [w for s in done.result.segments for w in s.words]
+    assert words and all(0 <= w.start <= w.end for w in words)
+    assert word_error_rate(clip["text"], " ".join(w.word for w in words)) <= 0.2
+    # The same job as GET /v1/jobs/<id> shows it, under the same names.
+    body = d.app.test_client().get(f"/v1/jobs/{job.id}").get_json()
+    mine = json_format.MessageToDict(done, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    assert mine["id"] == body["job_id"]
+    for name in (
+        "status",
+        "task",
+        "language",
+        "priority",
+        "model",
+        "filename",
+        "attempts",
+        "progress",
+        "word_timestamps",
+        "audio_duration",
+    ):
+        assert mine.get(name) == body[name], name
+    for name in ("created_at", "started_at", "finished_at"):
+        assert datetime.datetime.fromisoformat(mine[name].replace("Z", "+00:00")) == datetime.datetime.fromisoformat(
+            body[name].replace("Z", "+00:00")
+        ), name
+    assert mine["result"]["text"] == body["result"]["text"]
+    assert [(s["start"], s["end"], s["text"]) for s in mine["result"]["segments"]] == [
+        (s["start"], s["end"], s["text"]) for s in body["result"]["segments"]
+    ]
+    assert mine["result"]["model"] == body["result"]["model"]
+    assert d.call("GetJob", pb.GetJobRequest(id=job.id)) == done
+    # The same idempotency key gives the same job back, nothing new made.
+    again = d.call("Submit", clip_request(pb, word_timestamps=True, idempotency_key=key))
+    assert again == done
+    # A finished job's watch is the one message.
+    assert [j.status for j in watch(d, job.id)] == [done.status]
+
+
+def silent_wav(seconds: int, rate: int = 16000):
+    """A 16-bit mono PCM WAV of `seconds` of silence, in 1 MiB pieces, never whole in memory."""
+    size = seconds * rate * 2
+    fmt = struct.pack("<IHHIIHH", 16, 1, 1, rate, rate * 2, 2, 16)  # PCM, mono, 16 bits
+    yield b"RIFF" + struct.pack("<I", 36 + size) + b"WAVEfmt " + fmt + b"data" + struct.pack("<I", size)
+    piece = b"\0" * (1024 * 1024)
+    while size > 0:
+        yield piece[:size]
+        size -= len(piece)
+
+
+@pytest.mark.integration
+def test_a_50_mb_upload_streams_in_chunks(door, celery_app):
+    from helpers import stored_files
+
+    seconds = 28 * 60  # 53.8 MB (51.3 MiB) of 16 kHz 16-bit PCM
+    d = door(max_upload_mb=64, max_audio_seconds=3600.0)
+    pb = d.pb
+    sent = {"bytes": 0, "chunks": 0}
+
+    def chunks():
+        for i, data in enumerate(silent_wav(seconds)):
+            sent["bytes"] += len(data)
+            sent["chunks"] += 1
+            yield pb.UploadChunk(
+                head=pb.SubmitRequest(filename="long.wav", priority="low") if i == 0 else None, data=data
+            )
+
+    job = d.call("Upload", chunks(), timeout=240)
+    assert sent["bytes"] > 50 * 1024 * 1024 and sent["chunks"] > 50  # no message near the 4 MiB limit
+    try:
+        assert status_name(pb, job) in ("PENDING", "PROCESSING") and job.filename == "long.wav"
+        assert job.audio_duration == pytest.approx(seconds, abs=0.5)
+    finally:
+        assert status_name(pb, d.call("Cancel", pb.CancelRequest(id=job.id))) in ("CANCELLED", "PROCESSING")
+    assert not [p for p in stored_files(d.rt.settings) if "upload-" in p]  # the spool moved into the store

@@ -1,0 +1,33 @@
+"""A job as the Job message: the body of GET /v1/jobs/<id> (the record, its place in the queue
+and its estimates) under the same names, `job_id` as `id`; the links and webhook deliveries of
+the HTTP body stay HTTP's."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from google.protobuf import json_format
+
+from models.jobs.eta import estimate
+from models.jobs.record import Job
+from models.runtime import Runtime
+
+from .v1 import transcription_pb2 as pb
+
+
+def job_body(rt: Runtime, job: Job) -> dict[str, Any]:
+    """What web.api.job_body shows of the job, as JSON values."""
+    body = job.to_dict()
+    body.update(estimate(rt, job))
+    return json.loads(json.dumps(body, default=str))
+
+
+def job_message(rt: Runtime, job: Job) -> pb.Job:
+    return message_of(job_body(rt, job))
+
+
+def message_of(body: dict[str, Any]) -> pb.Job:
+    fields = dict(body)
+    fields["id"] = fields.pop("job_id")
+    return json_format.ParseDict(fields, pb.Job(), ignore_unknown_fields=True)
