@@ -13,7 +13,7 @@ at once, through every way a user could have it transcribed on this machine, sid
        then following its job one of two ways (BENCH_MODES, default both):
          poll      GET /v1/jobs/<id> every 0.5 s, ignoring Retry-After (a 429 too waits 0.5 s),
                    as a naive client does;
-         longpoll  GET /v1/jobs/<id>?wait=30 with If-None-Match, as the README says (and the web
+         longpoll  GET /v1/jobs/<id>?wait=30 with If-None-Match, as docs/api.md says (and the web
                    page does); a 429 waits its Retry-After;
   (d)  a synchronous server (bench/sync_baseline.py: the model run inside the request, gunicorn 2
        processes x 4 threads, as whisper services are commonly run), each client giving up after
@@ -28,13 +28,15 @@ The clients of (c) and (d), one thread each, run in this process, on the cores t
 Every burst size (--jobs / BENCH_JOBS, a list, default 60,200) runs in each of --runs / BENCH_RUNS
 runs (default 3), the ways interleaved run by run so drift on a shared machine hits them alike;
 the table gives each column's median over the runs. For (c) it also gives accept p50/p99 as the
-clients saw it and as the server timed it (its access log), status reads during the burst (a prober
+clients saw it and as the server timed it (its access log), the web's CPU per upload (each
+answer's `Server-Timing: cpu;dur=`), status reads during the burst (a prober
 reading a waiting job every 100 ms), the CPU each kind of process used, the batch sizes seen, and
 prepare's CPU per audio-second. The table is printed in Markdown; every run's numbers go to
 var/bench/load.json. `make bench-load`:
 
     BENCH_JOBS=60,200 BENCH_RUNS=3 python bench/load.py
 """
+
 from __future__ import annotations
 
 import json
@@ -47,9 +49,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable
 
 import requests
 
@@ -70,14 +72,22 @@ GIVE_UP = float(os.environ.get("BENCH_TIMEOUT", "900"))  # a (c) client stops fo
 POLL_EVERY = 0.5
 FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "EXPIRED")
 RESULTS = ROOT / "var" / "bench" / "load.json"
-KINDS = (("redis-server", "broker"), ("prepare@", "prepare"), ("inference@", "inference"), ("notify@", "notify"),
-         ("flower", "flower"), ("beat", "beat"), ("gunicorn", "web"), ("supervisord", "supervisord"))
+KINDS = (
+    ("redis-server", "broker"),
+    ("prepare@", "prepare"),
+    ("inference@", "inference"),
+    ("notify@", "notify"),
+    ("flower", "flower"),
+    ("beat", "beat"),
+    ("gunicorn", "web"),
+    ("supervisord", "supervisord"),
+)
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))] if ordered else float("nan")
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else float("nan")
 
 
 def clip_seconds() -> float:
@@ -88,12 +98,20 @@ def clip_seconds() -> float:
 
 def outcome(answered: list[float], seconds: float, span: float, **extra) -> dict:
     """One way's burst: `answered` the latencies of the jobs answered, `span` the burst's time."""
-    return {"answered": len(answered), "within": sum(1 for t in answered if t <= WITHIN),
-            "rate": len(answered) * seconds / span if span > 0 else 0.0, "span": span,
-            "p50": pct(answered, 0.5), "p99": pct(answered, 0.99), "latency": answered, **extra}
+    return {
+        "answered": len(answered),
+        "within": sum(1 for t in answered if t <= WITHIN),
+        "rate": len(answered) * seconds / span if span > 0 else 0.0,
+        "span": span,
+        "p50": pct(answered, 0.5),
+        "p99": pct(answered, 0.99),
+        "latency": answered,
+        **extra,
+    }
 
 
 # --- (a), (a′), (b): in this process -------------------------------------------------------------
+
 
 class Scripts:
     """The file-by-file scripts a user could write with the same model, loaded once."""
@@ -102,7 +120,7 @@ class Scripts:
         from faster_whisper import WhisperModel
 
         from config import Settings
-        from models.speech.catalog import model_path
+        from models.registry.catalog import model_path
         from models.speech.engines import resolve_device, usable_cores
 
         settings = Settings.from_env()
@@ -157,16 +175,21 @@ class Ceiling:
 
     def __init__(self) -> None:
         from config import Settings
+        from models.registry.catalog import model_path
         from models.speech import audio
-        from models.speech.catalog import model_path
         from models.speech.engines import FasterWhisperEngine, batch_size, engine_threads, parallel_batches
         from models.speech.windows import split_windows
 
         settings = Settings.from_env()
         self.parallel, self.size = parallel_batches(settings), batch_size(settings)
-        self.engine = FasterWhisperEngine(model_path(settings), device=settings.device, compute_type=settings.compute_type,
-                                          cpu_threads=engine_threads(settings), beam_size=settings.beam_size,
-                                          workers=self.parallel)
+        self.engine = FasterWhisperEngine(
+            model_path(settings),
+            device=settings.device,
+            compute_type=settings.compute_type,
+            cpu_threads=engine_threads(settings),
+            beam_size=settings.beam_size,
+            workers=self.parallel,
+        )
         samples = audio.decode(CLIP)
         self.chunks = [(w.samples(samples), w.time_map()) for w in split_windows(samples)]
         self.engine.transcribe_batch([c[0] for c in self.chunks], [c[1] for c in self.chunks], "en")  # warm
@@ -174,8 +197,12 @@ class Ceiling:
     def burst(self, jobs: int, seconds: float) -> dict:
         from models.speech.batching import Batcher
 
-        batcher = Batcher(lambda key, ps: self.engine.transcribe_batch([p[0] for p in ps], [p[1] for p in ps], key),
-                          max_batch=self.size, max_wait=0.05, parallel=self.parallel)
+        batcher = Batcher(
+            lambda key, ps: self.engine.transcribe_batch([p[0] for p in ps], [p[1] for p in ps], key),
+            max_batch=self.size,
+            max_wait=0.05,
+            parallel=self.parallel,
+        )
         started = time.perf_counter()
         per_job = [batcher.submit("en", self.chunks) for _ in range(jobs)]
         for futures in per_job:
@@ -190,6 +217,7 @@ class Ceiling:
 
 
 # --- (c): the service -----------------------------------------------------------------------------
+
 
 def cpu_by_kind(root: int) -> dict[str, float]:
     """CPU seconds used so far by every process below `root`, by kind."""
@@ -224,11 +252,20 @@ def retry_after(resp: requests.Response) -> float:
         return 1.0
 
 
-def upload(base: str, name: str, data: bytes, mode: str) -> str:
-    """POST the clip until accepted (429/503: again after 0.5 s, or Retry-After for longpoll); its status URL."""
+def server_cpu_ms(resp: requests.Response) -> float | None:
+    """The CPU the web spent on a request, as its `Server-Timing: cpu;dur=MS` says."""
+    match = re.search(r"cpu;dur=([\d.]+)", resp.headers.get("Server-Timing", ""))
+    return float(match.group(1)) if match else None
+
+
+def upload(base: str, name: str, data: bytes, mode: str, cpu: list[float] | None = None) -> str:
+    """POST the clip until accepted (429/503: again after 0.5 s, or Retry-After for longpoll); its
+    status URL. The accepted request's web CPU (ms) is appended to `cpu`."""
     while True:
         resp = requests.post(f"{base}/v1/jobs", files={"file": (name, data)}, timeout=120)
         if resp.status_code in (200, 202):
+            if cpu is not None and (used := server_cpu_ms(resp)) is not None:
+                cpu.append(used)
             return resp.headers["Location"]
         if resp.status_code not in (429, 503):
             raise RuntimeError(f"upload refused: {resp.status_code} {resp.text[:300]}")
@@ -276,6 +313,7 @@ class Service:
         inference_before, web_before = self._logs()
         audio_before = self.db.execute("select coalesce(sum(audio_duration), 0) from jobs").fetchone()[0]
         accept: list[float] = []
+        accept_cpu: list[float] = []
         status_reads: list[float] = []
         answered: list[float] = []
         done = threading.Event()
@@ -291,7 +329,7 @@ class Service:
 
         def client(n: int) -> float | None:
             t = time.perf_counter()
-            url = upload(self.base, f"burst-{n}.opus", self.data, mode)
+            url = upload(self.base, f"burst-{n}.opus", self.data, mode, accept_cpu)
             accept.append(time.perf_counter() - t)
             if not probe:
                 probe.append(url)
@@ -310,26 +348,53 @@ class Service:
         watcher.join()
         after = cpu_by_kind(self.proc.pid)
         inference_log, web_log = self._logs()
-        sizes = [int(m) for m in re.findall(r"batch: (\d+) windows", inference_log[len(inference_before):])]
+        sizes = [int(m) for m in re.findall(r"batch: (\d+) windows", inference_log[len(inference_before) :])]
         # The uploads as the server timed them (gunicorn's access log): from the request read to
         # the answer sent, without the clients' own time on these cores.
-        posts = [float(m) for m in re.findall(r'"POST /v1/jobs HTTP[^\n]*?"duration_ms": ([\d.]+)',
-                                              web_log[len(web_before):])]
+        posts = [
+            float(m)
+            for m in re.findall(r'"POST /v1/jobs HTTP[^\n]*?"duration_ms": ([\d.]+)', web_log[len(web_before) :])
+        ]
         prepared = self.db.execute("select coalesce(sum(audio_duration), 0) from jobs").fetchone()[0] - audio_before
         used = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
-        return outcome(answered, seconds, (max(ends) - started) if ends else 0.0,
-                       accept=accept, accept_server_ms=posts, status=status_reads, cpu=used, sizes=sizes,
-                       prepare_cpu_per_audio_s=used.get("prepare", 0.0) / max(prepared, 1.0))
+        return outcome(
+            answered,
+            seconds,
+            (max(ends) - started) if ends else 0.0,
+            accept=accept,
+            accept_server_ms=posts,
+            accept_cpu_ms=accept_cpu,
+            status=status_reads,
+            cpu=used,
+            sizes=sizes,
+            prepare_cpu_per_audio_s=used.get("prepare", 0.0) / max(prepared, 1.0),
+        )
 
 
 # --- (d): the synchronous server ------------------------------------------------------------------
 
+
 def synchronous(jobs: int, seconds: float) -> dict:
     port = free_port()
     proc = subprocess.Popen(
-        [str(Path(sys.executable).parent / "gunicorn"), "--bind", f"127.0.0.1:{port}", "--workers", "2",
-         "--worker-class", "gthread", "--threads", "4", "--timeout", "900", "bench.sync_baseline:app"],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            str(Path(sys.executable).parent / "gunicorn"),
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--workers",
+            "2",
+            "--worker-class",
+            "gthread",
+            "--threads",
+            "4",
+            "--timeout",
+            "900",
+            "bench.sync_baseline:app",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}/transcribe"
     data = CLIP.read_bytes()
     try:
@@ -361,12 +426,14 @@ def synchronous(jobs: int, seconds: float) -> dict:
 
 # --- the runs -------------------------------------------------------------------------------------
 
+
 def main() -> None:
     seconds = clip_seconds()
     scripts, ceiling = Scripts(), Ceiling()
     script_ways = list(scripts.ways)
-    ways: dict[str, Callable[[int], dict]] = {name: (lambda n, name=name: scripts.burst(name, n, seconds))
-                                              for name in script_ways}
+    ways: dict[str, Callable[[int], dict]] = {
+        name: (lambda n, name=name: scripts.burst(name, n, seconds)) for name in script_ways
+    }
     ceiling_way = f"(b) the engine in one process, {ceiling.parallel} x {ceiling.size} windows at once"
     ways[ceiling_way] = lambda n: ceiling.burst(n, seconds)
     service_ways = {mode: f"(c) the service (`whisperq run`), clients {mode}" for mode in MODES}
@@ -379,15 +446,22 @@ def main() -> None:
         for jobs in order:
             for name, burst in local:
                 results.setdefault(name, {})[jobs] = burst(jobs)
-                print(f"run {run + 1}/{KNOBS.runs}, {jobs} uploads: {name}: {results[name][jobs]['rate']:.1f} audio-s/s",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"run {run + 1}/{KNOBS.runs}, {jobs} uploads: {name}: {results[name][jobs]['rate']:.1f} audio-s/s",
+                    file=sys.stderr,
+                    flush=True,
+                )
         with running_service("whisperq-load-") as (proc, base, tmp):
             service = Service(proc, base, tmp)
             for jobs in order:
-                for mode in (MODES if run % 2 == 0 else tuple(reversed(MODES))):
+                for mode in MODES if run % 2 == 0 else tuple(reversed(MODES)):
                     results.setdefault(service_ways[mode], {})[jobs] = service.burst(jobs, mode, seconds)
-                    print(f"run {run + 1}/{KNOBS.runs}, {jobs} uploads: {service_ways[mode]}: "
-                          f"{results[service_ways[mode]][jobs]['rate']:.1f} audio-s/s", file=sys.stderr, flush=True)
+                    print(
+                        f"run {run + 1}/{KNOBS.runs}, {jobs} uploads: {service_ways[mode]}: "
+                        f"{results[service_ways[mode]][jobs]['rate']:.1f} audio-s/s",
+                        file=sys.stderr,
+                        flush=True,
+                    )
         for jobs in order:
             results.setdefault(sync_way, {})[jobs] = synchronous(jobs, seconds)
         runs.append(results)
@@ -399,8 +473,10 @@ def report(runs: list[dict], seconds: float, script_ways: list[str], other_ways:
         return statistics.median(r[name][jobs][key] for r in runs)
 
     table: list[dict] = []
-    print(f"Bursts of {', '.join(map(str, KNOBS.jobs))} uploads of the {seconds:.1f} s clip, sent at once; {cores} cores; "
-          f"median of {KNOBS.runs} run(s)\n")
+    print(
+        f"Bursts of {', '.join(map(str, KNOBS.jobs))} uploads of the {seconds:.1f} s clip, sent at once; "
+        f"{cores} cores; median of {KNOBS.runs} run(s)\n"
+    )
     print("| way | uploads | audio-s/s | vs (a′) | answered within 60 s | latency p50 | latency p99 |")
     print("|---|---|---|---|---|---|---|")
     for jobs in KNOBS.jobs:
@@ -408,33 +484,63 @@ def report(runs: list[dict], seconds: float, script_ways: list[str], other_ways:
         fastest = max(loops, key=lambda name: median(name, jobs, "rate"))
         base = median(fastest, jobs, "rate")
         rows = [(script_ways[0], script_ways[0])] + [
-            (name, f"(a′) {name}" if name == fastest else f"(also tried for (a′)) {name}") for name in loops]
+            (name, f"(a′) {name}" if name == fastest else f"(also tried for (a′)) {name}") for name in loops
+        ]
         rows += [(name, name) for name in other_ways]
         for name, label in rows:
             rate = median(name, jobs, "rate")
-            row = {"way": label, "uploads": jobs, "audio_s_per_s": rate, "vs_a_prime": rate / base,
-                   "answered_within_60s": median(name, jobs, "within"), "p50_s": median(name, jobs, "p50"),
-                   "p99_s": median(name, jobs, "p99")}
+            row = {
+                "way": label,
+                "uploads": jobs,
+                "audio_s_per_s": rate,
+                "vs_a_prime": rate / base,
+                "answered_within_60s": median(name, jobs, "within"),
+                "p50_s": median(name, jobs, "p50"),
+                "p99_s": median(name, jobs, "p99"),
+            }
             table.append(row)
-            print(f"| {label} | {jobs} | {rate:.1f} | {rate / base:.2f}× | {row['answered_within_60s']:.0f}/{jobs} | "
-                  f"{row['p50_s']:.1f} s | {row['p99_s']:.1f} s |")
+            print(
+                f"| {label} | {jobs} | {rate:.1f} | {rate / base:.2f}× | {row['answered_within_60s']:.0f}/{jobs} | "
+                f"{row['p50_s']:.1f} s | {row['p99_s']:.1f} s |"
+            )
     print()
     for jobs in KNOBS.jobs:
         for name in (w for w in other_ways if w.startswith("(c)")):
             last = runs[-1][name][jobs]
             total = sum(last["cpu"].values()) or 1.0
-            print(f"- {name}, {jobs} uploads (last run): accept p50 {pct(last['accept'], 0.5) * 1000:.0f} ms, "
-                  f"p99 {pct(last['accept'], 0.99) * 1000:.0f} ms (server: p50 {pct(last['accept_server_ms'], 0.5):.0f} ms, "
-                  f"p99 {pct(last['accept_server_ms'], 0.99):.0f} ms); status reads p50 "
-                  f"{pct(last['status'], 0.5) * 1000:.1f} ms, p99 {pct(last['status'], 0.99) * 1000:.1f} ms "
-                  f"({len(last['status'])}); CPU " + ", ".join(
-                      f"{k} {v:.1f} s ({v / total:.0%})" for k, v in sorted(last["cpu"].items(), key=lambda kv: -kv[1]))
-                  + f"; batch sizes mean {statistics.mean(last['sizes'] or [0]):.2f} ({len(last['sizes'])} batches); "
-                  f"prepare {last['prepare_cpu_per_audio_s'] * 1000:.1f} ms CPU per audio-s")
+            print(
+                f"- {name}, {jobs} uploads (last run): accept p50 {pct(last['accept'], 0.5) * 1000:.0f} ms, "
+                f"p99 {pct(last['accept'], 0.99) * 1000:.0f} ms "
+                f"(server: p50 {pct(last['accept_server_ms'], 0.5):.0f} ms, "
+                f"p99 {pct(last['accept_server_ms'], 0.99):.0f} ms; web CPU per upload p50 "
+                f"{pct(last['accept_cpu_ms'], 0.5):.1f} ms, p99 {pct(last['accept_cpu_ms'], 0.99):.1f} ms); "
+                f"status reads p50 "
+                f"{pct(last['status'], 0.5) * 1000:.1f} ms, p99 {pct(last['status'], 0.99) * 1000:.1f} ms "
+                f"({len(last['status'])}); CPU "
+                + ", ".join(
+                    f"{k} {v:.1f} s ({v / total:.0%})" for k, v in sorted(last["cpu"].items(), key=lambda kv: -kv[1])
+                )
+                + f"; batch sizes mean {statistics.mean(last['sizes'] or [0]):.2f} ({len(last['sizes'])} batches); "
+                f"prepare {last['prepare_cpu_per_audio_s'] * 1000:.1f} ms CPU per audio-s"
+            )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"clip": CLIP.name, "clip_seconds": seconds, "cores": cores, "jobs": KNOBS.jobs,
-                                   "runs": KNOBS.runs, "modes": MODES, "table": table, "every_run": runs},
-                                  indent=1, default=str) + "\n")
+    RESULTS.write_text(
+        json.dumps(
+            {
+                "clip": CLIP.name,
+                "clip_seconds": seconds,
+                "cores": cores,
+                "jobs": KNOBS.jobs,
+                "runs": KNOBS.runs,
+                "modes": MODES,
+                "table": table,
+                "every_run": runs,
+            },
+            indent=1,
+            default=str,
+        )
+        + "\n"
+    )
     print(f"\nevery run's numbers: {RESULTS.relative_to(ROOT)}")
 
 

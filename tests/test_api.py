@@ -1,13 +1,14 @@
 """The API's contract: what it accepts, what it refuses, and that a refusal leaves nothing."""
+
 import dataclasses
-import io
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
+from api import upload
+from helpers import CLIPS, stored_files
 from sqlalchemy import func, select
 
-from helpers import CLIPS, stored_files
 from models.jobs.record import Job
 
 
@@ -16,23 +17,15 @@ def job_count(database) -> int:
         return s.scalar(select(func.count()).select_from(Job))
 
 
-def upload(client, data: bytes | None = None, name: str = "clip.flac", **fields):
-    form = dict(fields)
-    if data is not None:
-        form["file"] = (io.BytesIO(data), name)
-    return client.post("/v1/jobs", data=form, content_type="multipart/form-data")
-
-
 FOX = CLIPS["fox.flac"]["path"].read_bytes()
 
 
 def _silence() -> bytes:
-    import numpy as np
-
-    from helpers import write_wav
-
     import tempfile
     from pathlib import Path
+
+    import numpy as np
+    from helpers import write_wav
 
     with tempfile.TemporaryDirectory() as d:
         return write_wav(Path(d) / "s.wav", np.zeros(16000 * 1, dtype=np.float32)).read_bytes()
@@ -45,10 +38,15 @@ SILENCE = _silence()
     "kwargs, status, code, words",
     [
         (dict(), 400, "invalid_request", "multipart form field 'file'"),
-        (dict(data=FOX, name=""), 400, "invalid_request", "multipart form field 'file'"),
+        (dict(data=FOX, filename=""), 400, "invalid_request", "multipart form field 'file'"),
         (dict(data=b""), 400, "invalid_request", "empty"),
-        (dict(data=b"hello, I am a text file\n" * 50, name="notes.wav"), 415, "unsupported_audio", "could not be decoded as audio"),
-        (dict(data=b"\x89PNG\r\n\x1a\n" + bytes(2000), name="pic.mp3"), 415, "unsupported_audio", "audio"),
+        (
+            dict(data=b"hello, I am a text file\n" * 50, filename="notes.wav"),
+            415,
+            "unsupported_audio",
+            "could not be decoded as audio",
+        ),
+        (dict(data=b"\x89PNG\r\n\x1a\n" + bytes(2000), filename="pic.mp3"), 415, "unsupported_audio", "audio"),
         (dict(data=FOX[:60]), 415, "unsupported_audio", "audio"),
         (dict(data=FOX, language="klingon"), 400, "invalid_request", "language 'klingon'"),
         (dict(data=FOX, language="de"), 400, "invalid_request", "English-only"),
@@ -56,16 +54,16 @@ SILENCE = _silence()
         (dict(data=FOX, task="summarise"), 400, "invalid_request", "transcribe, translate"),
         (dict(data=FOX, task="translate"), 400, "invalid_request", "multilingual"),
         (dict(data=FOX, speed="fast"), 400, "invalid_request", "unknown field(s) 'speed'"),
-        (dict(data=FOX, name="../../etc/passwd.flac"), 400, "invalid_request", "plain name"),
-        (dict(data=FOX, name="C:/Users/me/talk.flac"), 400, "invalid_request", "plain name"),
-        (dict(data=FOX, name="a\x1b[31mred.flac"), 400, "invalid_request", "control characters"),
-        (dict(data=FOX, name="x" * 300 + ".flac"), 400, "invalid_request", "longer than 255"),
-        (dict(data=SILENCE, name="quiet.wav"), 422, "silent_audio", "silent"),
+        (dict(data=FOX, filename="../../etc/passwd.flac"), 400, "invalid_request", "plain name"),
+        (dict(data=FOX, filename="C:/Users/me/talk.flac"), 400, "invalid_request", "plain name"),
+        (dict(data=FOX, filename="a\x1b[31mred.flac"), 400, "invalid_request", "control characters"),
+        (dict(data=FOX, filename="x" * 300 + ".flac"), 400, "invalid_request", "longer than 255"),
+        (dict(data=SILENCE, filename="quiet.wav"), 422, "silent_audio", "silent"),
     ],
 )
 def test_bad_input_is_refused_and_leaves_nothing(client, settings, database, published, kwargs, status, code, words):
     files_before, jobs_before = stored_files(settings), job_count(database)
-    resp = upload(client, **kwargs)
+    resp = upload(client, None, **kwargs)
     assert resp.status_code == status, resp.get_json()
     body = resp.get_json()
     assert body["error"]["code"] == code
@@ -80,7 +78,7 @@ def test_oversized_upload_is_413(settings, database, published):
 
     small = create_app({"SETTINGS": dataclasses.replace(settings, max_upload_mb=1), "TESTING": True})
     files_before, jobs_before = stored_files(settings), job_count(database)
-    resp = upload(small.test_client(), data=FOX * 14)  # about 1.1 MB
+    resp = upload(small.test_client(), None, data=FOX * 14)  # about 1.1 MB
     assert resp.status_code == 413
     assert "WHISPERQ_MAX_UPLOAD_MB" in resp.get_json()["error"]["message"]
     assert stored_files(settings) == files_before and job_count(database) == jobs_before
@@ -93,14 +91,19 @@ def broken_broker_app(settings, monkeypatch):
     # Celery reads CELERY_BROKER_URL itself, ahead of its configuration: change both.
     monkeypatch.setenv("CELERY_BROKER_URL", "redis://127.0.0.1:9/0")
     monkeypatch.delenv("CELERY_RESULT_BACKEND", raising=False)
-    return create_app({"SETTINGS": dataclasses.replace(settings, broker_url="redis://127.0.0.1:9/0", result_backend=None), "TESTING": True})
+    return create_app(
+        {
+            "SETTINGS": dataclasses.replace(settings, broker_url="redis://127.0.0.1:9/0", result_backend=None),
+            "TESTING": True,
+        }
+    )
 
 
 def test_unreachable_broker_is_503_and_withdraws_the_job(settings, database, published, monkeypatch):
     down = broken_broker_app(settings, monkeypatch)
     files_before, jobs_before = stored_files(settings), job_count(database)
     started = time.monotonic()
-    resp = upload(down.test_client(), data=FOX)
+    resp = upload(down.test_client(), None, data=FOX)
     assert resp.status_code == 503
     assert resp.headers["Retry-After"]
     assert resp.get_json()["error"]["code"] == "broker_unavailable"
@@ -109,7 +112,7 @@ def test_unreachable_broker_is_503_and_withdraws_the_job(settings, database, pub
 
 
 def test_accepted_upload_answers_202_and_publishes_only_references(client, settings, database, published, celery_app):
-    resp = upload(client, data=FOX, name="fox.flac", priority="high", language="en")
+    resp = upload(client, priority="high", language="en")
     assert resp.status_code == 202
     body = resp.get_json()
     assert set(body) >= {"job_id", "status", "status_url", "created_at"}
@@ -117,7 +120,7 @@ def test_accepted_upload_answers_202_and_publishes_only_references(client, setti
     assert resp.headers["Location"] == body["status_url"]
     assert body["status_url"].endswith(f"/v1/jobs/{body['job_id']}")
 
-    (headers, message), = published
+    ((headers, message),) = published
     assert headers["id"] == body["job_id"] and headers["task"] == "whisperq.transcribe"
     args, kwargs, _embed = message
     assert args == [f"audio/{body['job_id'][:2]}/{body['job_id']}"]  # no client suffix: FFmpeg learns nothing from it
@@ -125,7 +128,7 @@ def test_accepted_upload_answers_202_and_publishes_only_references(client, setti
     assert len(str(message)) < 1000  # ids and references, never audio bytes
 
     stored = settings.data_dir / args[0]
-    assert FOX[:4096] not in stored.read_bytes()  # encrypted at rest (tests/test_encryption.py)
+    assert FOX[:4096] not in stored.read_bytes()  # encrypted at rest (tests/test_sealed_storage.py)
     from models.security.sealed import open_decrypted
 
     with open_decrypted(stored) as fh:
@@ -133,6 +136,17 @@ def test_accepted_upload_answers_202_and_publishes_only_references(client, setti
     job = client.get(f"/v1/jobs/{body['job_id']}").get_json()
     assert job["filename"] == "fox.flac" and job["priority"] == "high"
     assert job["audio_duration"] == pytest.approx(4.3, abs=0.05)
+
+
+def test_every_answer_says_the_cpu_it_took_in_server_timing(client, published):
+    """`Server-Timing: cpu;dur=MS` on every answer, a refusal too: what a client or
+    bench/load.py reads to learn what an upload costs the web tier."""
+    import re
+
+    for resp in (upload(client), client.get("/v1/jobs/nope"), client.get("/healthz")):
+        match = re.fullmatch(r"cpu;dur=(\d+\.\d\d)", resp.headers.get("Server-Timing", ""))
+        assert match, (resp.status_code, resp.headers.get("Server-Timing"))
+        assert 0 <= float(match.group(1)) < 60_000
 
 
 def test_unknown_job_is_404_json(client):
@@ -191,8 +205,15 @@ def test_a_long_poll_ends_when_the_job_changes_not_when_the_queue_moves(client, 
 
     ahead, mine = new_job_id(), new_job_id()
     with database.session() as s:
-        s.add(Job(id=ahead, audio_ref="audio/a.flac", priority="normal", audio_duration=4.0,
-                  created_at=datetime.now(timezone.utc) - timedelta(minutes=1)))
+        s.add(
+            Job(
+                id=ahead,
+                audio_ref="audio/a.flac",
+                priority="normal",
+                audio_duration=4.0,
+                created_at=datetime.now(UTC) - timedelta(minutes=1),
+            )
+        )
         s.add(Job(id=mine, audio_ref="audio/b.flac", priority="normal", audio_duration=4.0))
     first = client.get(f"/v1/jobs/{mine}")
     place = first.get_json()["queue_position"]
@@ -248,15 +269,14 @@ def test_readyz_names_the_broken_dependency(settings, database, monkeypatch):
 
 def test_a_large_upload_is_accepted(client, tmp_path, published):
     import numpy as np
-
     from helpers import write_wav
+
     from models.speech import audio
 
     fox = audio.decode(CLIPS["fox.flac"]["path"])
     path = write_wav(tmp_path / "big.wav", np.concatenate([np.zeros(16000 * 300, dtype=np.float32), fox]))
     assert path.stat().st_size > 9 * 1024 * 1024
-    resp = client.post("/v1/jobs", data={"file": (io.BytesIO(path.read_bytes()), "big.wav"), "priority": "low"},
-                       content_type="multipart/form-data")
+    resp = upload(client, "big.wav", data=path.read_bytes(), priority="low")
     assert resp.status_code == 202, resp.get_json()
     assert client.get(resp.headers["Location"]).get_json()["audio_duration"] == pytest.approx(304.3, abs=0.1)
 
@@ -271,28 +291,39 @@ def raw_post(client, body: bytes, content_type: str, headers: dict | None = None
         (b'{"file": "x"}', "application/json", 400, "unknown field(s) 'file'"),
         (b'{"audio_url": ', "application/json", 400, "not valid JSON"),
         (b'["http://example.com/a.mp3"]', "application/json", 400, "JSON object"),
-        (b'{"audio_url": "http://127.0.0.1:9/a.mp3", "callback_url": "http://169.254.169.254/x"}', "application/json",
-         400, "callback_url"),
+        (
+            b'{"audio_url": "http://127.0.0.1:9/a.mp3", "callback_url": "http://169.254.169.254/x"}',
+            "application/json",
+            400,
+            "callback_url",
+        ),
         (FOX, "audio/flac", 415, "multipart/form-data"),
         (b"--xyz\r\nContent-Disposition: form-data; name=file\r\n\r\nabc", "multipart/form-data", 400, "no boundary"),
         (b"this is not multipart at all", "multipart/form-data; boundary=xyz", 400, "multipart form field 'file'"),
-        (b"--xyz\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a\xff\xfe.flac\"\r\n\r\n" + FOX + b"\r\n--xyz--\r\n",
-         "multipart/form-data; boundary=xyz", 400, "UTF-8 file name"),
+        (
+            b'--xyz\r\nContent-Disposition: form-data; name="file"; filename="a\xff\xfe.flac"\r\n\r\n'
+            + FOX
+            + b"\r\n--xyz--\r\n",
+            "multipart/form-data; boundary=xyz",
+            400,
+            "UTF-8 file name",
+        ),
     ],
 )
-def test_malformed_requests_are_refused_and_leave_nothing(client, settings, database, published, body, content_type, status, words):
+def test_malformed_requests_are_refused_and_leave_nothing(
+    client, settings, database, published, body, content_type, status, words
+):
     files_before, jobs_before = stored_files(settings), job_count(database)
     resp = raw_post(client, body, content_type)
     assert resp.status_code == status, resp.get_data(as_text=True)
     assert words in resp.get_json()["error"]["message"]
     assert stored_files(settings) == files_before and job_count(database) == jobs_before
     assert published == []
-    assert upload(client, data=FOX).status_code == 202  # and the service keeps serving
+    assert upload(client, None, data=FOX).status_code == 202  # and the service keeps serving
 
 
 def test_huge_headers_get_431(client, published):
-    resp = client.post("/v1/jobs", data={"file": (io.BytesIO(FOX), "fox.flac")}, content_type="multipart/form-data",
-                       headers={f"X-Pad-{i}": "p" * 1000 for i in range(20)})
+    resp = upload(client, headers={f"X-Pad-{i}": "p" * 1000 for i in range(20)})
     assert resp.status_code == 431
     assert "headers" in resp.get_json()["error"]["message"]
     assert published == []
@@ -300,15 +331,14 @@ def test_huge_headers_get_431(client, published):
 
 def test_idempotency_key_returns_the_same_job(client, published, database):
     key = {"Idempotency-Key": f"order-{time.time_ns()}"}
-    first = client.post("/v1/jobs", data={"file": (io.BytesIO(FOX), "fox.flac")}, content_type="multipart/form-data", headers=key)
+    first = upload(client, headers=key)
     assert first.status_code == 202
-    again = client.post("/v1/jobs", data={"file": (io.BytesIO(FOX), "fox.flac")}, content_type="multipart/form-data", headers=key)
+    again = upload(client, headers=key)
     assert again.status_code == 200
     assert again.get_json()["job_id"] == first.get_json()["job_id"]
     assert len(published) == 1
     jobs = job_count(database)
-    other = client.post("/v1/jobs", data={"file": (io.BytesIO(FOX), "fox.flac"), "priority": "high"},
-                        content_type="multipart/form-data", headers=key)
+    other = upload(client, headers=key, priority="high")
     assert other.status_code == 409
     assert "different request" in other.get_json()["error"]["message"]
     assert job_count(database) == jobs and len(published) == 1
@@ -333,6 +363,5 @@ def test_idempotency_keys_are_kept_a_day(app, database):
 
 
 def test_bad_idempotency_key_is_400(client):
-    resp = client.post("/v1/jobs", data={"file": (io.BytesIO(FOX), "fox.flac")}, content_type="multipart/form-data",
-                       headers={"Idempotency-Key": "x" * 300})
+    resp = upload(client, headers={"Idempotency-Key": "x" * 300})
     assert resp.status_code == 400 and "Idempotency-Key" in resp.get_json()["error"]["message"]

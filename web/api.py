@@ -1,5 +1,6 @@
 """The JSON API: submit a job (upload or URL), list, read, cancel and delete jobs, and
 download (and correct) transcripts."""
+
 from __future__ import annotations
 
 import base64
@@ -7,7 +8,8 @@ import hashlib
 import json
 import logging
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
+from typing import Any
 
 from flask import Blueprint, Response, current_app, jsonify, request, url_for
 
@@ -18,10 +20,9 @@ from models.jobs import corrections
 from models.jobs.eta import estimate, queue_position
 from models.jobs.operations import ANY, cancel_job, delete_job, get_job, list_jobs
 from models.jobs.record import Job, JobStatus, Stage
+from models.pipeline import intake
 from models.runtime import Runtime
 from models.speech.formats import FORMATS, MIME_TYPES, render
-
-from models.pipeline import intake
 
 from .admission import admit_submission, client_key
 from .auth import current, scope
@@ -67,8 +68,10 @@ def create():
     elif request.mimetype == "multipart/form-data":
         if "boundary" not in request.mimetype_params:
             raise InvalidRequest("malformed multipart body: the Content-Type has no boundary")
-        job, created = intake.submit(runtime(), upload_submission(runtime(), who, "api", request.files.get("file"),
-                                                                request.form, request.files, key))
+        job, created = intake.submit(
+            runtime(),
+            upload_submission(runtime(), who, "api", request.files.get("file"), request.form, request.files, key),
+        )
     else:
         raise UnsupportedMediaType(
             "send the audio as multipart/form-data with the file in field 'file', or JSON with its URL in "
@@ -85,12 +88,17 @@ def rotate_webhook_secret():
     signing beside it for a day, so the receiver can switch without missing a delivery."""
     who = current()
     if who.owner is None:
-        raise Forbidden("webhook secrets belong to API keys: send your key as 'Authorization: Bearer wq_...' (jobs "
-                        "without a key are signed with the deployment's secret, WHISPERQ_WEBHOOK_SECRET)")
+        raise Forbidden(
+            "webhook secrets belong to API keys: send your key as 'Authorization: Bearer wq_...' (jobs "
+            "without a key are signed with the deployment's secret, WHISPERQ_WEBHOOK_SECRET)"
+        )
     record, secret = apikeys.rotate_webhook_secret(runtime(), who.owner)
     until = record.previous_webhook_secret_until
-    body = {"key_id": record.id, "webhook_secret": secret,
-            "previous_secret_signs_until": until.isoformat().replace("+00:00", "Z") if until else None}
+    body = {
+        "key_id": record.id,
+        "webhook_secret": secret,
+        "previous_secret_signs_until": until.isoformat().replace("+00:00", "Z") if until else None,
+    }
     return jsonify(body), 200, {"Cache-Control": "no-store"}
 
 
@@ -120,7 +128,11 @@ def index():
     status, raw_limit = listing_args()
     cursor = _decode_cursor(request.args.get("cursor"))
     jobs, following = list_jobs(runtime(), status, int(raw_limit), cursor, owner=scope())
-    body = {"jobs": [job_body(job, detail=False) for job in jobs], "next_cursor": None, "next_url": None}
+    body: dict[str, Any] = {
+        "jobs": [job_body(job, detail=False) for job in jobs],
+        "next_cursor": None,
+        "next_url": None,
+    }
     if following is not None:
         token = _encode_cursor(following)
         args = {k: v for k, v in (("status", status), ("limit", raw_limit)) if v}
@@ -166,13 +178,20 @@ def show(job_id: str):
     waiting request holds no thread."""
     wait = _wait_seconds(request.args.get("wait"))
     rt = runtime()
+    known = None
+    if not wait and rt.settings.poll_limit:
+        # Paced on the answer last built, before any is built again: in a burst every job
+        # that finishes moves the others' places, and a poll refused must cost nothing.
+        known = _cached(rt, job_id)
+        if known is not None and not known.job.state.finished:
+            _pace.take(client_key(), job_id, poll_after(known.job, known.body))
     entry = _status(rt, job_id)
     held = {tag.split(".", 1)[0] for tag in request.if_none_match.as_set(include_weak=True)}
     if wait and not entry.job.state.finished and (not held or entry.state in held):
         # One reader per process looks at every waiting client's job (web.waits).
         _watch.wait(rt, job_id, entry.state, wait)
         entry = _status(rt, job_id)
-    elif rt.settings.poll_limit and not entry.job.state.finished:
+    elif rt.settings.poll_limit and not entry.job.state.finished and known is None:
         _pace.take(client_key(), job_id, poll_after(entry.job, entry.body))
     resp = Response(entry.payload, mimetype="application/json")
     if not entry.job.state.finished:
@@ -185,26 +204,44 @@ def _status(rt: Runtime, job_id: str) -> Entry:
     """The job's answer for this request: from the status cache while the job is unchanged
     (its body rebuilt, without reading the job again, when its place in the queue moved or
     its estimates are old), else from the database. The owner is checked either way."""
-    entry = statuses.get(rt, job_id)
+    entry = _cached(rt, job_id)
     if entry is None:
         job = get_job(rt, job_id, owner=scope())
         return statuses.put(_built(rt, job, job_state(rt, job)))
-    if entry.job.deleted_at is not None or (scope() is not ANY and entry.job.owner != scope()):
-        raise JobNotFound(f"no job with id {job_id!r}")
-    if (queue_position(rt, entry.job) != entry.place or entry.host != request.host_url
-            or time.monotonic() - entry.built > BODY_AGE):
+    if (
+        queue_position(rt, entry.job) != entry.place
+        or entry.host != request.host_url
+        or time.monotonic() - entry.built > BODY_AGE
+    ):
         fresh = _built(rt, entry.job, entry.state)
         fresh.checked = entry.checked
         return statuses.put(fresh)
     return entry
 
 
+def _cached(rt: Runtime, job_id: str) -> Entry | None:
+    """The job's cached answer, if any, once the caller may see the job (JobNotFound if not)."""
+    entry = statuses.get(rt, job_id)
+    if entry is not None and (entry.job.deleted_at is not None or (scope() is not ANY and entry.job.owner != scope())):
+        raise JobNotFound(f"no job with id {job_id!r}")
+    return entry
+
+
 def _built(rt: Runtime, job: Job, state: str) -> Entry:
     body = job_body(job)
     now = time.monotonic()
-    return Entry(rt=rt, job=job, state=state, place=queue_position(rt, job), body=body,
-                 payload=current_app.json.dumps(body).encode() + b"\n", host=request.host_url,
-                 built=now, checked=now, read=now)
+    return Entry(
+        rt=rt,
+        job=job,
+        state=state,
+        place=queue_position(rt, job),
+        body=body,
+        payload=current_app.json.dumps(body).encode() + b"\n",
+        host=request.host_url,
+        built=now,
+        checked=now,
+        read=now,
+    )
 
 
 def _wait_seconds(value: str | None) -> int:
@@ -218,8 +255,18 @@ def _wait_seconds(value: str | None) -> int:
 def job_state(rt: Runtime, job: Job) -> str:
     """A digest of the job itself as a client acts on it: status, stage, progress, attempts,
     errors, webhook deliveries (not its place in the queue, nor the estimates)."""
-    state = [job.status, job.stage, job.progress, job.attempts, job.error, job.next_attempt_at, job.finished_at,
-             job.result_purged_at, job.audio_duration, job.corrected_at]
+    state: list[Any] = [
+        job.status,
+        job.stage,
+        job.progress,
+        job.attempts,
+        job.error,
+        job.next_attempt_at,
+        job.finished_at,
+        job.result_purged_at,
+        job.audio_duration,
+        job.corrected_at,
+    ]
     if job.callback_url:
         state.append([(d["status"], len(d["attempts"])) for d in deliveries_of(rt, job.id)])
     return hashlib.sha256(json.dumps(state, default=str).encode()).hexdigest()[:24]
@@ -237,7 +284,7 @@ def poll_after(job: Job, body: dict) -> int:
     start = body.get("estimated_start_at")
     if not start:
         return 5
-    wait = (datetime.fromisoformat(start.replace("Z", "+00:00")) - datetime.now(timezone.utc)).total_seconds()
+    wait = (datetime.fromisoformat(start.replace("Z", "+00:00")) - datetime.now(UTC)).total_seconds()
     return int(min(30, max(1, wait / 4)))
 
 
@@ -283,8 +330,10 @@ def transcript(job_id: str):
         raise InvalidRequest(f"format {fmt!r} is not one of: {', '.join(FORMATS)}")
     job = get_job(runtime(), job_id, owner=scope())
     if job.result_purged_at is not None:
-        raise ResultPurged(f"job {job_id}'s transcript was deleted after the retention period "
-                           "(WHISPERQ_RESULT_RETENTION); the job's status is still shown")
+        raise ResultPurged(
+            f"job {job_id}'s transcript was deleted after the retention period "
+            "(WHISPERQ_RESULT_RETENTION); the job's status is still shown"
+        )
     result = job.result()
     if result is None:
         raise JobNotReady(f"job {job_id} is {job.status}; the transcript is available once it is COMPLETED")
@@ -300,8 +349,10 @@ def correct(job_id: str):
     """A client's correction of a COMPLETED job's transcript, kept beside the original
     (models.jobs.corrections); the answer is the job, with both."""
     if request.mimetype != "application/json":
-        raise UnsupportedMediaType(f"send the correction as JSON (Content-Type: application/json), such as "
-                                   f"{corrections.EXAMPLE} (got {request.mimetype or 'no Content-Type'})")
+        raise UnsupportedMediaType(
+            f"send the correction as JSON (Content-Type: application/json), such as "
+            f"{corrections.EXAMPLE} (got {request.mimetype or 'no Content-Type'})"
+        )
     request.max_content_length = corrections.MAX_BYTES  # a long transcript: more than a submission's 64 KiB
     try:
         body = json.loads(request.get_data(cache=False) or b"null")
