@@ -1,10 +1,11 @@
-# whisperq: `make run` starts everything, `make test` runs the tests.
+# whisperq: `make run` starts everything, `make test` runs the tests, `make docs` builds the
+# documentation site (docs/, mkdocs.yml) into var/site/.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install check-deploy soak clean
+.PHONY: run test lint install check-deploy soak docs clean
 
 $(STAMP): setup.cfg pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "whisperq needs Python 3.11 or newer; set PYTHON=python3.11 (or newer)")'
@@ -20,6 +21,18 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The gRPC door's Python stubs (web/rpc/v1/, checked in) from its .proto, with
+# `python -m grpc_tools.protoc` (web/rpc/protoc.py); tests/test_grpc.py fails when they drift.
+.PHONY: proto
+proto: $(STAMP)
+	$(BIN)/python -m web.rpc.protoc
+
+# Lint, format and types (configured in pyproject.toml); .ci/run runs it.
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 # Benchmarks: `make bench-NAME` runs bench/NAME.py; each takes its size and its number of runs
 # as BENCH_JOBS and BENCH_RUNS (or --jobs/--runs; see each file's docstring), e.g.
@@ -52,6 +65,18 @@ SOAK_MINUTES ?= 60
 soak: $(STAMP)
 	@$(BIN)/python -c 'import matplotlib, psutil' 2>/dev/null || $(BIN)/python -m pip install --quiet -e '.[bench]'
 	$(BIN)/python bench/soak.py --minutes $(SOAK_MINUTES) $(SOAK_ARGS)
+
+# The documentation site (mkdocs.yml, docs/) into var/site/: first a check that the checked-in
+# configuration reference is what the settings' declaration writes (`make reference` writes it),
+# then --strict fails on any warning (a broken internal link or anchor, a page left out of the nav).
+.PHONY: reference
+reference: $(STAMP)
+	$(BIN)/python -m config.reference docs/configuration/reference.md
+
+docs: $(STAMP)
+	@$(BIN)/python -c 'import mkdocs, material' 2>/dev/null || $(BIN)/python -m pip install --quiet -e '.[docs]'
+	$(BIN)/python -m config.reference --check docs/configuration/reference.md
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # Static security scan of deploy/ (Kubernetes manifests, Dockerfile) with checkov, in a venv of
 # its own: its pins clash with the project's. Skips are annotations in the files, each with why.

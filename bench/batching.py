@@ -9,6 +9,7 @@ hits them alike. Run with `make bench` (or `make bench-batching`):
 
     BENCH_JOBS=40 BENCH_RUNS=3 python bench/batching.py
 """
+
 from __future__ import annotations
 
 import statistics
@@ -23,10 +24,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 import knobs  # noqa: E402
 
 from config import Settings  # noqa: E402
-from models.speech.batching import Batcher  # noqa: E402
-from models.speech.catalog import model_path  # noqa: E402
-from models.speech.engines import FasterWhisperEngine, usable_cores  # noqa: E402
+from models.registry.catalog import model_path  # noqa: E402
 from models.speech import audio  # noqa: E402
+from models.speech.batching import Batcher  # noqa: E402
+from models.speech.engines import FasterWhisperEngine, usable_cores  # noqa: E402
 from models.speech.windows import split_windows  # noqa: E402
 
 KNOBS = knobs.read(__doc__, "40", runs=3)
@@ -45,16 +46,21 @@ def main() -> None:
     engines = {}
     for threads, parallel, _size in configs:
         if (threads, parallel) not in engines:
-            engine = FasterWhisperEngine(model_path(settings), cpu_threads=threads, beam_size=settings.beam_size,
-                                         workers=parallel)
+            engine = FasterWhisperEngine(
+                model_path(settings), cpu_threads=threads, beam_size=settings.beam_size, workers=parallel
+            )
             engine.transcribe_batch([c[0] for c in chunks], [c[1] for c in chunks], "en")  # warm
             engines[threads, parallel] = engine
     rates: dict[tuple, list[float]] = {c: [] for c in configs}
     for _run in range(RUNS):
         for threads, parallel, size in configs:
             engine = engines[threads, parallel]
-            batcher = Batcher(lambda key, ps, e=engine: e.transcribe_batch([p[0] for p in ps], [p[1] for p in ps], key),
-                              max_batch=size, max_wait=0.05, parallel=parallel)
+            batcher = Batcher(
+                lambda key, ps, e=engine: e.transcribe_batch([p[0] for p in ps], [p[1] for p in ps], key),
+                max_batch=size,
+                max_wait=0.05,
+                parallel=parallel,
+            )
             started = time.perf_counter()
             futures = [f for _ in range(JOBS) for f in batcher.submit("en", chunks)]
             for f in futures:
@@ -62,8 +68,10 @@ def main() -> None:
             rates[threads, parallel, size].append(seconds / (time.perf_counter() - started))
             batcher.close()
     base = statistics.median(rates[cores, 1, 1])
-    print(f"{JOBS} jobs of the {len(samples) / audio.SAMPLE_RATE:.1f} s clip, {cores} cores, beam {settings.beam_size}, "
-          f"int8, median of {RUNS} runs\n")
+    print(
+        f"{JOBS} jobs of the {len(samples) / audio.SAMPLE_RATE:.1f} s clip, {cores} cores, "
+        f"beam {settings.beam_size}, int8, median of {RUNS} runs\n"
+    )
     print("| batches at once × threads each | windows per batch | audio-s per wall-s | vs one window on every core |")
     print("|---|---|---|---|")
     for threads, parallel, size in configs:

@@ -11,6 +11,7 @@ with the reason; with REQUIRE_SERVICES=1, as CI sets it, a missing need fails in
     python bench/ci.py                 # all of them
     python bench/ci.py load scale      # some
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -19,10 +20,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = {"BENCH_JOBS": "2", "BENCH_RUNS": "1"}
@@ -47,6 +48,7 @@ def _distribution(name: str, extra: str) -> Callable[[], str | None]:
         except metadata.PackageNotFoundError:
             return f"needs the {extra} extra (no {name})"
         return None
+
     return check
 
 
@@ -89,9 +91,15 @@ def run(bench: Bench) -> tuple[str, float]:
     started = time.monotonic()
     target = bench.target or f"bench-{bench.name}"
     print(f"\n=== {target} ({' '.join(f'{k}={v}' for k, v in {**TINY, **bench.env}.items())})", flush=True)
-    proc = subprocess.Popen([os.environ.get("MAKE", "make"), "--no-print-directory", target], cwd=ROOT,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [os.environ.get("MAKE", "make"), "--no-print-directory", target],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     lines: list[str] = []
 
     def kill_late(_signum, _frame) -> None:  # past its limit: a warm stop first, so it cleans up
@@ -113,8 +121,11 @@ def run(bench: Bench) -> tuple[str, float]:
         return "ok", took
     if took >= bench.limit:
         return f"FAILED: still running after {bench.limit:.0f} s", took
-    if bench.ran_anyway and any(bench.ran_anyway in line for line in lines[-5:]) \
-            and not any(line.startswith("Traceback") for line in lines):
+    if (
+        bench.ran_anyway
+        and any(bench.ran_anyway in line for line in lines[-5:])
+        and not any(line.startswith("Traceback") for line in lines)
+    ):
         return f"ran (exit {rc}: {bench.ran_anyway} at this size)", took
     return f"FAILED: exit {rc}", took
 
@@ -123,16 +134,20 @@ def main() -> int:
     wanted = sys.argv[1:]
     unknown = set(wanted) - {b.name for b in BENCHES}
     if unknown:
-        sys.exit(f"no benchmark named {', '.join(sorted(unknown))}; the benchmarks: {', '.join(b.name for b in BENCHES)}")
+        sys.exit(
+            f"no benchmark named {', '.join(sorted(unknown))}; the benchmarks: {', '.join(b.name for b in BENCHES)}"
+        )
     began = time.monotonic()
     results = [(b.target or f"bench-{b.name}", *run(b)) for b in BENCHES if not wanted or b.name in wanted]
-    print(f"\n| benchmark | result | seconds |\n|---|---|---|")
+    print("\n| benchmark | result | seconds |\n|---|---|---|")
     for name, result, took in results:
         print(f"| {name} | {result} | {took:.0f} |")
     failed = [name for name, result, _ in results if result.startswith("FAILED")]
     skipped = sum(1 for _, result, _ in results if result.startswith("skipped"))
-    print(f"\n{len(results) - len(failed) - skipped} ran, {skipped} skipped, {len(failed)} failed"
-          f"{': ' + ', '.join(failed) if failed else ''}; {time.monotonic() - began:.0f} s in all")
+    print(
+        f"\n{len(results) - len(failed) - skipped} ran, {skipped} skipped, {len(failed)} failed"
+        f"{': ' + ', '.join(failed) if failed else ''}; {time.monotonic() - began:.0f} s in all"
+    )
     return 1 if failed else 0
 
 

@@ -8,6 +8,7 @@ decodes the 9.4 s fixture clip from an encrypted and a plain copy. Reports media
 
     BENCH_JOBS=128 BENCH_RUNS=5 python bench/encryption.py
 """
+
 from __future__ import annotations
 
 import os
@@ -24,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import knobs  # noqa: E402
+
 from models.security.crypto import Keyring, new_key_line, parse_keys  # noqa: E402
 from models.security.sealed import EncryptedWriter, open_decrypted  # noqa: E402
 from models.speech import audio  # noqa: E402
@@ -93,8 +95,11 @@ def main() -> None:
         with open_decrypted(sealed_wav, keyring) as fh:
             audio.decode(fh)
 
-    pairs = [("write", write_plain, write_sealed), ("read", read_plain, read_sealed),
-             ("decode clip", decode_plain, decode_sealed)]
+    pairs = [
+        ("write", write_plain, write_sealed),
+        ("read", read_plain, read_sealed),
+        ("decode clip", decode_plain, decode_sealed),
+    ]
     results = {name: ([], []) for name, _, _ in pairs}
     try:
         for run in range(RUNS):

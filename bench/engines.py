@@ -18,6 +18,7 @@ Run with `make bench-engines`:
 
     BENCH_JOBS=4 BENCH_RUNS=3 python bench/engines.py
 """
+
 from __future__ import annotations
 
 import os
@@ -32,11 +33,12 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from config import Settings  # noqa: E402
-from helpers import CLIPS, long_recording, word_error_rate  # noqa: E402
 import knobs  # noqa: E402
-from models.speech.engines import FasterWhisperEngine, bundled_model_path  # noqa: E402
+from helpers import CLIPS, long_recording, word_error_rate  # noqa: E402
+
+from config import Settings  # noqa: E402
 from models.speech import audio  # noqa: E402
+from models.speech.engines import FasterWhisperEngine, bundled_model_path  # noqa: E402
 from models.speech.windows import split_windows  # noqa: E402
 
 KNOBS = knobs.read(__doc__, "4", runs=3, what="times each clip")
@@ -59,7 +61,7 @@ def run(engine, windows, batch_size: int) -> tuple[float, str]:
     started = time.perf_counter()
     texts = []
     for i in range(0, len(windows), batch_size):
-        group = windows[i:i + batch_size]
+        group = windows[i : i + batch_size]
         for segments in engine.transcribe_batch([w for w, _ in group], [o for _, o in group], "en"):
             texts.extend(s.text for s in segments)
     return time.perf_counter() - started, " ".join(texts)
@@ -75,11 +77,19 @@ def main() -> None:
     engines = {}
     for beam in BEAMS:
         engines[("faster-whisper", beam)] = FasterWhisperEngine(
-            bundled_model_path(), device=settings.device, compute_type=settings.compute_type,
-            cpu_threads=settings.cpu_threads, beam_size=beam)
+            bundled_model_path(),
+            device=settings.device,
+            compute_type=settings.compute_type,
+            cpu_threads=settings.cpu_threads,
+            beam_size=beam,
+        )
         engines[("openai-whisper", beam)] = OpenAIWhisperEngine(
-            str(checkpoint), device=settings.device, compute_type=settings.compute_type,
-            cpu_threads=settings.cpu_threads, beam_size=beam)
+            str(checkpoint),
+            device=settings.device,
+            compute_type=settings.compute_type,
+            cpu_threads=settings.cpu_threads,
+            beam_size=beam,
+        )
     loads = workloads()
     for engine in engines.values():  # warm up: first calls allocate and pick kernels
         run(engine, loads["clips"][0][:2], 2)
@@ -93,10 +103,14 @@ def main() -> None:
                     times.setdefault((load, name, beam, size), []).append(elapsed)
                     wers[(load, name, beam, size)] = word_error_rate(text, said)
     some = next(iter(engines.values()))
-    print(f"device {some.device}; faster-whisper {engines[('faster-whisper', BEAMS[0])].compute_type}, "
-          f"openai-whisper {engines[('openai-whisper', BEAMS[0])].compute_type}; median of {RUNS} runs")
-    print("| audio | beam | batch | faster-whisper: wall s | audio-s / wall-s | openai-whisper: wall s | "
-          "audio-s / wall-s | faster ÷ openai | WER fw / ow |")
+    print(
+        f"device {some.device}; faster-whisper {engines[('faster-whisper', BEAMS[0])].compute_type}, "
+        f"openai-whisper {engines[('openai-whisper', BEAMS[0])].compute_type}; median of {RUNS} runs"
+    )
+    print(
+        "| audio | beam | batch | faster-whisper: wall s | audio-s / wall-s | openai-whisper: wall s | "
+        "audio-s / wall-s | faster ÷ openai | WER fw / ow |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for load, (windows, _text) in loads.items():
         seconds = sum(len(w) for w, _ in windows) / audio.SAMPLE_RATE
@@ -104,9 +118,12 @@ def main() -> None:
             for size in SIZES:
                 fw = statistics.median(times[(load, "faster-whisper", beam, size)])
                 ow = statistics.median(times[(load, "openai-whisper", beam, size)])
-                print(f"| {load} ({len(windows)} windows, {seconds:.1f} s) | {beam} | {size} | {fw:.2f} | "
-                      f"{seconds / fw:.1f} | {ow:.2f} | {seconds / ow:.1f} | {ow / fw:.2f}x | "
-                      f"{wers[(load, 'faster-whisper', beam, size)]:.2f} / {wers[(load, 'openai-whisper', beam, size)]:.2f} |")
+                print(
+                    f"| {load} ({len(windows)} windows, {seconds:.1f} s) | {beam} | {size} | {fw:.2f} | "
+                    f"{seconds / fw:.1f} | {ow:.2f} | {seconds / ow:.1f} | {ow / fw:.2f}x | "
+                    f"{wers[(load, 'faster-whisper', beam, size)]:.2f} / "
+                    f"{wers[(load, 'openai-whisper', beam, size)]:.2f} |"
+                )
 
 
 if __name__ == "__main__":

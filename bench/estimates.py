@@ -12,10 +12,11 @@ of the runs' figures; `--verbose` adds each job's estimate and real time, and th
 figures the inference worker had published when the burst came. The machine's load average and the
 CPU time the rest of the machine took during each run are printed beside them: on a shared
 machine the pool's speed moves with what else runs. Target: median ≤ 25 %, p90 ≤ 60 %;
-exits 1 when missed. Run with `make bench-estimates`; results go in the README.
+exits 1 when missed. Run with `make bench-estimates`; results go in docs/performance.md.
 
     python bench/estimates.py --jobs 30 --runs 2 --verbose    # BENCH_JOBS, BENCH_RUNS also work
 """
+
 from __future__ import annotations
 
 import argparse
@@ -95,8 +96,12 @@ def one_run(jobs: int, clip: Path, verbose: bool = False) -> dict:
             job = submit(base, FIXTURES / name)
             wait_all(base, {job["job_id"]})
         if verbose:  # the inference worker's figures as the burst finds them (its heartbeat, in SQLite)
-            print("  speeds before the burst:", sqlite3.connect(tmp / "whisperq.db").execute(
-                "SELECT throughput FROM worker_heartbeats WHERE pool = 'inference'").fetchall())
+            print(
+                "  speeds before the burst:",
+                sqlite3.connect(tmp / "whisperq.db")
+                .execute("SELECT throughput FROM worker_heartbeats WHERE pool = 'inference'")
+                .fetchall(),
+            )
         root = psutil.Process(proc.pid)
         machine0, ours0, load0, t0 = machine_cpu(), service_cpu(root), os.getloadavg()[0], time.monotonic()
         with ThreadPoolExecutor(8) as pool:
@@ -117,25 +122,43 @@ def one_run(jobs: int, clip: Path, verbose: bool = False) -> dict:
             continue
         shares.append(abs(estimate - when(finished["finished_at"])) / took)
         if verbose:
-            print(f"  place {job['queue_position']:3d}: estimated {estimate - when(job['created_at']):6.2f} s,"
-                  f" took {took:6.2f} s")
+            print(
+                f"  place {job['queue_position']:3d}: estimated {estimate - when(job['created_at']):6.2f} s,"
+                f" took {took:6.2f} s"
+            )
         late += estimate < when(finished["finished_at"])
     drained = max(when(j["finished_at"]) for j in done.values()) - min(when(j["created_at"]) for j in sent)
-    return {"median": statistics.median(shares), "p90": percentile(shares, 0.9), "missing": missing,
-            "finished_after_estimate": late / len(sent), "drained": drained, "load": (load0, load1),
-            "other_cpu": max(0.0, other), "submitted": submitted,
-            "failed": sum(j["status"] != "COMPLETED" for j in done.values())}
+    return {
+        "median": statistics.median(shares),
+        "p90": percentile(shares, 0.9),
+        "missing": missing,
+        "finished_after_estimate": late / len(sent),
+        "drained": drained,
+        "load": (load0, load1),
+        "other_cpu": max(0.0, other),
+        "submitted": submitted,
+        "failed": sum(j["status"] != "COMPLETED" for j in done.values()),
+    }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--jobs", type=int, default=int(os.environ.get("BENCH_JOBS", "30")),
-                        help="uploads in the burst (BENCH_JOBS; default 30)")
-    parser.add_argument("--runs", type=int, default=int(os.environ.get("BENCH_RUNS", "2")),
-                        help="fresh services to measure; the report gives their medians (BENCH_RUNS; default 2)")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=int(os.environ.get("BENCH_JOBS", "30")),
+        help="uploads in the burst (BENCH_JOBS; default 30)",
+    )
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=int(os.environ.get("BENCH_RUNS", "2")),
+        help="fresh services to measure; the report gives their medians (BENCH_RUNS; default 2)",
+    )
     parser.add_argument("--verbose", action="store_true", help="each job's estimate and time to finish")
-    parser.add_argument("--clip", default="report.opus",
-                        help="the burst's clip, in tests/fixtures (default report.opus)")
+    parser.add_argument(
+        "--clip", default="report.opus", help="the burst's clip, in tests/fixtures (default report.opus)"
+    )
     args = parser.parse_args()
     clip = FIXTURES / args.clip
     if args.jobs < 1 or args.runs < 1:
@@ -146,17 +169,22 @@ def main() -> int:
     for n in range(args.runs):
         r = one_run(args.jobs, clip, args.verbose)
         runs.append(r)
-        print(f"run {n + 1}: {args.jobs} × {clip.name}: |error| median {r['median']:5.0%}, p90 {r['p90']:5.0%};"
-              f" no estimate {r['missing']}; finished after their estimate {r['finished_after_estimate']:4.0%};"
-              f" sent in {r['submitted']:.1f} s, drained in {r['drained']:.0f} s; failed {r['failed']};"
-              f" load average {r['load'][0]:.1f} → {r['load'][1]:.1f},"
-              f" other processes {r['other_cpu']:.2f} cores", flush=True)
+        print(
+            f"run {n + 1}: {args.jobs} × {clip.name}: |error| median {r['median']:5.0%}, p90 {r['p90']:5.0%};"
+            f" no estimate {r['missing']}; finished after their estimate {r['finished_after_estimate']:4.0%};"
+            f" sent in {r['submitted']:.1f} s, drained in {r['drained']:.0f} s; failed {r['failed']};"
+            f" load average {r['load'][0]:.1f} → {r['load'][1]:.1f},"
+            f" other processes {r['other_cpu']:.2f} cores",
+            flush=True,
+        )
     median = statistics.median(r["median"] for r in runs)
     p90 = statistics.median(r["p90"] for r in runs)
     missing = sum(r["missing"] for r in runs)
     ok = median <= TARGET_MEDIAN and p90 <= TARGET_P90 and missing == 0
-    print(f"{args.runs} run(s): |error| median {median:.0%} (target ≤ {TARGET_MEDIAN:.0%}), p90 {p90:.0%}"
-          f" (target ≤ {TARGET_P90:.0%}), jobs with no estimate {missing}: {'met' if ok else 'MISSED'}")
+    print(
+        f"{args.runs} run(s): |error| median {median:.0%} (target ≤ {TARGET_MEDIAN:.0%}), p90 {p90:.0%}"
+        f" (target ≤ {TARGET_P90:.0%}), jobs with no estimate {missing}: {'met' if ok else 'MISSED'}"
+    )
     return 0 if ok else 1
 
 

@@ -1,6 +1,6 @@
 """Benchmark: upload-to-COMPLETED latency through the whole service, and the model's
 real-time factor, on this machine. Run with `make bench` (or `make bench-latency`); results
-go in the README.
+go in docs/performance.md.
 
 Each run loads the model and transcribes the 9.4 s fixture clip --jobs / BENCH_JOBS times
 (default 10), then starts `whisperq run` (embedded broker, gunicorn, the pools, Flower) in a
@@ -10,6 +10,7 @@ Reported: the median over --runs / BENCH_RUNS runs (default 3) of each run's med
 
     BENCH_JOBS=10 BENCH_RUNS=3 python bench/latency.py
 """
+
 from __future__ import annotations
 
 import statistics
@@ -31,8 +32,8 @@ from service import running_service  # noqa: E402
 def model_rtf(jobs: int) -> tuple[float, float, float]:
     """(load seconds, clip seconds, median seconds to transcribe the clip)."""
     from config import Settings
+    from models.registry.catalog import model_path
     from models.speech import audio
-    from models.speech.catalog import model_path
     from models.speech.engines import FasterWhisperEngine
 
     settings = Settings.from_env({})
@@ -89,11 +90,15 @@ def main() -> None:
         warm_all += warm
     median = statistics.median(models)
     print(f"median of {knob.runs} run(s), {knob.size} jobs each")
-    print(f"model: load {statistics.median(loads):.2f} s; {seconds:.1f} s clip transcribed in {median:.2f} s; "
-          f"real-time factor {median / seconds:.3f} ({seconds / median:.1f}x faster than real time)")
-    print(f"upload -> COMPLETED, {seconds:.1f} s clip: first job (loads the model) {statistics.median(colds):.2f} s; "
-          f"then median {statistics.median(warms):.2f} s, min {min(warm_all):.2f} s, max {max(warm_all):.2f} s "
-          f"over {len(warm_all)} jobs")
+    print(
+        f"model: load {statistics.median(loads):.2f} s; {seconds:.1f} s clip transcribed in {median:.2f} s; "
+        f"real-time factor {median / seconds:.3f} ({seconds / median:.1f}x faster than real time)"
+    )
+    print(
+        f"upload -> COMPLETED, {seconds:.1f} s clip: first job (loads the model) {statistics.median(colds):.2f} s; "
+        f"then median {statistics.median(warms):.2f} s, min {min(warm_all):.2f} s, max {max(warm_all):.2f} s "
+        f"over {len(warm_all)} jobs"
+    )
 
 
 if __name__ == "__main__":

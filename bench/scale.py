@@ -35,9 +35,11 @@ postgres, trust). Run with `make bench-scale`:
 
     BENCH_JOBS=32 BENCH_RUNS=3 python bench/scale.py
 """
+
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import re
@@ -79,10 +81,27 @@ PROCFILE = ROOT / "Procfile"
 FINISHED = ("COMPLETED", "FAILED", "EXPIRED", "CANCELLED")
 TICKS = os.sysconf("SC_CLK_TCK")
 # What the benchmark sets itself: whatever the calling shell has for these is dropped.
-OWN = ("CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "DATABASE_URL", "WHISPERQ_REDIS_URL", "WHISPERQ_DATA_DIR",
-       "WHISPERQ_STORAGE", "WHISPERQ_MODELS", "WHISPERQ_DEFAULT_MODEL", "WHISPERQ_ALIASES", "WHISPERQ_SHADOW",
-       "WHISPERQ_INFERENCE_QUEUES", "WHISPERQ_ENCRYPTION_KEYS", "WHISPERQ_SECRET_KEY", "WHISPERQ_WEBHOOK_SECRET",
-       "WHISPERQ_CPU_THREADS", "HOST", "PORT", "WHISPERQ_PUBLIC_URL", "WHISPERQ_METRICS_PORT")
+OWN = (
+    "CELERY_BROKER_URL",
+    "CELERY_RESULT_BACKEND",
+    "DATABASE_URL",
+    "WHISPERQ_REDIS_URL",
+    "WHISPERQ_DATA_DIR",
+    "WHISPERQ_STORAGE",
+    "WHISPERQ_MODELS",
+    "WHISPERQ_DEFAULT_MODEL",
+    "WHISPERQ_ALIASES",
+    "WHISPERQ_SHADOW",
+    "WHISPERQ_INFERENCE_QUEUES",
+    "WHISPERQ_ENCRYPTION_KEYS",
+    "WHISPERQ_SECRET_KEY",
+    "WHISPERQ_WEBHOOK_SECRET",
+    "WHISPERQ_CPU_THREADS",
+    "HOST",
+    "PORT",
+    "WHISPERQ_PUBLIC_URL",
+    "WHISPERQ_METRICS_PORT",
+)
 
 
 def log(message: str) -> None:
@@ -91,7 +110,7 @@ def log(message: str) -> None:
 
 def procfile_argv(name: str, env: dict[str, str]) -> list[str]:
     """The Procfile's `name` line as argv: ${VAR:-default} from `env`, this venv's tools."""
-    line = next(l for l in PROCFILE.read_text().splitlines() if l.startswith(f"{name}:"))
+    line = next(ln for ln in PROCFILE.read_text().splitlines() if ln.startswith(f"{name}:"))
     command = re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: env.get(m.group(1)) or m.group(2), line.split(":", 1)[1])
     argv = shlex.split(command)
     return [str(BIN / word) if word in ("gunicorn", "celery") and (BIN / word).exists() else word for word in argv]
@@ -146,16 +165,19 @@ def stop(proc: subprocess.Popen, timeout: float = 30) -> None:
     try:
         proc.wait(timeout)
     except subprocess.TimeoutExpired:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # not reaped yet, a session of its own: the group is ours
-        except ProcessLookupError:
-            pass
         proc.wait()
 
 
 def psql(sql: str, database: str = "postgres") -> None:
-    subprocess.run(["psql", f"{PG}/{database}", "-v", "ON_ERROR_STOP=1", "-qAtc", sql], check=True,
-                   capture_output=True, text=True, timeout=60)
+    subprocess.run(
+        ["psql", f"{PG}/{database}", "-v", "ON_ERROR_STOP=1", "-qAtc", sql],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 class Bench:
@@ -214,12 +236,20 @@ class Bench:
             self.procs[name] = self._start(name, procfile_argv(name, env), env)
         self._wait_web()
 
-    def _start(self, name: str, argv: list[str], env: dict[str, str], host: SecondHost | None = None,
-               cpus: str | None = None) -> subprocess.Popen:
+    def _start(
+        self, name: str, argv: list[str], env: dict[str, str], host: SecondHost | None = None, cpus: str | None = None
+    ) -> subprocess.Popen:
         out = (LOGS / f"{name}.log").open("w")  # opened on host 1, handed to the process
         if host is None:
-            proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            proc = subprocess.Popen(
+                argv,
+                cwd=ROOT,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         else:
             proc = host.popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, cpus=cpus)
         out.close()
@@ -256,8 +286,9 @@ class Bench:
             env = host.env(self.env)  # broker and database through the forwarders, its own data dir
             if INFERENCE_NICE:
                 env["WHISPERQ_POOL_NICE"] = INFERENCE_NICE
-            self.procs[f"inference-{label}"] = self._start(f"inference-{label}", procfile_argv("inference", env),
-                                                           env, host=host, cpus=cpus)
+            self.procs[f"inference-{label}"] = self._start(
+                f"inference-{label}", procfile_argv("inference", env), env, host=host, cpus=cpus
+            )
             self.nodes[label] = f"inference@{host.hostname}"
         self.cpus = {"A": "0", "B": "1"}
         wanted = {"prepare@", "notify@", *self.nodes.values()}
@@ -295,17 +326,21 @@ class Bench:
             while True:
                 rows = conn.execute(
                     "SELECT id, status, worker, created_at, finished_at, audio_duration, error FROM jobs "
-                    "WHERE id = ANY(%s)", (ids,)).fetchall()
+                    "WHERE id = ANY(%s)",
+                    (ids,),
+                ).fetchall()
                 if len(rows) == len(ids) and all(r[1] in FINISHED for r in rows):
                     break
                 self._check_alive()
                 if time.monotonic() > deadline:
                     states = statistics.multimode([r[1] for r in rows]) if rows else []
-                    raise RuntimeError(f"{sum(r[1] not in FINISHED for r in rows)} of {len(ids)} jobs not finished "
-                                       f"after {timeout:.0f} s (most are {states}); logs in {LOGS}")
+                    raise RuntimeError(
+                        f"{sum(r[1] not in FINISHED for r in rows)} of {len(ids)} jobs not finished "
+                        f"after {timeout:.0f} s (most are {states}); logs in {LOGS}"
+                    )
                 time.sleep(0.2)
         keys = ("id", "status", "worker", "created_at", "finished_at", "audio_duration", "error")
-        return [dict(zip(keys, row)) for row in rows]
+        return [dict(zip(keys, row, strict=True)) for row in rows]
 
     def warm(self) -> None:
         """Each inference host loads its model on a job of its own, before anything is timed."""
@@ -337,7 +372,9 @@ class Bench:
         seen_done = time.time()
         own_after = os.times()
         cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in tree.items()}
-        cpu["this process (clients, forwarders)"] = (own_after.user - own_before.user) + (own_after.system - own_before.system)
+        cpu["this process (clients, forwarders)"] = (own_after.user - own_before.user) + (
+            own_after.system - own_before.system
+        )
         # PostgreSQL's backends for this database (one that ended during the burst is missed).
         cpu["postgres"] = sum(used - pg_before.get(pid, 0.0) for pid, used in postgres_backends().items())
         busy = machine_busy() - busy_before
@@ -350,12 +387,20 @@ class Bench:
         for r in done:
             split[self.host_of(r["worker"])] = split.get(self.host_of(r["worker"]), 0) + 1
         return {
-            "way": way, "inference_hosts": list(labels), "jobs": len(ids), "completed": len(done),
-            "failed": [{"id": r["id"], "status": r["status"], "error": r["error"]} for r in rows if r["status"] != "COMPLETED"],
-            "audio_seconds": round(audio_s, 2), "wall_seconds": round(wall, 3),
+            "way": way,
+            "inference_hosts": list(labels),
+            "jobs": len(ids),
+            "completed": len(done),
+            "failed": [
+                {"id": r["id"], "status": r["status"], "error": r["error"]} for r in rows if r["status"] != "COMPLETED"
+            ],
+            "audio_seconds": round(audio_s, 2),
+            "wall_seconds": round(wall, 3),
             "audio_s_per_s": audio_s / wall if wall > 0 else 0.0,
-            "client": {"upload_seconds": round(accepted - started, 3),
-                       "audio_s_per_s": audio_s / (seen_done - started)},
+            "client": {
+                "upload_seconds": round(accepted - started, 3),
+                "audio_s_per_s": audio_s / (seen_done - started),
+            },
             "split": dict(sorted(split.items())),
             "cpu_seconds": {k: round(v, 2) for k, v in cpu.items()},
             # From the first upload sent to the last finish seen: the machine's busy cores, and
@@ -365,7 +410,9 @@ class Bench:
             "core_use": {label: round(cpu[f"inference-{label}"] / wall, 2) for label in labels},
             # Audio-seconds per CPU-second the inference hosts used: what the work costs, whatever
             # share of their cores the rest of the machine left them.
-            "audio_s_per_inference_cpu_s": round(audio_s / max(sum(cpu[f"inference-{l}"] for l in labels), 1e-9), 2),
+            "audio_s_per_inference_cpu_s": round(
+                audio_s / max(sum(cpu[f"inference-{label}"] for label in labels), 1e-9), 2
+            ),
         }
 
 
@@ -398,8 +445,10 @@ def main() -> None:
                 run = bench.burst(way, labels)
                 run["pair"] = pair + 1
                 runs.append(run)
-                log(f"  {run['audio_s_per_s']:.1f} audio-s/s, {run['completed']}/{run['jobs']} completed, "
-                    f"split {run['split']}, core use {run['core_use']}")
+                log(
+                    f"  {run['audio_s_per_s']:.1f} audio-s/s, {run['completed']}/{run['jobs']} completed, "
+                    f"split {run['split']}, core use {run['core_use']}"
+                )
         hostnames = {label: host.hostname for label, host in bench.hosts.items()}
         slots = bench.settings.inference_slots
         log("stopping")
@@ -407,48 +456,84 @@ def main() -> None:
 
     rates = {way: [r["audio_s_per_s"] for r in runs if r["way"] == way] for way in (1, 2)}
     medians = {way: statistics.median(v) for way, v in rates.items()}
-    pair_ratios = [b["audio_s_per_s"] / a["audio_s_per_s"] for a, b in zip(runs[0::2], runs[1::2])]
+    pair_ratios = [b["audio_s_per_s"] / a["audio_s_per_s"] for a, b in zip(runs[0::2], runs[1::2], strict=False)]
     ratio = medians[2] / medians[1]
     summary = {
-        "clip": CLIP.name, "clip_seconds": round(clip_s, 2), "jobs": JOBS, "pairs": PAIRS,
-        "model": f"{bench.settings.default_model} {compute} on {device}", "cores": os.cpu_count(),
-        "inference": {"cpus": bench.cpus, "hostnames": hostnames, "slots": slots, "cpu_threads": 1,
-                      "batch_size": batch_size(bench.settings)},
-        "storage": "postgres", "broker": "embedded redis (private, loopback)",
+        "clip": CLIP.name,
+        "clip_seconds": round(clip_s, 2),
+        "jobs": JOBS,
+        "pairs": PAIRS,
+        "model": f"{bench.settings.default_model} {compute} on {device}",
+        "cores": os.cpu_count(),
+        "inference": {
+            "cpus": bench.cpus,
+            "hostnames": hostnames,
+            "slots": slots,
+            "cpu_threads": 1,
+            "batch_size": batch_size(bench.settings),
+        },
+        "storage": "postgres",
+        "broker": "embedded redis (private, loopback)",
         "median_audio_s_per_s": {"1 host": round(medians[1], 2), "2 hosts": round(medians[2], 2)},
-        "ratio": round(ratio, 3), "pair_ratios": [round(r, 3) for r in pair_ratios],
-        "setup_seconds": round(setup_s, 1), "total_seconds": round(total_s, 1), "runs": runs,
+        "ratio": round(ratio, 3),
+        "pair_ratios": [round(r, 3) for r in pair_ratios],
+        "setup_seconds": round(setup_s, 1),
+        "total_seconds": round(total_s, 1),
+        "runs": runs,
     }
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(summary, indent=2, default=str) + "\n")
 
-    print(f"{JOBS} uploads of the {clip_s:.1f} s clip ({JOBS * clip_s:.0f} s of audio), sent at once over HTTP; "
-          f"{summary['model']}; each inference host on one core (WHISPERQ_CPU_THREADS=1, {slots} slots); "
-          f"{PAIRS} pair(s) of runs, interleaved, median\n")
+    print(
+        f"{JOBS} uploads of the {clip_s:.1f} s clip ({JOBS * clip_s:.0f} s of audio), sent at once over HTTP; "
+        f"{summary['model']}; each inference host on one core (WHISPERQ_CPU_THREADS=1, {slots} slots); "
+        f"{PAIRS} pair(s) of runs, interleaved, median\n"
+    )
     print("| way | inference hosts | audio-s/s | vs 1 host |")
     print("|---|---|---|---|")
     print(f"| (1) one inference host | A (core 0) | {medians[1]:.1f} | 1.00× |")
     print(f"| (2) two inference hosts | A (core 0) + B (core 1) | {medians[2]:.1f} | {ratio:.2f}× |")
     print()
-    for a, b, r in zip(runs[0::2], runs[1::2], pair_ratios):
-        print(f"- pair {a['pair']}: (1) {a['audio_s_per_s']:.1f}, (2) {b['audio_s_per_s']:.1f} audio-s/s: {r:.2f}×; "
-              f"jobs by host in (2): " + ", ".join(f"{k} {v}" for k, v in b["split"].items())
-              + " (in (1): " + ", ".join(f"{k} {v}" for k, v in a["split"].items()) + ")")
+    for a, b, r in zip(runs[0::2], runs[1::2], pair_ratios, strict=False):
+        print(
+            f"- pair {a['pair']}: (1) {a['audio_s_per_s']:.1f}, (2) {b['audio_s_per_s']:.1f} audio-s/s: {r:.2f}×; "
+            f"jobs by host in (2): "
+            + ", ".join(f"{k} {v}" for k, v in b["split"].items())
+            + " (in (1): "
+            + ", ".join(f"{k} {v}" for k, v in a["split"].items())
+            + ")"
+        )
     for r in runs:
         if r["failed"]:
             print(f"- pair {r['pair']} ({r['way']}): {len(r['failed'])} jobs did not complete: {r['failed'][:3]}")
-    print("- share of its core each inference host used, (1) / (2): " + "; ".join(
-        f"pair {a['pair']}: A {a['core_use']['A']:.2f} / A {b['core_use']['A']:.2f}, B {b['core_use']['B']:.2f}"
-        for a, b in zip(runs[0::2], runs[1::2])))
-    print("- audio-s per CPU-second of the inference hosts, by run: "
-          + ", ".join(f"{r['audio_s_per_inference_cpu_s']:.1f}" for r in runs))
-    host1 = [(sum(v for k, v in r["cpu_seconds"].items() if not k.startswith("inference")), r["wall_seconds"]) for r in runs]
-    print("- host 1 (web, prepare, notify, broker, PostgreSQL, this process) in cores busy, by run: "
-          + ", ".join(f"{c / w:.2f}" for c, w in host1))
-    print("- the machine's busy cores, by run: " + ", ".join(f"{r['machine_busy_cores']:.2f}" for r in runs)
-          + "; of which not this benchmark's: " + ", ".join(f"{r['other_busy_cores']:.2f}" for r in runs))
-    print(f"\nratio (2) / (1) = {ratio:.2f}; setup {setup_s:.0f} s, whole run {total_s:.0f} s; results in "
-          f"{RESULTS.relative_to(ROOT)}")
+    print(
+        "- share of its core each inference host used, (1) / (2): "
+        + "; ".join(
+            f"pair {a['pair']}: A {a['core_use']['A']:.2f} / A {b['core_use']['A']:.2f}, B {b['core_use']['B']:.2f}"
+            for a, b in zip(runs[0::2], runs[1::2], strict=False)
+        )
+    )
+    print(
+        "- audio-s per CPU-second of the inference hosts, by run: "
+        + ", ".join(f"{r['audio_s_per_inference_cpu_s']:.1f}" for r in runs)
+    )
+    host1 = [
+        (sum(v for k, v in r["cpu_seconds"].items() if not k.startswith("inference")), r["wall_seconds"]) for r in runs
+    ]
+    print(
+        "- host 1 (web, prepare, notify, broker, PostgreSQL, this process) in cores busy, by run: "
+        + ", ".join(f"{c / w:.2f}" for c, w in host1)
+    )
+    print(
+        "- the machine's busy cores, by run: "
+        + ", ".join(f"{r['machine_busy_cores']:.2f}" for r in runs)
+        + "; of which not this benchmark's: "
+        + ", ".join(f"{r['other_busy_cores']:.2f}" for r in runs)
+    )
+    print(
+        f"\nratio (2) / (1) = {ratio:.2f}; setup {setup_s:.0f} s, whole run {total_s:.0f} s; results in "
+        f"{RESULTS.relative_to(ROOT)}"
+    )
 
 
 if __name__ == "__main__":

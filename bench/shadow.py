@@ -10,6 +10,7 @@ Needs the base-model extra. `make bench-shadow`:
 
     BENCH_JOBS=9 BENCH_RUNS=3 python bench/shadow.py
 """
+
 from __future__ import annotations
 
 import json
@@ -21,7 +22,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE.parent / "tests"), str(HERE)]
@@ -44,8 +44,13 @@ def one_run(items: dict[str, dict]) -> tuple[dict[str, tuple[float, float, float
         env.pop("DATABASE_URL", None)
         compare = ""
         while time.monotonic() < deadline:  # the shadows run at low priority, after the jobs
-            compare = subprocess.run([str(Path(sys.executable).parent / "whisperq"), "models", "compare"],
-                                     env=env, capture_output=True, text=True, check=True).stdout
+            compare = subprocess.run(
+                [str(Path(sys.executable).parent / "whisperq"), "models", "compare"],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
             rows = [json.loads(line) for line in compare.splitlines() if line.startswith("{")]
             if sum(r.get("jobs", 0) for r in rows) >= len(jobs) and not any("waiting_for_primary" in r for r in rows):
                 break
@@ -76,15 +81,23 @@ def main() -> None:
 
 def _shadows(env: dict, jobs: dict[str, str]) -> dict[str, tuple[str, float | None]]:
     """job id -> (base's transcript, its WER against tiny.en's), read as an operator would."""
-    code = ("import json, sys\n"
-            "from models.runtime import get_runtime\n"
-            "from models.jobs.shadows import ShadowResult\n"
-            "rt = get_runtime()\n"
-            "with rt.db.session() as s:\n"
-            "    rows = s.query(ShadowResult).filter(ShadowResult.job_id.in_(json.loads(sys.argv[1]))).all()\n"
-            "    print(json.dumps({r.job_id: [r.text, r.wer] for r in rows}))\n")
-    out = subprocess.run([sys.executable, "-c", code, json.dumps(list(jobs.values()))], env=env, capture_output=True,
-                         text=True, check=True, cwd=HERE.parent).stdout
+    code = (
+        "import json, sys\n"
+        "from models.runtime import get_runtime\n"
+        "from models.jobs.shadows import ShadowResult\n"
+        "rt = get_runtime()\n"
+        "with rt.db.session() as s:\n"
+        "    rows = s.query(ShadowResult).filter(ShadowResult.job_id.in_(json.loads(sys.argv[1]))).all()\n"
+        "    print(json.dumps({r.job_id: [r.text, r.wer] for r in rows}))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(list(jobs.values()))],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=HERE.parent,
+    ).stdout
     return {k: tuple(v) for k, v in json.loads(out.strip().splitlines()[-1]).items()}
 
 

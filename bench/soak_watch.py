@@ -1,6 +1,7 @@
 """What bench/soak.py watches and does to the stack while it streams: /healthz every 0.5 s
 (its outages), each process's resident memory (psutil where installed, else /proc), the
 kills on a schedule, and the plot of it all."""
+
 from __future__ import annotations
 
 import os
@@ -12,9 +13,17 @@ import threading
 import time
 from pathlib import Path
 
-LABELS = (("redis-server", "broker"), ("prepare@", "prepare"), ("inference@", "inference"), ("notify@", "notify"),
-          ("flower", "flower"), (" beat", "beat"), ("gunicorn", "web"), ("supervisord", "supervisord"),
-          ("whisperq run", "run"))
+LABELS = (
+    ("redis-server", "broker"),
+    ("prepare@", "prepare"),
+    ("inference@", "inference"),
+    ("notify@", "notify"),
+    ("flower", "flower"),
+    (" beat", "beat"),
+    ("gunicorn", "web"),
+    ("supervisord", "supervisord"),
+    ("whisperq run", "run"),
+)
 
 
 class Health(threading.Thread):
@@ -116,8 +125,11 @@ def memory_summary(series: dict[str, list[tuple[float, float]]], warmup: float) 
         first = [by_time[t] for t in after if t <= after[0] + window]
         last = [by_time[t] for t in after if t >= after[-1] - window]
         start, end = sorted(first)[len(first) // 2], sorted(last)[len(last) // 2]
-        out[key] = {"after_warmup_mib": round(start, 1), "end_mib": round(end, 1),
-                    "growth_pct": round(100 * (end - start) / start, 1) if start else None}
+        out[key] = {
+            "after_warmup_mib": round(start, 1),
+            "end_mib": round(end, 1),
+            "growth_pct": round(100 * (end - start) / start, 1) if start else None,
+        }
     return out
 
 
@@ -140,7 +152,7 @@ class Chaos(threading.Thread):
             turn += 1
             try:
                 what = self.hit(target)
-            except Exception as exc:  # noqa: BLE001 (reported, the soak goes on)
+            except Exception as exc:  # reported, the soak goes on
                 what = f"failed: {type(exc).__name__}: {exc}"
             self.events.append({"t": round(time.time() - self.t0, 1), "target": target, "what": what})
             print(f"  chaos t={self.events[-1]['t']:.0f}s {target}: {what}", flush=True)
@@ -191,8 +203,14 @@ def plot(path: Path, memory: Memory, chaos: Chaos, health: Health) -> None:
     offset = chaos.t0 - memory.t0
     for event in chaos.events:
         ax.axvline((event["t"] + offset) / 60, color="red", alpha=0.3, linestyle="--")
-        ax.annotate(event["target"], ((event["t"] + offset) / 60, ax.get_ylim()[1]), rotation=90, fontsize=7,
-                    va="top", color="red")
+        ax.annotate(
+            event["target"],
+            ((event["t"] + offset) / 60, ax.get_ylim()[1]),
+            rotation=90,
+            fontsize=7,
+            va="top",
+            color="red",
+        )
     for start, seconds in health.outages:
         at = (start + health.t0 - memory.t0) / 60
         ax.axvspan(at, at + seconds / 60, color="grey", alpha=0.3)

@@ -3,6 +3,7 @@ as whisper services are commonly run. The same model and settings as the workers
 
     gunicorn --workers 2 --worker-class gthread --threads 4 bench.sync_baseline:app
 """
+
 from __future__ import annotations
 
 import sys
@@ -14,10 +15,10 @@ from flask import Flask, jsonify, request
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from config import Settings  # noqa: E402
-from models.speech.catalog import model_path  # noqa: E402
-from models.speech.engines import FasterWhisperEngine, usable_cores  # noqa: E402
-from models.speech import audio  # noqa: E402
+from config import Settings
+from models.registry.catalog import model_path
+from models.speech import audio
+from models.speech.engines import FasterWhisperEngine, usable_cores
 
 app = Flask(__name__)
 _engine = None
@@ -30,8 +31,9 @@ def engine() -> FasterWhisperEngine:
         if _engine is None:
             settings = Settings.from_env({})
             # Two processes share the cores, as two inference processes would.
-            _engine = FasterWhisperEngine(model_path(settings), cpu_threads=max(1, usable_cores() // 2),
-                                          beam_size=settings.beam_size)
+            _engine = FasterWhisperEngine(
+                model_path(settings), cpu_threads=max(1, usable_cores() // 2), beam_size=settings.beam_size
+            )
     return _engine
 
 

@@ -4,7 +4,11 @@ Priority numbers mean opposite things on the two brokers: on Redis 0 is the high
 unset priority counts as 0, on RabbitMQ the highest number wins. Callers speak in tiers
 (`high`, `normal`, `low`) and :func:`broker_priority` turns a tier into the broker's number.
 """
+
 from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
 
 from celery import Celery
 from kombu import Exchange, Queue
@@ -28,7 +32,6 @@ DEAD_LETTER_QUEUE = "whisperq.dead"
 PUBLISH_RETRY = {"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 1.0}
 
 
-
 def inference_queue(settings: Settings, model: str | None = None) -> str:
     """The inference queue of a model: the default model's is whisperq.inference, another's
     whisperq.inference.NAME (an inference pool consumes the queues of the models it serves)."""
@@ -50,10 +53,13 @@ def pool_of(queue: str) -> str:
     return QUEUES.get(queue) or (QUEUES[INFERENCE_QUEUE] if queue.startswith(INFERENCE_QUEUE + ".") else queue)
 
 
-def models_of(settings: Settings, queues) -> list[str]:
+def models_of(settings: Settings, queues: Iterable[str]) -> list[str]:
     """The models a worker consuming `queues` serves."""
-    return sorted(settings.default_model if q == INFERENCE_QUEUE else q[len(INFERENCE_QUEUE) + 1:]
-                  for q in queues if pool_of(q) == QUEUES[INFERENCE_QUEUE])
+    return sorted(
+        settings.default_model if q == INFERENCE_QUEUE else q[len(INFERENCE_QUEUE) + 1 :]
+        for q in queues
+        if pool_of(q) == QUEUES[INFERENCE_QUEUE]
+    )
 
 
 def is_redis(broker_url: str) -> bool:
@@ -74,16 +80,23 @@ def visibility_timeout(settings: Settings) -> int:
     return int(settings.time_limit(settings.max_audio_seconds) + 3600)
 
 
-def celery_config(settings: Settings) -> dict:
+def celery_config(settings: Settings) -> dict[str, Any]:
+    """Celery's settings (app.config_from_object): values of every kind, by setting name."""
     broker = settings.celery_broker_url()
     redis = is_redis(broker)
-    exchange = Exchange(EXCHANGE, type="direct", durable=True)
+    # kombu ships py.typed but leaves Exchange, Queue and their methods unannotated.
+    exchange = Exchange(EXCHANGE, type="direct", durable=True)  # type: ignore[no-untyped-call]
     queues = tuple(
-        Queue(name, exchange, routing_key=key, durable=True,
-              queue_arguments={"x-max-priority": AMQP_MAX_PRIORITY, "x-dead-letter-exchange": DEAD_LETTER_EXCHANGE})
+        Queue(  # type: ignore[no-untyped-call]
+            name,
+            exchange,
+            routing_key=key,
+            durable=True,
+            queue_arguments={"x-max-priority": AMQP_MAX_PRIORITY, "x-dead-letter-exchange": DEAD_LETTER_EXCHANGE},
+        )
         for name, key in queues_for(settings).items()
     )
-    transport_options: dict = {}
+    transport_options: dict[str, Any] = {}
     if redis:
         transport_options.update(
             visibility_timeout=visibility_timeout(settings),
@@ -137,7 +150,10 @@ def celery_config(settings: Settings) -> dict:
             "whisperq-retention": {
                 "task": "whisperq.retention",
                 "schedule": settings.retention_interval_seconds,
-                "options": {"expires": settings.retention_interval_seconds, "priority": broker_priority("high", broker)},
+                "options": {
+                    "expires": settings.retention_interval_seconds,
+                    "priority": broker_priority("high", broker),
+                },
             },
         },
         task_default_priority=broker_priority("normal", broker),
@@ -158,7 +174,8 @@ def declare_dead_letter_queue(app: Celery) -> None:
     """On RabbitMQ, make sure the dead-letter exchange and its queue exist."""
     if is_redis(app.conf.broker_url):
         return
-    exchange = Exchange(DEAD_LETTER_EXCHANGE, type="fanout", durable=True)
-    queue = Queue(DEAD_LETTER_QUEUE, exchange, durable=True)
+    # kombu leaves Exchange, Queue and Queue.declare unannotated.
+    exchange = Exchange(DEAD_LETTER_EXCHANGE, type="fanout", durable=True)  # type: ignore[no-untyped-call]
+    queue = Queue(DEAD_LETTER_QUEUE, exchange, durable=True)  # type: ignore[no-untyped-call]
     with app.connection_for_write() as conn:
-        queue(conn.default_channel).declare()
+        queue(conn.default_channel).declare()  # type: ignore[no-untyped-call]

@@ -2,6 +2,7 @@
 with no services installed: loopback only, password-protected, persisted under the data dir.
 A single-host convenience: workers on other machines need a Redis or RabbitMQ they can reach.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -13,6 +14,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import TextIO, cast
 
 from .files import private_dir
 
@@ -22,15 +24,17 @@ log = logging.getLogger(__name__)
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        return cast(int, sock.getsockname()[1])  # an AF_INET socket's name is (host, port)
 
 
 def _is_ours(pid: int, directory: Path) -> bool:
     """Whether `pid` is a live redis-server working in `directory` (Redis changes into its
     data dir; its command line shows its address, not its configuration)."""
     try:
-        return (os.path.basename(os.readlink(f"/proc/{pid}/exe")).startswith("redis-server")
-                and Path(os.readlink(f"/proc/{pid}/cwd")) == directory)
+        return (
+            os.path.basename(os.readlink(f"/proc/{pid}/exe")).startswith("redis-server")
+            and Path(os.readlink(f"/proc/{pid}/cwd")) == directory
+        )
     except OSError:  # gone, another user's, or no /proc: not one to stop
         return False
 
@@ -51,8 +55,8 @@ class EmbeddedRedis:
         self.directory = Path(directory).resolve()
         self.port = port
         self.password = ""
-        self.process: subprocess.Popen | None = None
-        self._lock_file = None
+        self.process: subprocess.Popen[bytes] | None = None
+        self._lock_file: TextIO | None = None
 
     @property
     def url(self) -> str:
@@ -63,7 +67,8 @@ class EmbeddedRedis:
         the configuration; its URL. `log_file=False` logs to standard output (supervisord
         keeps and rotates it). Restarts read the same file: same port, password and data."""
         private_dir(self.directory)
-        self._lock_file = open(self.directory / "lock", "w")
+        # Held open while this run has the broker: the flock on it is the lock.
+        self._lock_file = open(self.directory / "lock", "w")  # noqa: SIM115
         try:
             fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -81,26 +86,28 @@ class EmbeddedRedis:
         fd = os.open(self.config_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.fchmod(fd, 0o600)  # an earlier run's file keeps its mode through O_CREAT
         with os.fdopen(fd, "w") as out:
-            out.write("\n".join(
-                [
-                    "bind 127.0.0.1",
-                    f"port {self.port}",
-                    "protected-mode yes",
-                    f"requirepass {self.password}",
-                    f"dir {self.directory}",
-                    # Every write is in the file within a second: a broker killed outright
-                    # (SIGKILL, the OOM killer) comes back with its queues; what it lost of
-                    # the last second the sweeper publishes again.
-                    "appendonly yes",
-                    "appendfsync everysec",
-                    "dbfilename dump.rdb",
-                    "save 60 1",
-                    f"pidfile {self.pid_file}",  # how the next run knows an orphan for ours
-                    f"logfile {logfile}",
-                    "daemonize no",
-                    "",
-                ]
-            ))
+            out.write(
+                "\n".join(
+                    [
+                        "bind 127.0.0.1",
+                        f"port {self.port}",
+                        "protected-mode yes",
+                        f"requirepass {self.password}",
+                        f"dir {self.directory}",
+                        # Every write is in the file within a second: a broker killed outright
+                        # (SIGKILL, the OOM killer) comes back with its queues; what it lost of
+                        # the last second the sweeper publishes again.
+                        "appendonly yes",
+                        "appendfsync everysec",
+                        "dbfilename dump.rdb",
+                        "save 60 1",
+                        f"pidfile {self.pid_file}",  # how the next run knows an orphan for ours
+                        f"logfile {logfile}",
+                        "daemonize no",
+                        "",
+                    ]
+                )
+            )
         return self.url
 
     @property
@@ -151,11 +158,15 @@ class EmbeddedRedis:
     def _wait_ready(self, timeout: float) -> None:
         import redis
 
+        if self.port is None:
+            raise RuntimeError("the embedded Redis has no port before configure()")
         deadline = time.monotonic() + timeout
         client = redis.Redis(host="127.0.0.1", port=self.port, password=self.password, socket_timeout=1)
         while True:
             if self.process is not None and self.process.poll() is not None:
-                raise RuntimeError(f"embedded redis-server exited with {self.process.returncode}; see {self.directory / 'redis.log'}")
+                raise RuntimeError(
+                    f"embedded redis-server exited with {self.process.returncode}; see {self.directory / 'redis.log'}"
+                )
             try:
                 if client.ping():
                     return
@@ -164,7 +175,9 @@ class EmbeddedRedis:
                 pass
             if time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"embedded redis-server did not answer within {timeout:.0f} s; see {self.directory / 'redis.log'}")
+                raise RuntimeError(
+                    f"embedded redis-server did not answer within {timeout:.0f} s; see {self.directory / 'redis.log'}"
+                )
             time.sleep(0.05)
 
     def release(self) -> None:
@@ -189,9 +202,9 @@ class EmbeddedRedis:
         self.stop()
         self.start()
 
-    def __enter__(self) -> "EmbeddedRedis":
+    def __enter__(self) -> EmbeddedRedis:
         self.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()

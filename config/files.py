@@ -1,9 +1,12 @@
 """The data dir's private files: directories only the owner reads, and secrets made once
 and shared by every process through a file."""
+
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -11,20 +14,18 @@ def private_dir(path: Path) -> Path:
     """Make `path`, and whichever of its parents are missing, readable by the owner alone
     (0700) from the start: the data dir holds keys, secrets and audio. A directory that
     exists already is left as the operator made it (a shared mount, say)."""
-    missing = []
+    missing: list[Path] = []
     at = Path(path)
     while not at.exists() and at != at.parent:
         missing.append(at)
         at = at.parent
     for directory in reversed(missing):
-        try:
+        with contextlib.suppress(FileExistsError):
             os.mkdir(directory, 0o700)
-        except FileExistsError:
-            pass
     return Path(path)
 
 
-def generated_secret(path: Path, make) -> str:
+def generated_secret(path: Path, make: Callable[[], str]) -> str:
     """A secret made once into `path` (mode 0600) and read by every process after: the
     first process to get here wins the race, the others read its secret."""
     if not path.exists():
@@ -33,10 +34,8 @@ def generated_secret(path: Path, make) -> str:
         try:
             with os.fdopen(fd, "w") as out:
                 out.write(make() + "\n")
-            try:
+            with contextlib.suppress(FileExistsError):
                 os.link(tmp, path)  # atomic, and never replaces a secret already there
-            except FileExistsError:
-                pass
         finally:
             os.unlink(tmp)
     return path.read_text().strip()

@@ -3,6 +3,7 @@
 Credentials go to Flower through its own environment variables (FLOWER_BASIC_AUTH,
 FLOWER_BROKER_API), never on the command line, so `ps` does not show them.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -10,8 +11,8 @@ import sys
 from urllib.parse import urlsplit
 
 from .celeryconfig import is_redis
-from .files import private_dir
 from .env import ConfigError
+from .files import private_dir
 from .settings import Settings
 
 
@@ -62,8 +63,15 @@ def flower_command(settings: Settings, environ: dict[str, str]) -> tuple[list[st
             env.pop(name, None)
     private_dir(settings.data_dir)
     argv = [
-        sys.executable, "-m", "celery", "-A", "tasks.worker", "flower",
-        f"--address={address}", f"--port={settings.flower_port}",
-        "--persistent=True", f"--db={settings.data_dir / 'flower.db'}",
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "tasks.worker",
+        "flower",
+        f"--address={address}",
+        f"--port={settings.flower_port}",
+        "--persistent=True",
+        f"--db={settings.data_dir / 'flower.db'}",
     ]
     return argv, env

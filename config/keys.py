@@ -1,6 +1,7 @@
 """Parsing WHISPERQ_ENCRYPTION_KEYS: ``KEYID:BASE64KEY[,KEYID:BASE64KEY...]``. What the keys
 do (encryption at rest) is models.security.crypto's; reading them is configuration's, so config
 imports nothing of the product."""
+
 from __future__ import annotations
 
 import base64
@@ -9,8 +10,10 @@ import re
 
 KEY_ID = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
 KEY_BYTES = 32
-GENERATE_HINT = ("generate a key with `whisperq encryption new-key` (or `python -c \"import base64,os; "
-                 "print('k1:' + base64.b64encode(os.urandom(32)).decode())\"`)")
+GENERATE_HINT = (
+    'generate a key with `whisperq encryption new-key` (or `python -c "import base64,os; '
+    "print('k1:' + base64.b64encode(os.urandom(32)).decode())\"`)"
+)
 
 
 def parse_keys(text: str) -> list[tuple[str, bytes]]:
@@ -28,8 +31,10 @@ def parse_keys(text: str) -> list[tuple[str, bytes]]:
         key = _b64decode(b64)
         if key is None or len(key) != KEY_BYTES:
             got = "not base64" if key is None else f"{len(key)} bytes"
-            raise ValueError(f"key {key_id!r} is {got}; a key is {KEY_BYTES} random bytes in base64 (44 characters): "
-                             + GENERATE_HINT)
+            raise ValueError(
+                f"key {key_id!r} is {got}; a key is {KEY_BYTES} random bytes in base64 (44 characters): "
+                + GENERATE_HINT
+            )
         if any(key_id == seen for seen, _ in out):
             raise ValueError(f"key id {key_id!r} appears twice; give each key its own id")
         out.append((key_id, key))

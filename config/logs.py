@@ -10,16 +10,17 @@ transcript) replaced by :data:`OMITTED`. Nor do URLs' query strings and credenti
 ``WHISPERQ_LOG_FORMAT``: ``json``, ``text``, or ``auto`` (the default): JSON unless
 stderr is a terminal, so processes under supervisord, systemd or a container log JSON.
 """
+
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import re
 import sys
 from collections.abc import Mapping
-from datetime import datetime, timezone
-
+from datetime import UTC, datetime
 
 OMITTED = "<result omitted from logs>"
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -27,11 +28,13 @@ JOB_TASKS = ("whisperq.transcribe", "whisperq.infer")
 _JOB_PATH = re.compile(r"/jobs/([0-9a-fA-F-]{36})(?:/|\?|$|\s)")
 REDACTED_QUERY = "?\u2026"  # what a URL's query (and fragment) become in logs
 # scheme://[userinfo@]host[:port][/path][?query][#fragment], up to a space or a quote.
-_URL = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^\s/?#'\"<>]*@)?"
-                  r"(?P<rest>[^\s?#'\"<>]*)(?P<query>[?#][^\s'\"<>]*)?")
+_URL = re.compile(
+    r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^\s/?#'\"<>]*@)?"
+    r"(?P<rest>[^\s?#'\"<>]*)(?P<query>[?#][^\s'\"<>]*)?"
+)
 
 
-def _redact_match(match: re.Match) -> str:
+def _redact_match(match: re.Match[str]) -> str:
     userinfo = "***@" if match.group("userinfo") else ""
     query = REDACTED_QUERY if match.group("query") else ""
     return f"{match.group('scheme')}{userinfo}{match.group('rest')}{query}"
@@ -69,10 +72,10 @@ def wants_json(log_format: str | None = None) -> bool:
     return fmt == "json"
 
 
-def job_context(record: logging.LogRecord | None = None) -> dict:
+def job_context(record: logging.LogRecord | None = None) -> dict[str, object]:
     """The job a log line is about: the running Celery task, else the Flask request's
     job, else a "job %s ..." message's first argument. Cheap: no I/O."""
-    ctx: dict = {}
+    ctx: dict[str, object] = {}
     try:
         from celery._state import get_current_task
 
@@ -91,7 +94,8 @@ def job_context(record: logging.LogRecord | None = None) -> dict:
             attempt=getattr(request, "whisperq_attempt", None) or (getattr(request, "retries", 0) or 0) + 1,
         )
     if not ctx.get("job_id") and "flask" in sys.modules:
-        from flask import has_request_context, request as http
+        from flask import has_request_context
+        from flask import request as http
 
         if has_request_context() and http.view_args:
             ctx["job_id"] = http.view_args.get("job_id")
@@ -99,7 +103,12 @@ def job_context(record: logging.LogRecord | None = None) -> dict:
         given = getattr(record, "job_id", None)
         if given:
             ctx["job_id"] = given
-        elif isinstance(record.msg, str) and record.msg.startswith("job %s") and isinstance(record.args, tuple) and record.args:
+        elif (
+            isinstance(record.msg, str)
+            and record.msg.startswith("job %s")
+            and isinstance(record.args, tuple)
+            and record.args
+        ):
             ctx["job_id"] = str(record.args[0])
     return {k: v for k, v in ctx.items() if v is not None}
 
@@ -108,8 +117,8 @@ class JsonFormatter(logging.Formatter):
     """One JSON object a line: ts, level, logger, message, the job fields, exc."""
 
     def format(self, record: logging.LogRecord) -> str:
-        out = {
-            "ts": datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        out: dict[str, object] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),
@@ -127,13 +136,18 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, ensure_ascii=False, default=str)
 
 
-def _access_fields(atoms: Mapping) -> dict:
+def _access_fields(atoms: Mapping[str, object]) -> dict[str, object]:
     """gunicorn's access-log atoms as fields (method, path, status, duration)."""
-    fields = {"method": atoms.get("m"), "path": atoms.get("U"), "status": atoms.get("s"), "remote": atoms.get("h")}
-    try:
-        fields["duration_ms"] = round(int(atoms.get("D")) / 1000, 1)
-    except (TypeError, ValueError):
-        pass
+    fields: dict[str, object] = {
+        "method": atoms.get("m"),
+        "path": atoms.get("U"),
+        "status": atoms.get("s"),
+        "remote": atoms.get("h"),
+    }
+    duration = atoms.get("D")  # microseconds: gunicorn's is an int
+    if isinstance(duration, (int, float, str)):
+        with contextlib.suppress(ValueError):
+            fields["duration_ms"] = round(int(duration) / 1000, 1)
     match = _JOB_PATH.search(str(atoms.get("U") or ""))
     if match:
         fields["job_id"] = match.group(1)
@@ -175,7 +189,7 @@ class RedactUrls(logging.Filter):
         return True
 
 
-def _redact_arg(value):
+def _redact_arg(value: object) -> object:
     if value is None or isinstance(value, (bool, int, float)):
         return value  # %d and %.1f keep working
     text = value if isinstance(value, str) else str(value)
@@ -222,7 +236,7 @@ def connect_celery(log_format: str | None) -> None:
     from celery.signals import after_setup_logger, after_setup_task_logger
     from celery.utils.log import get_multiprocessing_logger
 
-    def root_ready(logger=None, **_kwargs):
+    def root_ready(logger: logging.Logger | None = None, **_kwargs: object) -> None:
         omit_task_results()
         quiet_libraries()
         if logger is not None:
@@ -231,7 +245,7 @@ def connect_celery(log_format: str | None) -> None:
             if wants_json(log_format):
                 use_json(loggers)
 
-    def task_logger_ready(logger=None, **_kwargs):
+    def task_logger_ready(logger: logging.Logger | None = None, **_kwargs: object) -> None:
         if logger is not None:
             redact_handlers([logger])
             if wants_json(log_format):
@@ -254,6 +268,6 @@ def configure_web(log_format: str | None) -> None:
         root.addHandler(handler)
         root.setLevel(logging.INFO)
     gunicorn = [logging.getLogger("gunicorn.error"), logging.getLogger("gunicorn.access")]
-    redact_handlers([root] + gunicorn)
+    redact_handlers([root, *gunicorn])
     if json_wanted:
         use_json(gunicorn)

@@ -1,12 +1,13 @@
-"""The MQTT bridge's settings (`whisperq mqtt`, README "MQTT"). Only the bridge reads them,
+"""The MQTT bridge's settings (`whisperq mqtt`, docs/clients/mqtt.md). Only the bridge reads them,
 and `whisperq run`, which starts the bridge's Procfile line only where WHISPERQ_MQTT_URL is
 set; like Settings, a bad value stops the bridge at start with a message naming the variable."""
+
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 from urllib.parse import unquote, urlsplit
 
 from .env import ConfigError, Env
@@ -39,12 +40,14 @@ class MqttSettings:
     queue: int = 100
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> "MqttSettings":
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> MqttSettings:
         env = Env(os.environ if environ is None else environ)
         url = env.url(URL_VARIABLE, None, schemes=tuple(_DEFAULT_PORTS))
         if url is None:
-            raise ConfigError(f"{URL_VARIABLE} is not set, so the MQTT bridge has no broker to connect to: set it to "
-                              "mqtt://USER:PASSWORD@HOST:1883 (mqtts:// for TLS), or do not start `whisperq mqtt`")
+            raise ConfigError(
+                f"{URL_VARIABLE} is not set, so the MQTT bridge has no broker to connect to: set it to "
+                "mqtt://USER:PASSWORD@HOST:1883 (mqtts:// for TLS), or do not start `whisperq mqtt`"
+            )
         check_url(URL_VARIABLE, url)  # not the example's password (config.secrets)
         parts = urlsplit(url)
         try:
@@ -52,11 +55,15 @@ class MqttSettings:
         except ValueError:
             raise ConfigError(f"{URL_VARIABLE} has a malformed port; use mqtt://USER:PASSWORD@HOST:1883") from None
         if not parts.hostname or parts.path not in ("", "/") or parts.query or parts.fragment:
-            raise ConfigError(f"{URL_VARIABLE} must be mqtt://[USER:PASSWORD@]HOST[:PORT] (or mqtts://), with no path "
-                              "or query; percent-encode a password's special characters")
+            raise ConfigError(
+                f"{URL_VARIABLE} must be mqtt://[USER:PASSWORD@]HOST[:PORT] (or mqtts://), with no path "
+                "or query; percent-encode a password's special characters"
+            )
         expiry = env.duration("WHISPERQ_MQTT_SESSION_EXPIRY", 7 * 86400.0)
         settings = cls(
-            host=parts.hostname, port=port, tls=parts.scheme.lower() == "mqtts",
+            host=parts.hostname,
+            port=port,
+            tls=parts.scheme.lower() == "mqtts",
             username=unquote(parts.username) if parts.username else None,
             password=unquote(parts.password) if parts.password is not None else None,
             client_id=env.str("WHISPERQ_MQTT_CLIENT_ID", "whisperq-bridge"),
@@ -73,18 +80,28 @@ class MqttSettings:
 
     def _check(self) -> None:
         levels = self.request_topic.split("/")
-        if levels.count("+") != 1 or "#" in self.request_topic or self.request_topic.startswith("$") or \
-                any(("+" in level and level != "+") for level in levels):
-            raise ConfigError(f"WHISPERQ_MQTT_REQUEST_TOPIC={self.request_topic!r} must have exactly one '+' level (the "
-                              "requesting client's name) and no '#', such as whisperq/requests/+")
+        if (
+            levels.count("+") != 1
+            or "#" in self.request_topic
+            or self.request_topic.startswith("$")
+            or any(("+" in level and level != "+") for level in levels)
+        ):
+            raise ConfigError(
+                f"WHISPERQ_MQTT_REQUEST_TOPIC={self.request_topic!r} must have exactly one '+' level (the "
+                "requesting client's name) and no '#', such as whisperq/requests/+"
+            )
         if not self.reply_prefix or any(c in self.reply_prefix for c in "+#\0") or self.reply_prefix.startswith("$"):
-            raise ConfigError(f"WHISPERQ_MQTT_REPLY_PREFIX={self.reply_prefix!r} must be a topic without wildcards, "
-                              "such as whisperq/replies")
+            raise ConfigError(
+                f"WHISPERQ_MQTT_REPLY_PREFIX={self.reply_prefix!r} must be a topic without wildcards, "
+                "such as whisperq/replies"
+            )
         if not 1 <= len(self.client_id) <= 128 or not self.client_id.isprintable():
             raise ConfigError("WHISPERQ_MQTT_CLIENT_ID must be 1 to 128 printable characters, the same on every start")
         if self.ca_file is not None and not os.path.isfile(self.ca_file):
-            raise ConfigError(f"WHISPERQ_MQTT_CA={self.ca_file!r} is not a file; point it at the CA bundle (PEM) that "
-                              "signed the broker's certificate, or unset it for the system's")
+            raise ConfigError(
+                f"WHISPERQ_MQTT_CA={self.ca_file!r} is not a file; point it at the CA bundle (PEM) that "
+                "signed the broker's certificate, or unset it for the system's"
+            )
         if self.ca_file is not None and not self.tls:
             raise ConfigError(f"WHISPERQ_MQTT_CA is set but {URL_VARIABLE} is not mqtts://; use mqtts:// for TLS")
 
@@ -96,7 +113,7 @@ class MqttSettings:
     def client_of(self, topic: str) -> str | None:
         """The requesting client's name from a request's topic (None if the topic does not match)."""
         levels, pattern = topic.split("/"), self.request_topic.split("/")
-        if len(levels) != len(pattern) or any(p not in ("+", level) for p, level in zip(pattern, levels)):
+        if len(levels) != len(pattern) or any(p not in ("+", level) for p, level in zip(pattern, levels, strict=True)):
             return None
         return levels[self.name_level]
 
@@ -106,10 +123,15 @@ class MqttSettings:
 
     def describe(self) -> dict[str, str]:
         auth = f"{self.username}:***@" if self.password else (f"{self.username}@" if self.username else "")
-        return {"broker": f"{'mqtts' if self.tls else 'mqtt'}://{auth}{self.host}:{self.port}",
-                "client_id": self.client_id, "request_topic": self.request_topic, "reply_prefix": self.reply_prefix,
-                "protocol": self.protocol, "queue": str(self.queue),
-                "clients": ",".join(f"{n}={k}" for n, k in self.clients)}
+        return {
+            "broker": f"{'mqtts' if self.tls else 'mqtt'}://{auth}{self.host}:{self.port}",
+            "client_id": self.client_id,
+            "request_topic": self.request_topic,
+            "reply_prefix": self.reply_prefix,
+            "protocol": self.protocol,
+            "queue": str(self.queue),
+            "clients": ",".join(f"{n}={k}" for n, k in self.clients),
+        }
 
 
 def configured(environ: Mapping[str, str] | None = None) -> bool:
@@ -121,8 +143,9 @@ def _queue(env: Env) -> int:
     try:
         return env.int(QUEUE_VARIABLE, 100, 1, MAX_QUEUE)
     except ConfigError as exc:
-        raise ConfigError(f"{exc}: how many requests the MQTT bridge holds at once (the broker keeps the rest until "
-                          "there is room)") from None
+        raise ConfigError(
+            f"{exc}: how many requests the MQTT bridge holds at once (the broker keeps the rest until there is room)"
+        ) from None
 
 
 def _clients(value: str | None) -> tuple[tuple[str, str], ...]:
@@ -133,8 +156,10 @@ def _clients(value: str | None) -> tuple[tuple[str, str], ...]:
             continue
         name, sep, key = (part.strip() for part in entry.partition("="))
         if not sep or not key or not (name == "*" or CLIENT_NAME.match(name)):
-            raise ConfigError(f"WHISPERQ_MQTT_CLIENTS has {entry!r}; list NAME=KEY_ID pairs separated by commas "
-                              "(NAME: the client's topic level, letters, digits, '.', '_' or '-', or * for any other "
-                              "client; KEY_ID: an API key's id from `whisperq keys list`)")
+            raise ConfigError(
+                f"WHISPERQ_MQTT_CLIENTS has {entry!r}; list NAME=KEY_ID pairs separated by commas "
+                "(NAME: the client's topic level, letters, digits, '.', '_' or '-', or * for any other "
+                "client; KEY_ID: an API key's id from `whisperq keys list`)"
+            )
         out.append((name, key))
     return tuple(out)

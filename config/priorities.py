@@ -1,4 +1,5 @@
 """Priority tiers: their order and their number on each broker, in one place."""
+
 from __future__ import annotations
 
 import enum

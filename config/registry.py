@@ -17,7 +17,13 @@ named by its last path component) or the bundled tiny.en, with WHISPERQ_ENGINE. 
 names no model gets WHISPERQ_DEFAULT_MODEL (default: the first entry). Each model other than
 the default has its own inference queue (``whisperq.inference.NAME``), so an inference pool
 loads only the models whose queues it consumes.
+
+This module is the registry's configuration only: parsing, pure, importing nothing of
+``models`` (the layers in setup.cfg keep config below models). The rest of the registry is
+``models.registry``: the weights on disk and their versions (``catalog``), hot swaps
+(``swaps``, a table) and loading a model's engine (``loader``).
 """
+
 from __future__ import annotations
 
 import re
@@ -47,8 +53,16 @@ class ModelSpec:
         return self.weights.split(":", 1)[1] if self.weights.startswith("bundled:") else None
 
 
-def parse_models(value: str | None, *, engine: str, compute_type: str, beam_size: int,
-                 model_path: str | None, engines: tuple[str, ...], compute_types: tuple[str, ...]) -> tuple[ModelSpec, ...]:
+def parse_models(
+    value: str | None,
+    *,
+    engine: str,
+    compute_type: str,
+    beam_size: int,
+    model_path: str | None,
+    engines: tuple[str, ...],
+    compute_types: tuple[str, ...],
+) -> tuple[ModelSpec, ...]:
     """The registry from WHISPERQ_MODELS, or the one model the older settings describe."""
     base = ModelSpec("", "", engine, compute_type, beam_size)
     if not value or not value.strip():
@@ -65,8 +79,10 @@ def parse_models(value: str | None, *, engine: str, compute_type: str, beam_size
         if not sep or not weights:
             raise ConfigError(f"{where} is not NAME=WEIGHTS (e.g. base=bundled:base or big=/srv/models/large-v3)")
         if not NAME.match(name) or name == OPENAI_ALIAS:
-            raise ConfigError(f"{where}: the name {name!r} must be lowercase letters, digits, '.', '_' or '-' "
-                              f"(at most 48, not {OPENAI_ALIAS!r})")
+            raise ConfigError(
+                f"{where}: the name {name!r} must be lowercase letters, digits, '.', '_' or '-' "
+                f"(at most 48, not {OPENAI_ALIAS!r})"
+            )
         spec = replace(base, name=name, weights=weights)
         for option in options:
             key, _, raw = (s.strip() for s in option.partition("="))
@@ -77,8 +93,10 @@ def parse_models(value: str | None, *, engine: str, compute_type: str, beam_size
             elif key == "beam" and raw.isdigit() and 1 <= int(raw) <= 20:
                 spec = replace(spec, beam_size=int(raw))
             else:
-                raise ConfigError(f"{where}: option {option!r} is not one of engine=({'|'.join(engines)}), "
-                                  f"compute=({'|'.join(compute_types)}), beam=1..20")
+                raise ConfigError(
+                    f"{where}: option {option!r} is not one of engine=({'|'.join(engines)}), "
+                    f"compute=({'|'.join(compute_types)}), beam=1..20"
+                )
         _check_weights(spec, where)
         if any(s.name == name for s in specs):
             raise ConfigError(f"{where}: the name {name!r} is given twice")
@@ -90,8 +108,10 @@ def parse_models(value: str | None, *, engine: str, compute_type: str, beam_size
 
 class UnknownModel(LookupError):
     def __init__(self, name: str, specs: tuple[ModelSpec, ...]):
-        super().__init__(f"model {name!r} is not served here; the models are: {', '.join(s.name for s in specs)} "
-                         "(GET /v1/models lists them)")
+        super().__init__(
+            f"model {name!r} is not served here; the models are: {', '.join(s.name for s in specs)} "
+            "(GET /v1/models lists them)"
+        )
 
 
 def find_model(specs: tuple[ModelSpec, ...], default: str, name: str | None) -> ModelSpec:
@@ -107,8 +127,9 @@ def default_model(value: str | None, specs: tuple[ModelSpec, ...]) -> str:
     if not value:
         return specs[0].name
     if value not in {s.name for s in specs}:
-        raise ConfigError(f"WHISPERQ_DEFAULT_MODEL={value!r} is not one of the models served: "
-                          f"{', '.join(s.name for s in specs)}")
+        raise ConfigError(
+            f"WHISPERQ_DEFAULT_MODEL={value!r} is not one of the models served: {', '.join(s.name for s in specs)}"
+        )
     return value
 
 
@@ -121,10 +142,14 @@ def _check_weights(spec: ModelSpec, where: str) -> None:
     if not path.is_absolute():
         raise ConfigError(f"{where}: the weights {spec.weights!r} must be an absolute path or bundled:NAME")
     if path.is_file() and spec.engine != "openai-whisper":
-        raise ConfigError(f"{where}: {spec.weights} is a file (an openai-whisper checkpoint?): add ;engine=openai-whisper")
+        raise ConfigError(
+            f"{where}: {spec.weights} is a file (an openai-whisper checkpoint?): add ;engine=openai-whisper"
+        )
     if not path.is_file() and not (path / "model.bin").is_file():
-        raise ConfigError(f"{where}: {spec.weights} is neither a CTranslate2 model directory (with model.bin) "
-                          "nor an openai-whisper checkpoint")
+        raise ConfigError(
+            f"{where}: {spec.weights} is neither a CTranslate2 model directory (with model.bin) "
+            "nor an openai-whisper checkpoint"
+        )
 
 
 def _name_of(path: str) -> str:
@@ -144,6 +169,7 @@ class Routes:
     base's transcript is kept apart and compared (models.jobs.shadows), the client sees tiny.en's.
     WHISPERQ_DEFAULT_MODEL may name an alias: jobs naming no model then go through it.
     """
+
     aliases: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = ()
     shadows: tuple[tuple[str, str, int], ...] = ()  # (primary, candidate, percent)
     default: str | None = None  # the alias for jobs that name no model
@@ -151,13 +177,16 @@ class Routes:
     def __str__(self) -> str:
         aliases = ", ".join(f"{a}=" + "|".join(f"{m}:{w}" for m, w in v) for a, v in self.aliases)
         shadows = ", ".join(f"{p}={c}:{pct}" for p, c, pct in self.shadows)
-        return f"aliases: {aliases or '-'}; shadow: {shadows or '-'}" + (f"; default: {self.default}" if self.default else "")
+        return f"aliases: {aliases or '-'}; shadow: {shadows or '-'}" + (
+            f"; default: {self.default}" if self.default else ""
+        )
 
     def variants(self, name: str | None) -> tuple[tuple[str, int], ...] | None:
         return dict(self.aliases).get(name or self.default or "")
 
-    def choose(self, specs: tuple[ModelSpec, ...], default: str, requested: str | None,
-               job_id: str) -> tuple[str, str | None, str | None]:
+    def choose(
+        self, specs: tuple[ModelSpec, ...], default: str, requested: str | None, job_id: str
+    ) -> tuple[str, str | None, str | None]:
         """(model, alias or None, shadow candidate or None) for a job: the same for the same job id."""
         name = None if requested in (None, "", OPENAI_ALIAS) else requested
         variants = self.variants(name)
@@ -182,8 +211,9 @@ def _fraction(job_id: str, purpose: str) -> float:
     return int.from_bytes(hashlib.sha256(f"{purpose}:{job_id}".encode()).digest()[:8], "big") / 2**64
 
 
-def parse_routes(aliases: str | None, shadows: str | None, default: str | None,
-                 specs: tuple[ModelSpec, ...]) -> tuple[Routes, str]:
+def parse_routes(
+    aliases: str | None, shadows: str | None, default: str | None, specs: tuple[ModelSpec, ...]
+) -> tuple[Routes, str]:
     """The routes from WHISPERQ_ALIASES and WHISPERQ_SHADOW, and the default model (the
     default alias's heaviest variant when WHISPERQ_DEFAULT_MODEL names an alias)."""
     names = {s.name for s in specs}
@@ -197,7 +227,7 @@ def parse_routes(aliases: str | None, shadows: str | None, default: str | None,
             raise ConfigError(f"{where} is not ALIAS=MODEL:WEIGHT|MODEL:WEIGHT (e.g. default=tiny.en:90|base:10)")
         if alias in names or alias in dict(parsed):
             raise ConfigError(f"{where}: {alias!r} is already the name of a model or another alias")
-        variants = []
+        variants: list[tuple[str, int]] = []
         for part in (p.strip() for p in rest.split("|")):
             model, _, weight = (s.strip() for s in part.partition(":"))
             if model not in names:
@@ -216,15 +246,18 @@ def parse_routes(aliases: str | None, shadows: str | None, default: str | None,
         primary, _, rest = (s.strip() for s in entry.partition("="))
         candidate, _, share = (s.strip() for s in rest.partition(":"))
         if primary not in names or candidate not in names or primary == candidate:
-            raise ConfigError(f"{where} is not PRIMARY=CANDIDATE:PERCENT with two different models of WHISPERQ_MODELS "
-                              f"(e.g. tiny.en=base:20)")
+            raise ConfigError(
+                f"{where} is not PRIMARY=CANDIDATE:PERCENT with two different models of WHISPERQ_MODELS "
+                f"(e.g. tiny.en=base:20)"
+            )
         if not (share.isdigit() and 0 < int(share) <= 100):
             raise ConfigError(f"{where}: the share {share!r} must be a percentage from 1 to 100")
         if any(p == primary for p, _, _ in pairs):
             raise ConfigError(f"{where}: {primary!r} has a shadow already")
         pairs.append((primary, candidate, int(share)))
     routes = Routes(tuple(parsed), tuple(pairs))
-    if default and routes.variants(default):
-        heaviest = max(routes.variants(default), key=lambda v: v[1])[0]
+    default_variants = routes.variants(default) if default else None
+    if default_variants:
+        heaviest = max(default_variants, key=lambda v: v[1])[0]
         return Routes(routes.aliases, routes.shadows, default), heaviest
     return routes, default_model(default, specs)

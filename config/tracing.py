@@ -8,11 +8,16 @@ OTEL_EXPORTER_OTLP_HEADERS, OTEL_TRACES_SAMPLER, ...). Needs the `[otel]` extra;
 it a set endpoint logs one warning and tracing stays off. Spans carry no audio, file
 names or transcripts: task ids, task names, queues and HTTP routes only.
 """
+
 from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from flask import Flask
 
 log = logging.getLogger(__name__)
 
@@ -34,11 +39,15 @@ def new_provider(service: str, exporter: Any = None, environ: Mapping[str, str] 
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
     except ImportError:
-        log.warning("OTEL_EXPORTER_OTLP_ENDPOINT is set but OpenTelemetry is not installed "
-                    "(pip install 'whisperq[otel]'); tracing stays off")
+        log.warning(
+            "OTEL_EXPORTER_OTLP_ENDPOINT is set but OpenTelemetry is not installed "
+            "(pip install 'whisperq[otel]'); tracing stays off"
+        )
         return None
     env = os.environ if environ is None else environ
-    provider = TracerProvider(resource=Resource.create({"service.name": env.get("OTEL_SERVICE_NAME") or f"whisperq-{service}"}))
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": env.get("OTEL_SERVICE_NAME") or f"whisperq-{service}"})
+    )
     if exporter is None:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
@@ -60,7 +69,7 @@ def setup_tracing(service: str) -> Any:
     return _provider
 
 
-def _inject_trace_context(headers=None, **_kwargs) -> None:
+def _inject_trace_context(headers: dict[str, Any] | None = None, **_kwargs: object) -> None:
     # The web process does not register the tasks it sends by name, so the Celery
     # instrumentation cannot trace its publishes: the current span (the request's) goes
     # into the message headers here instead.
@@ -70,12 +79,13 @@ def _inject_trace_context(headers=None, **_kwargs) -> None:
         inject(headers)
 
 
-def instrument_flask(app, provider: Any) -> None:
+def instrument_flask(app: Flask, provider: Any) -> None:
     """Server spans for each request; task messages sent meanwhile continue its trace."""
     from celery.signals import before_task_publish
     from opentelemetry.instrumentation.flask import FlaskInstrumentor
 
-    FlaskInstrumentor().instrument_app(app, tracer_provider=provider)
+    # opentelemetry-instrumentation-flask ships py.typed but leaves instrument_app unannotated.
+    FlaskInstrumentor().instrument_app(app, tracer_provider=provider)  # type: ignore[no-untyped-call]
     before_task_publish.connect(_inject_trace_context, weak=False, dispatch_uid="whisperq.tracing.inject")
 
 
@@ -83,7 +93,8 @@ def instrument_celery(provider: Any) -> None:
     """Spans for each task run and each publish from a task, parented across messages."""
     from opentelemetry.instrumentation.celery import CeleryInstrumentor
 
-    instrumentor = CeleryInstrumentor()
+    # opentelemetry-instrumentation-celery ships py.typed but leaves __init__ unannotated.
+    instrumentor = CeleryInstrumentor()  # type: ignore[no-untyped-call]
     if not instrumentor.is_instrumented_by_opentelemetry:
         instrumentor.instrument(tracer_provider=provider)
 
@@ -97,11 +108,12 @@ def uninstrument() -> None:
         from opentelemetry.instrumentation.celery import CeleryInstrumentor
     except ImportError:
         return
-    if CeleryInstrumentor().is_instrumented_by_opentelemetry:
-        CeleryInstrumentor().uninstrument()
+    # Unannotated __init__, as in instrument_celery.
+    if CeleryInstrumentor().is_instrumented_by_opentelemetry:  # type: ignore[no-untyped-call]
+        CeleryInstrumentor().uninstrument()  # type: ignore[no-untyped-call]
 
 
-def init_web(app) -> bool:
+def init_web(app: Flask) -> bool:
     """Called by create_app; a no-op unless OTEL_EXPORTER_OTLP_ENDPOINT is set."""
     provider = setup_tracing("web")
     if provider is not None:

@@ -15,6 +15,7 @@ lower their priority (by default 1 high, 2 normal, 4 low job per slot: high jobs
 not wait behind a batch, low ones may). Slots over WHISPERQ_INFERENCE_SLOTS per worker,
 rounded up, within --min and --max; it grows at once and shrinks one worker a step.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,24 +26,33 @@ import subprocess
 import sys
 import time
 import urllib.request
-from typing import Mapping
+from collections.abc import Mapping
 
 INFERENCE_QUEUE = "whisperq.inference"
 TIERS = ("high", "normal", "low")
 JOBS_PER_SLOT = {"high": 1.0, "normal": 2.0, "low": 4.0}
 
 
-def desired_workers(depth: Mapping[str, float], running: float, slots: int, current: int | None = None, *,
-                    min_workers: int = 1, max_workers: int = 10,
-                    jobs_per_slot: Mapping[str, float] = JOBS_PER_SLOT, max_step_down: int = 1) -> int:
+def desired_workers(
+    depth: Mapping[str, float],
+    running: float,
+    slots: int,
+    current: int | None = None,
+    *,
+    min_workers: int = 1,
+    max_workers: int = 10,
+    jobs_per_slot: Mapping[str, float] = JOBS_PER_SLOT,
+    max_step_down: int = 1,
+) -> int:
     """Inference workers wanted for `depth` (waiting jobs per tier), `running` jobs and
     `slots` jobs per worker; `current` (alive now) limits how fast it shrinks."""
     if slots < 1:
         raise ValueError("slots must be at least 1 (WHISPERQ_INFERENCE_SLOTS)")
     if not 0 <= min_workers <= max_workers:
         raise ValueError("need 0 <= --min <= --max")
-    needed = max(0.0, running) + sum(max(0.0, n) / jobs_per_slot.get(tier, jobs_per_slot["normal"])
-                                     for tier, n in depth.items())
+    needed = max(0.0, running) + sum(
+        max(0.0, n) / jobs_per_slot.get(tier, jobs_per_slot["normal"]) for tier, n in depth.items()
+    )
     want = math.ceil(needed / slots - 1e-9)
     if current is not None and want < current:
         want = max(want, current - max_step_down)
@@ -83,10 +93,16 @@ def read_metrics(text: str) -> dict:
 def decide(text: str, args) -> dict:
     figures = read_metrics(text)
     slots = args.slots or (round(figures["slots"] / figures["workers"]) if figures["workers"] else 8)
-    workers = desired_workers(figures["depth"], figures["running"], slots, figures["workers"],
-                              min_workers=args.min, max_workers=args.max)
-    return {"workers": workers, "alive": figures["workers"], "slots": slots, "running": figures["running"],
-            "depth": figures["depth"]}
+    workers = desired_workers(
+        figures["depth"], figures["running"], slots, figures["workers"], min_workers=args.min, max_workers=args.max
+    )
+    return {
+        "workers": workers,
+        "alive": figures["workers"],
+        "slots": slots,
+        "running": figures["running"],
+        "depth": figures["depth"],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

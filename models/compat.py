@@ -10,11 +10,13 @@ setup.cfg, and run tests/test_compat.py against it.
 
 Imports nothing of the product: the speech engines and the worker call in.
 """
+
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from importlib import metadata
-from typing import Any, Iterator
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -40,14 +42,17 @@ def check_versions() -> list[str]:
         except metadata.PackageNotFoundError:
             continue  # an optional engine not installed
         if version not in SpecifierSet(spec):
-            out.append(f"{name} {version} is outside the versions whisperq was checked against ({spec}); "
-                       "run tests/test_compat.py against it")
+            out.append(
+                f"{name} {version} is outside the versions whisperq was checked against ({spec}); "
+                "run tests/test_compat.py against it"
+            )
     for line in out:
         log.warning("%s", line)
     return out
 
 
 # --- kombu: acks after the Redis connection is gone --------------------------------------------
+
 
 def guard_redis_acks() -> None:
     """Keep a worker consuming after the Redis broker restarts (kombu.transport.redis.QoS).
@@ -64,23 +69,29 @@ def guard_redis_acks() -> None:
     qos = kombu_redis.QoS
     if hasattr(qos, "_whisperq_unguarded"):
         return
-    ack, restore = qos.ack, qos.restore_unacked
+    ack: Any = qos.ack
+    restore: Any = qos.restore_unacked
 
-    def guarded_ack(self, delivery_tag):
+    def guarded_ack(self: Any, delivery_tag: Any) -> Any:
         if redis_channel_closed(self):
             log.warning("ack of %s skipped: its broker connection is gone", delivery_tag)
             return None
         return ack(self, delivery_tag)
 
-    def guarded_restore(self, client=None):
+    def guarded_restore(self: Any, client: Any = None) -> Any:
         if client is None and redis_channel_closed(self):
             return None
         return restore(self, client)
 
-    qos.ack, qos.restore_unacked, qos._whisperq_unguarded = guarded_ack, guarded_restore, (ack, restore)
+    # the patch itself: kombu's methods replaced on its class
+    qos.ack, qos.restore_unacked, qos._whisperq_unguarded = (  # type: ignore[method-assign,attr-defined]
+        guarded_ack,
+        guarded_restore,
+        (ack, restore),
+    )
 
 
-def redis_channel_closed(qos) -> bool:
+def redis_channel_closed(qos: Any) -> bool:
     """Whether a QoS's channel has lost its connection (kombu sets the client to None)."""
     transport = getattr(qos.channel, "connection", None)
     return transport is None or getattr(transport, "client", None) is None
@@ -88,48 +99,83 @@ def redis_channel_closed(qos) -> bool:
 
 # --- celery: requests waiting in the worker's timer (countdown / eta) ---------------------------
 
-def scheduled_requests(timer) -> Iterator[dict]:
+
+def scheduled_requests(timer: Any) -> Iterator[dict[str, Any]]:
     """The requests a worker holds for later (a retry's countdown), as `celery inspect
     scheduled` lists them; celery.worker.control's private helper."""
     from celery.worker.control import _iter_schedule_requests
 
-    return _iter_schedule_requests(timer)
+    requests: Iterator[dict[str, Any]] = _iter_schedule_requests(timer)
+    return requests
 
 
 # --- faster-whisper: the batched pipeline's decoding, window by window --------------------------
 
-def faster_whisper_options(tokenizer, *, beam_size: int, prompt: str | None, temperature: float,
-                           prepend_punctuations: str, append_punctuations: str):
+
+def faster_whisper_options(
+    tokenizer: Any,
+    *,
+    beam_size: int,
+    prompt: str | None,
+    temperature: float,
+    prepend_punctuations: str,
+    append_punctuations: str,
+) -> Any:
     """faster-whisper's BatchedInferencePipeline's decoding options (its TranscriptionOptions,
     an internal dataclass every field of which must be given): text without timestamp tokens."""
     from faster_whisper.transcribe import TranscriptionOptions, get_suppressed_tokens
 
     return TranscriptionOptions(
-        beam_size=beam_size, best_of=5, patience=1.0, length_penalty=1.0, repetition_penalty=1.0,
-        no_repeat_ngram_size=0, log_prob_threshold=-1.0, no_speech_threshold=0.6,
-        compression_ratio_threshold=2.4, temperatures=[temperature], initial_prompt=prompt, prefix=None,
-        suppress_blank=True, suppress_tokens=get_suppressed_tokens(tokenizer, [-1]),
-        prepend_punctuations=prepend_punctuations, append_punctuations=append_punctuations,
-        max_new_tokens=None, hotwords=None, word_timestamps=False, hallucination_silence_threshold=None,
-        condition_on_previous_text=False, clip_timestamps=[], prompt_reset_on_temperature=0.5,
-        multilingual=False, without_timestamps=True, max_initial_timestamp=0.0,
+        beam_size=beam_size,
+        best_of=5,
+        patience=1.0,
+        length_penalty=1.0,
+        repetition_penalty=1.0,
+        no_repeat_ngram_size=0,
+        log_prob_threshold=-1.0,
+        no_speech_threshold=0.6,
+        compression_ratio_threshold=2.4,
+        temperatures=[temperature],
+        initial_prompt=prompt,
+        prefix=None,
+        suppress_blank=True,
+        suppress_tokens=get_suppressed_tokens(tokenizer, [-1]),
+        prepend_punctuations=prepend_punctuations,
+        append_punctuations=append_punctuations,
+        max_new_tokens=None,
+        hotwords=None,
+        word_timestamps=False,
+        hallucination_silence_threshold=None,
+        condition_on_previous_text=False,
+        clip_timestamps=[],
+        prompt_reset_on_temperature=0.5,
+        multilingual=False,
+        without_timestamps=True,
+        max_initial_timestamp=0.0,
     )
 
 
-def faster_whisper_decode(pipeline, features, tokenizer, options) -> tuple[Any, list[dict]]:
+def faster_whisper_decode(
+    pipeline: Any, features: Any, tokenizer: Any, options: Any
+) -> tuple[Any, list[dict[str, Any]]]:
     """One batched decoding call of BatchedInferencePipeline (its `generate_segment_batched`):
     the encoder output and, per window, a dict with its "tokens"."""
-    return pipeline.generate_segment_batched(features, tokenizer, options)
+    decoded: tuple[Any, list[dict[str, Any]]] = pipeline.generate_segment_batched(features, tokenizer, options)
+    return decoded
 
 
-def faster_whisper_align(model, tokenizer, texts: list[list[int]], encoder_output, frames: list[int]) -> list:
+def faster_whisper_align(
+    model: Any, tokenizer: Any, texts: list[list[int]], encoder_output: Any, frames: list[int]
+) -> list[Any]:
     """Word timings for each window's tokens on the same encoder output (WhisperModel.find_alignment)."""
-    return model.find_alignment(tokenizer, texts, encoder_output, frames)
+    alignments: list[Any] = model.find_alignment(tokenizer, texts, encoder_output, frames)
+    return alignments
 
 
 # --- openai-whisper: beam search over several windows -------------------------------------------
 
-def openai_whisper_decoding_task(model, options):
+
+def openai_whisper_decoding_task(model: Any, options: Any) -> Any:
     """whisper.decode's DecodingTask, fixed for several windows with beam search.
 
     Since openai-whisper's "Avoid rearranging all caches" (PR #1483, 2023; unfixed up to
@@ -142,12 +188,12 @@ def openai_whisper_decoding_task(model, options):
     """
     from whisper.decoding import DecodingTask
 
-    class BatchedDecodingTask(DecodingTask):
-        def _get_audio_features(self, mel):
+    class BatchedDecodingTask(DecodingTask):  # type: ignore[misc]  # openai-whisper ships no types
+        def _get_audio_features(self, mel: Any) -> Any:
             features = super()._get_audio_features(mel)
             return features.repeat_interleave(self.n_group, dim=0) if self.n_group > 1 else features
 
-        def _detect_language(self, audio_features, tokens):
+        def _detect_language(self, audio_features: Any, tokens: Any) -> Any:
             return super()._detect_language(audio_features[:: self.n_group], tokens)
 
     return BatchedDecodingTask(model, options)

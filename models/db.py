@@ -1,14 +1,16 @@
 """Database engine and sessions: SQLite (WAL) by default, PostgreSQL in production."""
+
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
+from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Iterator
+from typing import Any, cast
 
 from sqlalchemy import DateTime, TypeDecorator, create_engine, event, text
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import CursorResult, Dialect, Engine, Result
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
 from config import private_dir
@@ -19,32 +21,37 @@ class Base(DeclarativeBase):
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
-class UTCDateTime(TypeDecorator):
+def rowcount(result: Result[Any]) -> int:
+    """The rows an UPDATE or DELETE matched (Session.execute types its result as a plain Result)."""
+    return cast("CursorResult[Any]", result).rowcount
+
+
+class UTCDateTime(TypeDecorator[datetime]):
     """Timezone-aware UTC on every database (SQLite keeps no zone of its own)."""
 
     impl = DateTime(timezone=True)
     cache_ok = True
 
-    def process_bind_param(self, value, dialect):
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         if value is None:
             return None
         if value.tzinfo is None:
             raise ValueError("naive datetime given to a UTC column; use datetime.now(timezone.utc)")
-        value = value.astimezone(timezone.utc)
+        value = value.astimezone(UTC)
         return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
 
-    def process_result_value(self, value, dialect):
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         if value is None:
             return None
         if value.tzinfo is None:
-            return value.replace(tzinfo=timezone.utc)
-        return value.astimezone(timezone.utc)
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
 
 
-def _sqlite_pragmas(dbapi_connection, _record) -> None:
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     # WAL lets the web process read while a worker writes; busy_timeout waits out a
     # writer instead of failing with "database is locked".
     cursor = dbapi_connection.cursor()
@@ -58,7 +65,7 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:
 class Database:
     """One engine and session factory per process, created lazily after any fork."""
 
-    def __init__(self, url: str, session_info: dict | None = None):
+    def __init__(self, url: str, session_info: dict[str, Any] | None = None):
         self.url = url
         self.session_info = session_info or {}  # copied into every session's .info (the runtime, for the outbox)
         self._engine: Engine | None = None
@@ -76,9 +83,7 @@ class Database:
                 engine = create_engine(self.url, connect_args={"timeout": 10}, hide_parameters=True)
                 event.listen(engine, "connect", _sqlite_pragmas)
             else:
-                engine = create_engine(
-                    self.url, pool_pre_ping=True, pool_size=5, max_overflow=5, hide_parameters=True
-                )
+                engine = create_engine(self.url, pool_pre_ping=True, pool_size=5, max_overflow=5, hide_parameters=True)
             self._engine = engine
             self._sessions = sessionmaker(engine, expire_on_commit=False, info=self.session_info)
         return self._engine

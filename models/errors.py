@@ -1,5 +1,9 @@
 """The error hierarchy. Each message says what is wrong and how to fix it."""
+
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import ClassVar
 
 
 class WhisperqError(Exception):
@@ -121,7 +125,7 @@ class UnsupportedMediaType(WhisperqError):
 class Unauthorized(WhisperqError):
     code = "unauthorized"
     http_status = 401
-    headers = {"WWW-Authenticate": 'Bearer realm="whisperq"'}
+    headers: ClassVar[Mapping[str, str]] = {"WWW-Authenticate": 'Bearer realm="whisperq"'}
 
 
 class Forbidden(WhisperqError):

@@ -13,14 +13,19 @@ receiver down) do not come back together. Two policies are built from the settin
   attempt, waits from WHISPERQ_WEBHOOK_RETRY_BASE_SECONDS up to an hour, then the delivery
   is marked failed.
 """
+
 from __future__ import annotations
 
 import enum
 import random
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from models.errors import AttemptsExhausted, JobCancelled, JobExpired, PermanentJobError
+
+if TYPE_CHECKING:
+    from config import Settings
 
 WEBHOOK_BACKOFF_CAP_SECONDS = 3600.0
 
@@ -54,13 +59,16 @@ class RetryPolicy:
     window_seconds: float | None = None  # since the first attempt
 
     @classmethod
-    def for_jobs(cls, settings) -> RetryPolicy:
+    def for_jobs(cls, settings: Settings) -> RetryPolicy:
         return cls(settings.retry_base_seconds, settings.retry_max_seconds, max_attempts=settings.max_attempts)
 
     @classmethod
-    def for_webhooks(cls, settings) -> RetryPolicy:
-        return cls(settings.webhook_retry_base_seconds, WEBHOOK_BACKOFF_CAP_SECONDS,
-                   window_seconds=settings.webhook_retry_window_seconds)
+    def for_webhooks(cls, settings: Settings) -> RetryPolicy:
+        return cls(
+            settings.webhook_retry_base_seconds,
+            WEBHOOK_BACKOFF_CAP_SECONDS,
+            window_seconds=settings.webhook_retry_window_seconds,
+        )
 
     def backoff(self, attempts: int, rng: random.Random | None = None) -> float:
         """Seconds to wait after `attempts` tries: full jitter under the capped exponential."""
@@ -75,7 +83,6 @@ class RetryPolicy:
             return (now - first_at).total_seconds() > self.window_seconds
         return False
 
-    def next_delay(self, attempts: int, first_at: datetime | None = None,
-                   now: datetime | None = None) -> float | None:
+    def next_delay(self, attempts: int, first_at: datetime | None = None, now: datetime | None = None) -> float | None:
         """The wait before the next try, or None to give up."""
         return None if self.exhausted(attempts, first_at, now) else self.backoff(attempts)

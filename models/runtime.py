@@ -12,11 +12,13 @@ sealed columns use.
 This is the composition root of models: it may import every package, and no module of
 models imports it except for type annotations (setup.cfg's import-linter contracts check both).
 """
+
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from config import Settings
 from models.db import Database
@@ -28,6 +30,8 @@ if TYPE_CHECKING:
     from models.security.crypto import Keyring
     from models.speech.batching import Batcher
     from models.speech.engines import SpeechEngine
+
+_T = TypeVar("_T")
 
 
 class Broker(Protocol):
@@ -72,14 +76,14 @@ class Runtime:
         """A served model's engine (the default's for None), loaded on first use and kept: an
         inference process loads only the models it is sent.
 
-        The weights are the model's newest swap (models.speech.swaps), read every few seconds:
+        The weights are the model's newest swap (models.registry.swaps), read every few seconds:
         after a swap the next call loads the new weights and returns their engine from then
         on; the engine before is let go here, and lives on only in the jobs that began on it."""
-        from models.speech.loader import load_engine
+        from models.registry.loader import load_engine
 
         spec = self.active_spec(model)
         key = ("engine", spec.name, spec.weights)
-        engine = self._parts.get(key)
+        engine: SpeechEngine | None = self._parts.get(key)
         if engine is None:
             engine = self._part(key, lambda: load_engine(self.settings, spec))
             with self._lock:
@@ -89,7 +93,7 @@ class Runtime:
 
     def active_spec(self, model: str | None = None) -> ModelSpec:
         """A model's registry entry with the weights it runs now (its newest swap, if any)."""
-        from models.speech.swaps import ActiveWeights
+        from models.registry.swaps import ActiveWeights
 
         active = self._part(("swaps", ""), lambda: ActiveWeights(self.settings, self.db))
         return active.spec(model)
@@ -113,8 +117,8 @@ class Runtime:
         """The parts of a kind ("engine", "batcher") built so far, without building any."""
         return [part for key, part in list(self._parts.items()) if key[0] == kind]
 
-    def _part(self, name: tuple[str, ...], build: Callable[[], Any]) -> Any:
-        part = self._parts.get(name)
+    def _part(self, name: tuple[str, ...], build: Callable[[], _T]) -> _T:
+        part: _T | None = self._parts.get(name)
         if part is None:
             with self._lock:
                 part = self._parts.get(name)

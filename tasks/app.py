@@ -11,6 +11,7 @@ bind to. A process that never called it gets one from the environment on first u
 Building an app connects to nothing: the broker is contacted on the first publish or when a
 worker starts. Without CELERY_BROKER_URL it fails with a message saying how to fix that.
 """
+
 from __future__ import annotations
 
 import threading

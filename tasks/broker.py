@@ -10,6 +10,7 @@ whose message is in no queue list and held by no live worker is therefore strand
 whatever ``unacked`` says. RabbitMQ returns a closed channel's messages to their queue
 at once, and cannot be listed without consuming: there the answer is "unknown".
 """
+
 from __future__ import annotations
 
 import json
@@ -60,9 +61,15 @@ def publish_transcribe(app: Celery, job, countdown: float | None = None, reply_t
 def publish_notify(app: Celery, delivery_ids: list[str]) -> None:
     """Send webhook deliveries (rows of models.delivery.notify) to the notification pool."""
     for delivery_id in delivery_ids:
-        app.send_task("whisperq.notify", args=[delivery_id], queue=NOTIFY_QUEUE, ignore_result=True,
-                      priority=broker_priority("normal", app.conf.broker_url), retry=True,
-                      retry_policy=PUBLISH_RETRY)
+        app.send_task(
+            "whisperq.notify",
+            args=[delivery_id],
+            queue=NOTIFY_QUEUE,
+            ignore_result=True,
+            priority=broker_priority("normal", app.conf.broker_url),
+            retry=True,
+            retry_policy=PUBLISH_RETRY,
+        )
 
 
 class CeleryBroker:
@@ -153,8 +160,14 @@ def run_sweep(app, grace: timedelta | None = None, rt=None):
     rt = rt or runtime()
     waiting = waiting_in_broker(app)  # read before holdings: messages move from queues to workers
     broker = CeleryBroker(app)
-    report = sweep(rt, holdings(app), broker, grace=GRACE if grace is None else grace, waiting=waiting,
-                   confirm=lambda ids: still_lost(app, ids))
+    report = sweep(
+        rt,
+        holdings(app),
+        broker,
+        grace=GRACE if grace is None else grace,
+        waiting=waiting,
+        confirm=lambda ids: still_lost(app, ids),
+    )
     # Webhook deliveries whose message was lost (or never sent): send them now.
     late = overdue(rt)
     broker.publish_notify(late)

@@ -15,6 +15,7 @@ directory per worker start, removed at shutdown) and the main process serves the
 Every port also has the serving process's `process_*` metrics (resident memory), the
 prefork children's memory, and `whisperq_gpu_memory_bytes` where a model runs on CUDA.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -22,7 +23,8 @@ import logging
 import os
 import shutil
 import tempfile
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from config.celeryconfig import pool_of
 from config.settings import METRICS_PORT_SPAN
@@ -102,8 +104,12 @@ def serve(worker, host: str | None = None) -> int | None:
     if not settings.metrics_port or "prefork" not in _state:
         return None
     pool = pool_name(worker.app)
-    info = {"pool": pool, "hostname": worker.hostname, "worker_id": os.environ.get("WHISPERQ_WORKER_ID", ""),
-            "mode": "prefork" if _state["prefork"] else "threads"}
+    info = {
+        "pool": pool,
+        "hostname": worker.hostname,
+        "worker_id": os.environ.get("WHISPERQ_WORKER_ID", ""),
+        "mode": "prefork" if _state["prefork"] else "threads",
+    }
     try:
         registry = registry_for(_state["prefork"], info, _state.get("directory"))
     except Exception:
@@ -113,13 +119,20 @@ def serve(worker, host: str | None = None) -> int | None:
     try:
         ipaddress.ip_address(address)
     except ValueError:
-        log.error("worker metrics not served: WHISPERQ_METRICS_ADDRESS=%r is not an IP address; set it to 127.0.0.1 "
-                  "(this host only) or 0.0.0.0 (every interface, for a scraper on another machine)", address)
+        log.error(
+            "worker metrics not served: WHISPERQ_METRICS_ADDRESS=%r is not an IP address; set it to 127.0.0.1 "
+            "(this host only) or 0.0.0.0 (every interface, for a scraper on another machine)",
+            address,
+        )
         return None
     port = listen(registry, address, ports(settings.metrics_port, pool))
     if port is not None and pool in OFFSETS and port != settings.metrics_port + OFFSETS[pool]:
-        log.warning("metrics port %d was taken; this %s worker serves its metrics on %d instead",
-                    settings.metrics_port + OFFSETS[pool], pool, port)
+        log.warning(
+            "metrics port %d was taken; this %s worker serves its metrics on %d instead",
+            settings.metrics_port + OFFSETS[pool],
+            pool,
+            port,
+        )
     return port
 
 
@@ -151,8 +164,7 @@ class _Info:
     def collect(self) -> Iterator:
         from prometheus_client.core import GaugeMetricFamily
 
-        family = GaugeMetricFamily("whisperq_worker_info", "The worker serving these metrics",
-                                   labels=list(self.labels))
+        family = GaugeMetricFamily("whisperq_worker_info", "The worker serving these metrics", labels=list(self.labels))
         family.add_metric(list(self.labels.values()), 1.0)
         yield family
 
@@ -163,8 +175,9 @@ class _ChildMemory:
     def collect(self) -> Iterator:
         from prometheus_client.core import GaugeMetricFamily
 
-        family = GaugeMetricFamily("whisperq_pool_process_resident_memory_bytes",
-                                   "Resident memory of each pool child process", labels=["pid"])
+        family = GaugeMetricFamily(
+            "whisperq_pool_process_resident_memory_bytes", "Resident memory of each pool child process", labels=["pid"]
+        )
         page = os.sysconf("SC_PAGE_SIZE")
         me = os.getpid()
         try:

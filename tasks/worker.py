@@ -1,4 +1,5 @@
 """Worker entry point: `celery -A tasks.worker worker` (and `beat`, `flower`)."""
+
 import logging
 import os
 import uuid
@@ -63,7 +64,12 @@ def _ready(sender=None, **_kwargs) -> None:
             logging.getLogger(__name__).warning(
                 "this inference worker holds %d jobs (its concurrency) for %d batches of %d windows at once: the model "
                 "will wait for work while the next batch fills; give it %d slots (WHISPERQ_INFERENCE_SLOTS=%d)",
-                slots, parallel_batches(settings), batch_size(settings), slots_needed(settings), slots_needed(settings))
+                slots,
+                parallel_batches(settings),
+                batch_size(settings),
+                slots_needed(settings),
+                slots_needed(settings),
+            )
 
 
 @worker_process_init.connect

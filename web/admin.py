@@ -1,5 +1,6 @@
 """Admin API for operators: the dead-letter queue. Needs an admin API key (`whisperq
 keys create --admin`) or `Authorization: Bearer $WHISPERQ_ADMIN_TOKEN`."""
+
 from __future__ import annotations
 
 from flask import Blueprint, current_app, g, jsonify, request
@@ -16,9 +17,13 @@ def _require_admin():
     if found is not None and found.admin:
         return
     if found is None or found.anonymous:
-        raise Unauthorized("send an admin API key (whisperq keys create --admin) or WHISPERQ_ADMIN_TOKEN as "
-                           "'Authorization: Bearer <key>'")
-    raise Forbidden("this API key is not an admin key; the admin API needs one made with `whisperq keys create --admin`")
+        raise Unauthorized(
+            "send an admin API key (whisperq keys create --admin) or WHISPERQ_ADMIN_TOKEN as "
+            "'Authorization: Bearer <key>'"
+        )
+    raise Forbidden(
+        "this API key is not an admin key; the admin API needs one made with `whisperq keys create --admin`"
+    )
 
 
 def _rt():

@@ -1,6 +1,7 @@
 """The web's part of admission: the per-client rate (by key, else address) and, before a body
 is read, what the one door (models.pipeline.door) can refuse without it. Everything after
 the body is the door's."""
+
 from __future__ import annotations
 
 from flask import current_app, g, request

@@ -16,6 +16,7 @@
   from another site (Sec-Fetch-Site, else Origin), and anonymous jobs get at most
   WHISPERQ_ANONYMOUS_MAX_PRIORITY.
 """
+
 from __future__ import annotations
 
 import hmac
@@ -84,10 +85,15 @@ def check_host() -> None:
     if served is None:
         return
     host = request.host.lower()
-    name = host[1:].split("]", 1)[0] if host.startswith("[") else host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    if host.startswith("["):
+        name = host[1:].split("]", 1)[0]
+    else:
+        name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
     if name not in served:
-        raise Forbidden(f"this server does not serve the host {name!r}; use one of {', '.join(sorted(set(served)))} "
-                        "(an operator adds names with WHISPERQ_ALLOWED_HOSTS)")
+        raise Forbidden(
+            f"this server does not serve the host {name!r}; use one of {', '.join(sorted(set(served)))} "
+            "(an operator adds names with WHISPERQ_ALLOWED_HOSTS)"
+        )
 
 
 def check_same_site() -> None:
@@ -121,7 +127,9 @@ def bearer_token() -> str | None:
 
 
 def matches(token: str, secret: str | None) -> bool:
-    return bool(secret) and hmac.compare_digest(token.encode(), secret.encode())
+    if not secret:
+        return False
+    return hmac.compare_digest(token.encode(), secret.encode())
 
 
 def principal() -> Principal:

@@ -8,6 +8,7 @@ file's name, size, container and length by its header, its options, the tier's p
 then the queue budget and the key's monthly quota with all of its jobs counted. Then its row and
 all its jobs (with the files' audio) go in in one transaction, and are published. A
 refusal stores nothing: the files spooled for it are removed when the request ends."""
+
 from __future__ import annotations
 
 import hashlib
@@ -38,7 +39,7 @@ log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 1024 * 1024  # a hundred URLs with their options; more than one job's 64 KiB
 SHARED = tuple(f for f in FIELDS if f != "callback_url")  # options for every item; callback_url is the batch's
-ITEM = ("audio_url", "callback_url") + tuple(f for f in SHARED if f != "priority")  # one priority per batch
+ITEM = ("audio_url", "callback_url", *(f for f in SHARED if f != "priority"))  # one priority per batch
 EXAMPLE = '{"audio_urls": ["https://example.com/a.mp3", "https://example.com/b.mp3"]}'
 
 
@@ -53,19 +54,26 @@ def check_batch(rt: Runtime, who: Principal, body) -> tuple[list[Admission], str
         raise InvalidRequest(f"send a JSON object such as {EXAMPLE}")
     unknown = sorted(set(body) - {"audio_urls", "items", "callback_url", *SHARED})
     if unknown:
-        raise InvalidRequest(f"unknown field(s) {', '.join(repr(u) for u in unknown)}; a batch takes 'audio_urls' "
-                             f"or 'items', 'callback_url' and the options {', '.join(repr(f) for f in SHARED)}")
+        raise InvalidRequest(
+            f"unknown field(s) {', '.join(repr(u) for u in unknown)}; a batch takes 'audio_urls' "
+            f"or 'items', 'callback_url' and the options {', '.join(repr(f) for f in SHARED)}"
+        )
     if ("audio_urls" in body) == ("items" in body):
-        raise InvalidRequest(f"give either 'audio_urls' (a list of URLs) or 'items' (a list of objects with "
-                             f"'audio_url' and options), not {'both' if 'items' in body else 'neither'}: {EXAMPLE}")
+        raise InvalidRequest(
+            f"give either 'audio_urls' (a list of URLs) or 'items' (a list of objects with "
+            f"'audio_url' and options), not {'both' if 'items' in body else 'neither'}: {EXAMPLE}"
+        )
     raw = body.get("items") if "items" in body else body.get("audio_urls")
     limit = rt.settings.max_batch_items
     if not isinstance(raw, list) or not raw:
-        raise InvalidRequest("the batch's list of audio is empty or not a list; give 1 to "
-                             f"{limit} items (WHISPERQ_MAX_BATCH_ITEMS)")
+        raise InvalidRequest(
+            f"the batch's list of audio is empty or not a list; give 1 to {limit} items (WHISPERQ_MAX_BATCH_ITEMS)"
+        )
     if len(raw) > limit:
-        raise InvalidRequest(f"the batch has {len(raw)} items; at most {limit} go in one batch "
-                             "(WHISPERQ_MAX_BATCH_ITEMS): split it in several")
+        raise InvalidRequest(
+            f"the batch has {len(raw)} items; at most {limit} go in one batch "
+            "(WHISPERQ_MAX_BATCH_ITEMS): split it in several"
+        )
     shared = {k: v for k, v in body.items() if k in SHARED}
     callback = _callback(rt, body.get("callback_url"))
     admitted = []
@@ -73,20 +81,23 @@ def check_batch(rt: Runtime, who: Principal, body) -> tuple[list[Admission], str
         entry = {"audio_url": entry} if "audio_urls" in body else entry
         where = f"{'items' if 'items' in body else 'audio_urls'}[{n}]"
         if not isinstance(entry, dict):
-            raise InvalidRequest(f"{where} must be an object such as {{\"audio_url\": \"https://example.com/a.mp3\"}}")
+            raise InvalidRequest(f'{where} must be an object such as {{"audio_url": "https://example.com/a.mp3"}}')
         wrong = sorted(set(entry) - set(ITEM))
         if wrong:
-            raise InvalidRequest(f"{where}: unknown field(s) {', '.join(repr(w) for w in wrong)}; an item takes "
-                                 f"{', '.join(repr(f) for f in ITEM)} (the priority is the batch's)")
+            raise InvalidRequest(
+                f"{where}: unknown field(s) {', '.join(repr(w) for w in wrong)}; an item takes "
+                f"{', '.join(repr(f) for f in ITEM)} (the priority is the batch's)"
+            )
         url = entry.get("audio_url")
         try:
             if not isinstance(url, str) or not url.strip():
                 raise InvalidRequest("audio_url is missing: give the http(s) URL of the audio")
             fields = {**shared, **{k: v for k, v in entry.items() if k != "audio_url"}}
-            admitted.append(door.admit(rt, Submission(who, "batch", fields=fields, audio_url=url.strip()),
-                                       queue=False, quota=False))
+            admitted.append(
+                door.admit(rt, Submission(who, "batch", fields=fields, audio_url=url.strip()), queue=False, quota=False)
+            )
         except WhisperqError as exc:
-            exc.args = (f"{where}: {exc}",) + exc.args[1:]
+            exc.args = (f"{where}: {exc}", *exc.args[1:])
             raise
     return admitted, callback
 
@@ -112,17 +123,19 @@ def create():
         # The files not moved into the store are removed as the request ends (UploadRequest).
         return _create(rt, who, key, *check_files(rt, who, request.form, request.files))
     if request.mimetype != "application/json":
-        raise UnsupportedMediaType(f"send the batch as JSON (Content-Type: application/json), such as {EXAMPLE}, or "
-                                   "its files as multipart/form-data, each in a field named 'file' "
-                                   f"(got {request.mimetype or 'no Content-Type'})")
+        raise UnsupportedMediaType(
+            f"send the batch as JSON (Content-Type: application/json), such as {EXAMPLE}, or "
+            "its files as multipart/form-data, each in a field named 'file' "
+            f"(got {request.mimetype or 'no Content-Type'})"
+        )
     request.max_content_length = MAX_BODY_BYTES
     try:
         body = json.loads(request.get_data(cache=False) or b"null")
     except ValueError as exc:
         raise InvalidRequest(f"the body is not valid JSON ({exc})") from None
     admitted, callback = check_batch(rt, who, body)
-    fingerprint = hashlib.sha256(json.dumps(["batch", callback, [[a.submission.audio_url, a.options.fields()] for a in admitted]],
-                                            sort_keys=True).encode()).hexdigest()
+    items = [[a.submission.audio_url, a.options.fields()] for a in admitted]
+    fingerprint = hashlib.sha256(json.dumps(["batch", callback, items], sort_keys=True).encode()).hexdigest()
     return _create(rt, who, key, admitted, callback, fingerprint)
 
 
@@ -134,11 +147,14 @@ def check_files(rt: Runtime, who: Principal, form, files):
     uploads = files.getlist("file")
     limit = rt.settings.max_batch_items
     if not uploads:
-        raise InvalidRequest(f"no audio file: send each file in a multipart field named 'file' (1 to {limit}, "
-                             "WHISPERQ_MAX_BATCH_ITEMS)")
+        raise InvalidRequest(
+            f"no audio file: send each file in a multipart field named 'file' (1 to {limit}, WHISPERQ_MAX_BATCH_ITEMS)"
+        )
     if len(uploads) > limit:
-        raise InvalidRequest(f"the batch has {len(uploads)} files; at most {limit} go in one batch "
-                             "(WHISPERQ_MAX_BATCH_ITEMS): split it in several")
+        raise InvalidRequest(
+            f"the batch has {len(uploads)} files; at most {limit} go in one batch "
+            "(WHISPERQ_MAX_BATCH_ITEMS): split it in several"
+        )
     callback = _callback(rt, form.get("callback_url"))
     fields = {k: v for k, v in form.items() if k != "callback_url"}
     admitted, digest = [], hashlib.sha256(json.dumps(["files", callback, fields], sort_keys=True).encode())
@@ -148,17 +164,24 @@ def check_files(rt: Runtime, who: Principal, form, files):
             if not upload.filename:
                 raise InvalidRequest("the file has no name: send it with a UTF-8 file name")
             spooled = sealed_upload(rt, upload)
-            admitted.append(door.admit(rt, Submission(who, "batch", fields=fields, upload=spooled,
-                                                      filename=upload.filename), queue=False, quota=False))
+            admitted.append(
+                door.admit(
+                    rt,
+                    Submission(who, "batch", fields=fields, upload=spooled, filename=upload.filename),
+                    queue=False,
+                    quota=False,
+                )
+            )
         except WhisperqError as exc:
-            exc.args = (f"{where}: {exc}",) + exc.args[1:]
+            exc.args = (f"{where}: {exc}", *exc.args[1:])
             raise
         digest.update(spooled.sha256.digest() + upload.filename.encode())
     return admitted, callback, digest.hexdigest()
 
 
-def _create(rt: Runtime, who: Principal, key: str | None, admitted: list[Admission], callback: str | None,
-            fingerprint: str):
+def _create(
+    rt: Runtime, who: Principal, key: str | None, admitted: list[Admission], callback: str | None, fingerprint: str
+):
     """The whole batch through the one door (the queue budget and the key's share and monthly
     quota with all its jobs counted, recorded in one transaction, published)."""
     batch, created = intake.accept_batch(rt, who, admitted, callback, key, fingerprint)
@@ -182,9 +205,18 @@ def batch_body(found: Standing, limit: int = 50, after: str | None = None, statu
     jobs, following = batch_jobs(rt, bid, limit, after, status)
     body["jobs"] = [_listed(job) for job in jobs]
     body["next_cursor"] = following
-    body["next_url"] = None if following is None else url_for(
-        "batches.show", batch_id=bid, cursor=following, limit=limit, _external=True,
-        **({"status": status} if status else {}))
+    body["next_url"] = (
+        None
+        if following is None
+        else url_for(
+            "batches.show",
+            batch_id=bid,
+            cursor=following,
+            limit=limit,
+            _external=True,
+            **({"status": status} if status else {}),
+        )
+    )
     if found.batch.callback_url:
         body["webhook_deliveries"] = deliveries_of(rt, bid)
     return body
@@ -192,8 +224,16 @@ def batch_body(found: Standing, limit: int = 50, after: str | None = None, statu
 
 def _listed(job: Job) -> dict:
     deleted = job.deleted_at is not None
-    out = {"job_id": job.id, "status": job.status, "deleted": deleted, "audio_url": job.audio_url,
-           "filename": job.filename, "error": job.error, "status_url": None, "transcript_url": None}
+    out = {
+        "job_id": job.id,
+        "status": job.status,
+        "deleted": deleted,
+        "audio_url": job.audio_url,
+        "filename": job.filename,
+        "error": job.error,
+        "status_url": None,
+        "transcript_url": None,
+    }
     if not deleted:
         out["status_url"] = url_for("api.show", job_id=job.id, _external=True)
         if job.state is JobStatus.COMPLETED:
@@ -221,8 +261,9 @@ def cancel(batch_id: str):
     rt = runtime()
     found = get_batch(rt, batch_id, owner=scope())
     if found.done:
-        raise JobNotReady(f"batch {batch_id} has finished; only a batch with PENDING or PROCESSING jobs can be "
-                          "cancelled")
+        raise JobNotReady(
+            f"batch {batch_id} has finished; only a batch with PENDING or PROCESSING jobs can be cancelled"
+        )
     for job_id in unfinished_ids(rt, batch_id):
         try:
             cancel_job(rt, job_id)

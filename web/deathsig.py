@@ -10,6 +10,7 @@ parent dies before the signal is armed: then the command is not started at all.
 Run as a file, not as `-m web.deathsig`: importing the `web` package would load the whole app
 before each process of the stack starts.
 """
+
 from __future__ import annotations
 
 import os
@@ -30,7 +31,8 @@ def main(argv: list[str]) -> None:
     if len(argv) < 3:
         sys.exit("usage: deathsig.py SIGNAL PARENT_PID|- COMMAND [ARGS...]")
     name, parent, command = argv[0], argv[1], argv[2:]
-    if not arm(signal.Signals[name if name.startswith("SIG") else f"SIG{name}"], os.getppid() if parent == "-" else int(parent)):
+    signum = signal.Signals[name if name.startswith("SIG") else f"SIG{name}"]
+    if not arm(signum, os.getppid() if parent == "-" else int(parent)):
         sys.exit(f"not starting {command[0]}: its parent exited before it began")
     os.execvp(command[0], command)
 

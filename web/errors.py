@@ -1,4 +1,5 @@
 """Errors as JSON `{"error": {"code", "message"}}` for the API, as a page for the browser."""
+
 from __future__ import annotations
 
 import logging
@@ -45,20 +46,29 @@ def init_app(app: Flask) -> None:
         if request.endpoint == "api.correct":
             from models.jobs.corrections import MAX_BYTES
 
-            message = (f"the correction is larger than {MAX_BYTES // (1024 * 1024)} MiB; send the text (and segments) "
-                       "of one transcript")
+            message = (
+                f"the correction is larger than {MAX_BYTES // (1024 * 1024)} MiB; send the text (and segments) "
+                "of one transcript"
+            )
         elif request.endpoint == "batches.create" and request.mimetype == "multipart/form-data":
             s = current_app.extensions["whisperq"].settings
-            message = (f"the batch is over its limits: each file at most {s.max_upload_mb} MB (WHISPERQ_MAX_UPLOAD_MB), "
-                       f"all of it at most {s.max_batch_upload_mb} MB (WHISPERQ_MAX_BATCH_UPLOAD_MB), at most "
-                       f"{s.max_batch_items} files (WHISPERQ_MAX_BATCH_ITEMS) with the batch's options; split it in "
-                       "several batches, or send long recordings by URL")
+            message = (
+                f"the batch is over its limits: each file at most {s.max_upload_mb} MB "
+                "(WHISPERQ_MAX_UPLOAD_MB), "
+                f"all of it at most {s.max_batch_upload_mb} MB (WHISPERQ_MAX_BATCH_UPLOAD_MB), at most "
+                f"{s.max_batch_items} files (WHISPERQ_MAX_BATCH_ITEMS) with the batch's options; split it in "
+                "several batches, or send long recordings by URL"
+            )
         elif request.mimetype != "multipart/form-data":
-            message = (f"the request body is larger than {MAX_BODY_BYTES // 1024} KiB; a JSON body carries an "
-                       "audio_url and options, and audio goes as a multipart upload")
+            message = (
+                f"the request body is larger than {MAX_BODY_BYTES // 1024} KiB; a JSON body carries an "
+                "audio_url and options, and audio goes as a multipart upload"
+            )
         elif request.content_length is not None and request.content_length <= app.config["MAX_CONTENT_LENGTH"]:
-            message = (f"the upload has too many parts (at most {MAX_FORM_PARTS}: the file and its options) "
-                       "or a field over 1 MiB")
+            message = (
+                f"the upload has too many parts (at most {MAX_FORM_PARTS}: the file and its options) "
+                "or a field over 1 MiB"
+            )
         else:
             message = f"the upload is larger than the limit of {limit_mb} MB (WHISPERQ_MAX_UPLOAD_MB)"
         return error_response(413, "too_large", message)
@@ -73,8 +83,13 @@ def init_app(app: Flask) -> None:
     @app.errorhandler(DecryptionError)
     def _undecryptable(exc: DecryptionError):
         log.error("stored data could not be decrypted on %s %s: %s", request.method, request.path, exc)
-        return error_response(500, "decryption_failed", "stored data could not be decrypted with the keys this server "
-                              "has; an operator must check WHISPERQ_ENCRYPTION_KEYS (the log says which key is missing)")
+        return error_response(
+            500,
+            "decryption_failed",
+            "stored data could not be decrypted with the keys this "
+            "server has; an operator must check WHISPERQ_ENCRYPTION_KEYS "
+            "(the log says which key is missing)",
+        )
 
     @app.errorhandler(Exception)
     def _unexpected(exc: Exception):

@@ -1,4 +1,5 @@
 """Liveness and readiness probes."""
+
 from __future__ import annotations
 
 import time
@@ -40,8 +41,11 @@ def readyz():
     except Exception as exc:
         checks["broker"] = f"unreachable: {type(exc).__name__}"
     free_mb = free_bytes(rt.settings.data_dir) // (1024 * 1024)
-    checks["disk"] = "ok" if free_mb >= rt.settings.disk_floor_mb else (
-        f"{free_mb} MB free, under WHISPERQ_DISK_FLOOR_MB={rt.settings.disk_floor_mb}")
+    checks["disk"] = (
+        "ok"
+        if free_mb >= rt.settings.disk_floor_mb
+        else (f"{free_mb} MB free, under WHISPERQ_DISK_FLOOR_MB={rt.settings.disk_floor_mb}")
+    )
     served: dict[str, int] = {}
     hosts: dict[str, dict] = {}
     if checks["database"] == "ok":
@@ -57,8 +61,9 @@ def readyz():
         else:
             checks["inference_workers"] = "none alive: no inference worker has sent a heartbeat in 30 s"
     ready = all(v == "ok" for v in checks.values())
-    return jsonify({"status": "ready" if ready else "not_ready", "checks": checks, "models": served,
-                    "hosts": hosts}), 200 if ready else 503
+    return jsonify(
+        {"status": "ready" if ready else "not_ready", "checks": checks, "models": served, "hosts": hosts}
+    ), 200 if ready else 503
 
 
 def _hosts(rt, workers: list[dict]) -> dict[str, dict]:
@@ -70,8 +75,18 @@ def _hosts(rt, workers: list[dict]) -> dict[str, dict]:
     out = {}
     for name, host in by_host(workers).items():
         free = host.get("disk_free_bytes")
-        disk = "unknown" if free is None else "ok" if free >= floor else (
-            f"{free // (1024 * 1024)} MB free, under WHISPERQ_DISK_FLOOR_MB={rt.settings.disk_floor_mb}")
-        out[name] = {"workers": host["workers"], "models": host["models"], "disk": disk, "disk_free_bytes": free,
-                     "memory_available_bytes": host.get("memory_available_bytes")}
+        disk = (
+            "unknown"
+            if free is None
+            else "ok"
+            if free >= floor
+            else (f"{free // (1024 * 1024)} MB free, under WHISPERQ_DISK_FLOOR_MB={rt.settings.disk_floor_mb}")
+        )
+        out[name] = {
+            "workers": host["workers"],
+            "models": host["models"],
+            "disk": disk,
+            "disk_free_bytes": free,
+            "memory_available_bytes": host.get("memory_available_bytes"),
+        }
     return out

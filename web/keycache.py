@@ -8,6 +8,7 @@ is refused within a second, and one revoked in this process at once (its row's f
 empties the cache). Only keys that passed are kept: an unknown key always reaches the
 database, as before.
 """
+
 from __future__ import annotations
 
 import threading

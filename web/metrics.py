@@ -22,25 +22,30 @@ Who may read it: with WHISPERQ_METRICS_TOKEN set, whoever sends it (or an admin 
 bearer token; without, this machine only (loopback, not through a proxy), since the usage
 series name every API key. Anyone else gets 403 saying to set the token.
 """
+
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 import threading
 import time
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flask import Blueprint, Flask, Response, current_app, request
 from sqlalchemy import func, select
 
+from config import PRIORITIES, Settings
 from config.celeryconfig import QUEUES, is_redis, queues_for
 from config.priorities import REDIS_PRIORITY_STEPS, Priority
-from config.settings import PRIORITIES, Settings
 from models.jobs.deadletter import DeadLetter
 from models.jobs.record import Job, JobStatus, Stage, utcnow
 from models.jobs.workers import alive, by_host
 from models.runtime import Runtime
+
+if TYPE_CHECKING:
+    from models.access.apikeys import ApiKey
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +57,10 @@ PROXY_HEADERS = ("Forwarded", "X-Forwarded-For", "X-Real-IP")
 POOLS = tuple(QUEUES.values())
 # Redis priority step -> tier: the tier with the largest step at or below it (step 9,
 # which no tier uses, counts as low).
-STEP_TIERS = {step: max((p for p in Priority if p.redis_step <= step), key=lambda p: p.redis_step).value
-              for step in REDIS_PRIORITY_STEPS}
+STEP_TIERS = {
+    step: max((p for p in Priority if p.redis_step <= step), key=lambda p: p.redis_step).value
+    for step in REDIS_PRIORITY_STEPS
+}
 STAGE_QUEUES = {"prepare": "whisperq.prepare", "inference": "whisperq.inference"}
 
 
@@ -68,11 +75,14 @@ def broker_depths(celery) -> dict[tuple[str, str], int]:
         if is_redis(celery.conf.broker_url):
             client = conn.default_channel.client
             pipe = client.pipeline(transaction=False)
-            keys = [(queue, STEP_TIERS[step], key) for queue in queues
-                    for step, key in zip(REDIS_PRIORITY_STEPS, redis_queue_keys(celery, queue))]
+            keys = [
+                (queue, STEP_TIERS[step], key)
+                for queue in queues
+                for step, key in zip(REDIS_PRIORITY_STEPS, redis_queue_keys(celery, queue), strict=True)
+            ]
             for _queue, _tier, key in keys:
                 pipe.llen(key)
-            for (queue, tier, _key), count in zip(keys, pipe.execute()):
+            for (queue, tier, _key), count in zip(keys, pipe.execute(), strict=True):
                 depths[(queue, tier)] = depths.get((queue, tier), 0) + int(count)
             return depths
         for queue in queues:
@@ -84,10 +94,8 @@ def broker_depths(celery) -> dict[tuple[str, str], int]:
                     raise
                 depths[(queue, "all")] = 0
             finally:
-                try:
+                with contextlib.suppress(Exception):
                     channel.close()
-                except Exception:
-                    pass
     return depths
 
 
@@ -98,19 +106,33 @@ def database_figures(rt: Runtime, now: datetime | None = None) -> dict[str, Any]
     queued = (Job.status == JobStatus.PROCESSING.value) & (Job.stage == Stage.QUEUED.value)
     with rt.db.session() as session:
         statuses = dict(session.execute(select(Job.status, func.count()).group_by(Job.status)).all())
-        waiting = {("prepare", p): n for p, n in session.execute(
-            select(Job.priority, func.count()).where(pending).group_by(Job.priority))}
-        waiting.update({("inference", p): n for p, n in session.execute(
-            select(Job.priority, func.count()).where(queued).group_by(Job.priority))})
-        running = dict(session.execute(
-            select(Job.stage, func.count()).where(Job.status == JobStatus.PROCESSING.value,
-                                                  Job.stage.in_([Stage.PREPARE.value, Stage.INFER.value])).group_by(Job.stage)).all())
+        waiting = {
+            ("prepare", p): n
+            for p, n in session.execute(select(Job.priority, func.count()).where(pending).group_by(Job.priority))
+        }
+        waiting.update(
+            {
+                ("inference", p): n
+                for p, n in session.execute(select(Job.priority, func.count()).where(queued).group_by(Job.priority))
+            }
+        )
+        running = dict(
+            session.execute(
+                select(Job.stage, func.count())
+                .where(
+                    Job.status == JobStatus.PROCESSING.value, Job.stage.in_([Stage.PREPARE.value, Stage.INFER.value])
+                )
+                .group_by(Job.stage)
+            ).all()
+        )
         # A job waits for preparation since it was queued (or replayed), or since its
         # retry fell due; for inference, since its preparation began (no finer record).
-        first = session.execute(select(func.min(func.coalesce(Job.queued_at, Job.created_at)))
-                                .where(pending, Job.next_attempt_at.is_(None))).scalar()
-        retry = session.execute(select(func.min(Job.next_attempt_at))
-                                .where(pending, Job.next_attempt_at <= now)).scalar()
+        first = session.execute(
+            select(func.min(func.coalesce(Job.queued_at, Job.created_at))).where(pending, Job.next_attempt_at.is_(None))
+        ).scalar()
+        retry = session.execute(
+            select(func.min(Job.next_attempt_at)).where(pending, Job.next_attempt_at <= now)
+        ).scalar()
         prepared = session.execute(select(func.min(Job.started_at)).where(queued)).scalar()
         dead = session.execute(select(func.count()).select_from(DeadLetter)).scalar_one()
     oldest_prepare = min((t for t in (first, retry) if t is not None), default=None)
@@ -164,8 +186,12 @@ class ClusterCollector:
 
         out: list = []
         up = Gauge("whisperq_metrics_source_up", "Whether /metrics could read this source", labels=["source"])
-        for source, read in (("broker", self._broker), ("database", self._database), ("disk", self._disk),
-                             ("usage", self._usage)):
+        for source, read in (
+            ("broker", self._broker),
+            ("database", self._database),
+            ("disk", self._disk),
+            ("usage", self._usage),
+        ):
             try:
                 out.extend(read(Gauge))
                 up.add_metric([source], 1.0)
@@ -175,11 +201,14 @@ class ClusterCollector:
         limits = Gauge("whisperq_alert_threshold", "Alert thresholds in force (WHISPERQ_ALERT_*)", labels=["name"])
         for name, value in thresholds(self.rt.settings).items():
             limits.add_metric([name], float(value))
-        return out + [up, limits]
+        return [*out, up, limits]
 
     def _broker(self, Gauge) -> list:
-        depth = Gauge("whisperq_queue_depth", "Messages waiting in the broker, per queue and priority tier "
-                      "(RabbitMQ: priority=\"all\")", labels=["queue", "priority"])
+        depth = Gauge(
+            "whisperq_queue_depth",
+            'Messages waiting in the broker, per queue and priority tier (RabbitMQ: priority="all")',
+            labels=["queue", "priority"],
+        )
         for (queue, tier), count in sorted(broker_depths(self.celery).items()):
             depth.add_metric([queue, tier], float(count))
         return [depth]
@@ -189,16 +218,23 @@ class ClusterCollector:
         jobs = Gauge("whisperq_jobs", "Jobs in the database by status", labels=["status"])
         for status in JobStatus:
             jobs.add_metric([status.value], float(figures["statuses"].get(status.value, 0)))
-        waiting = Gauge("whisperq_jobs_waiting", "Jobs waiting per priority and stage, from the database "
-                        "(prepare: PENDING; inference: prepared, not started)", labels=["priority", "stage"])
+        waiting = Gauge(
+            "whisperq_jobs_waiting",
+            "Jobs waiting per priority and stage, from the database "
+            "(prepare: PENDING; inference: prepared, not started)",
+            labels=["priority", "stage"],
+        )
         for stage in ("prepare", "inference"):
             for tier in PRIORITIES:
                 waiting.add_metric([tier, stage], float(figures["waiting"].get((stage, tier), 0)))
         running = Gauge("whisperq_jobs_running", "Jobs being prepared or transcribed now", labels=["stage"])
         for stage, count in figures["running"].items():
             running.add_metric([stage], float(count))
-        oldest = Gauge("whisperq_queue_oldest_age_seconds", "Age of the oldest job waiting for this queue's pool "
-                       "(0 when none waits)", labels=["queue"])
+        oldest = Gauge(
+            "whisperq_queue_oldest_age_seconds",
+            "Age of the oldest job waiting for this queue's pool (0 when none waits)",
+            labels=["queue"],
+        )
         for queue, age in figures["oldest"].items():
             oldest.add_metric([queue], age)
         dead = Gauge("whisperq_dead_letters", "Jobs in the dead-letter store", value=float(figures["dead_letters"]))
@@ -209,15 +245,27 @@ class ClusterCollector:
             mine = [w for w in workers if w["pool"] == pool]
             count.add_metric([pool], float(len(mine)))
             slots.add_metric([pool], float(sum(w["slots"] for w in mine)))
-        served = Gauge("whisperq_model_workers", "Live inference workers serving each model (0: its jobs are "
-                       "refused, the default model's wait)", labels=["model"])
+        served = Gauge(
+            "whisperq_model_workers",
+            "Live inference workers serving each model (0: its jobs are refused, the default model's wait)",
+            labels=["model"],
+        )
         for spec in self.rt.settings.models:
-            served.add_metric([spec.name], float(sum(spec.name in w["models"] for w in workers if w["pool"] == "inference")))
-        per_host = Gauge("whisperq_host_workers", "Live worker processes on each host, by pool", labels=["host", "pool"])
-        disk = Gauge("whisperq_host_disk_free_bytes", "Free bytes on the file system of each worker host's data dir "
-                     "(from its workers' heartbeats)", labels=["host"])
-        memory = Gauge("whisperq_host_memory_available_bytes", "Available memory of each worker host (from its "
-                       "workers' heartbeats)", labels=["host"])
+            serving = sum(spec.name in w["models"] for w in workers if w["pool"] == "inference")
+            served.add_metric([spec.name], float(serving))
+        per_host = Gauge(
+            "whisperq_host_workers", "Live worker processes on each host, by pool", labels=["host", "pool"]
+        )
+        disk = Gauge(
+            "whisperq_host_disk_free_bytes",
+            "Free bytes on the file system of each worker host's data dir (from its workers' heartbeats)",
+            labels=["host"],
+        )
+        memory = Gauge(
+            "whisperq_host_memory_available_bytes",
+            "Available memory of each worker host (from its workers' heartbeats)",
+            labels=["host"],
+        )
         for name, host in by_host(workers).items():
             for pool, n in host["workers"].items():
                 per_host.add_metric([name, pool], float(n))
@@ -233,16 +281,26 @@ class ClusterCollector:
         from models.access.usage import Figures, by_key_this_month
 
         found = by_key_this_month(self.rt)
-        keys = {k.id: k for k in list_keys(self.rt, include_revoked=True)}
+        keys: dict[str | None, ApiKey] = {k.id: k for k in list_keys(self.rt, include_revoked=True)}
         owners = {k for k in found} | {k.id for k in keys.values() if k.revoked_at is None}
         labels = ["key", "name", "tier"]
-        audio = Gauge("whisperq_usage_audio_seconds", "Audio seconds billed this month (UTC) per API key: completed "
-                      "jobs, and what cancelled ones transcribed (key=\"anonymous\": jobs without a key)", labels=labels)
+        audio = Gauge(
+            "whisperq_usage_audio_seconds",
+            "Audio seconds billed this month (UTC) per API key: completed "
+            'jobs, and what cancelled ones transcribed (key="anonymous": jobs without a key)',
+            labels=labels,
+        )
         jobs = Gauge("whisperq_usage_jobs", "Jobs billed this month (UTC) per API key", labels=labels)
-        held = Gauge("whisperq_usage_in_flight_audio_seconds", "Audio seconds of each API key's jobs in flight, "
-                     "held against its quota", labels=labels)
-        quota = Gauge("whisperq_quota_audio_seconds", "Each API key's monthly audio quota (keys whose tier has one)",
-                      labels=labels)
+        held = Gauge(
+            "whisperq_usage_in_flight_audio_seconds",
+            "Audio seconds of each API key's jobs in flight, held against its quota",
+            labels=labels,
+        )
+        quota = Gauge(
+            "whisperq_quota_audio_seconds",
+            "Each API key's monthly audio quota (keys whose tier has one)",
+            labels=labels,
+        )
         for owner in sorted(owners, key=lambda o: o or ""):
             key = keys.get(owner)
             names = [owner or "anonymous", key.name if key else "", key.tier if key else ""]
@@ -258,8 +316,13 @@ class ClusterCollector:
     def _disk(self, Gauge) -> list:
         from models.access.admission import free_bytes
 
-        return [Gauge("whisperq_data_dir_free_bytes", "Free bytes on the data dir's file system",
-                      value=float(free_bytes(self.rt.settings.data_dir)))]
+        return [
+            Gauge(
+                "whisperq_data_dir_free_bytes",
+                "Free bytes on the data dir's file system",
+                value=float(free_bytes(self.rt.settings.data_dir)),
+            )
+        ]
 
 
 def init_app(app: Flask) -> None:
@@ -279,7 +342,7 @@ def metrics():
 
     _check_token()
 
-    encoder, content_type = choose_encoder(request.headers.get("Accept"))
+    encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
     return Response(encoder(current_app.extensions["whisperq_metrics_registry"]), content_type=content_type)
 
 
@@ -306,12 +369,17 @@ def _check_token() -> None:
     if not rt.settings.metrics_token:
         if _from_this_machine():
             return
-        raise Forbidden("/metrics answers only this machine (127.0.0.1) while WHISPERQ_METRICS_TOKEN is unset; "
-                        "set WHISPERQ_METRICS_TOKEN and have Prometheus send it as a bearer token")
+        raise Forbidden(
+            "/metrics answers only this machine (127.0.0.1) while WHISPERQ_METRICS_TOKEN is unset; "
+            "set WHISPERQ_METRICS_TOKEN and have Prometheus send it as a bearer token"
+        )
     try:
         token = bearer_token()
-        if token is not None and (matches(token, rt.settings.metrics_token) or matches(token, rt.settings.admin_token)
-                                  or authenticate(rt, token).admin):
+        if token is not None and (
+            matches(token, rt.settings.metrics_token)
+            or matches(token, rt.settings.admin_token)
+            or authenticate(rt, token).admin
+        ):
             return
     except BadKey:
         pass

@@ -9,12 +9,15 @@ key's tier, or WHISPERQ_ANONYMOUS_MAX_PRIORITY), through the same queue and pool
 connection waits for it up to WHISPERQ_SYNC_WAIT_SECONDS. Past that it answers `202` with
 the job's id and `Location`, instead of tying up the connection: poll the job there. Only
 WHISPERQ_SYNC_WAITS requests of a web process (WHISPERQ_SYNC_WAITS_PER_CLIENT of one
-client) wait at once; the others get their `202` at once. Errors come in OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
+client) wait at once; the others get their `202` at once. Errors come in OpenAI's shape:
+{"error": {"message", "type", "param", "code"}}.
 """
+
 from __future__ import annotations
 
 import threading
 import time
+from typing import Any, cast
 
 from flask import Blueprint, Response, current_app, jsonify, request, url_for
 from werkzeug.datastructures import MultiDict
@@ -43,10 +46,17 @@ def model_names(settings) -> list[str]:
     return [ALIAS, *(spec.name for spec in settings.models), *(alias for alias, _ in settings.routes.aliases)]
 
 
-def openai_error(status: int, message: str, param: str | None = None, code: str | None = None,
-                 headers: dict | None = None, details: dict | None = None):
+def openai_error(
+    status: int,
+    message: str,
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict | None = None,
+    details: dict | None = None,
+):
     kind = {401: "authentication_error", 429: "rate_limit_error", 503: "server_error", 500: "server_error"}.get(
-        status, "invalid_request_error")
+        status, "invalid_request_error"
+    )
     kind = "insufficient_quota" if code == "quota_exceeded" else kind  # as OpenAI names a spent quota
     body = {"error": {"message": message, "type": kind, "param": param, "code": code, **(details or {})}}
     return jsonify(body), status, headers or {}
@@ -55,21 +65,25 @@ def openai_error(status: int, message: str, param: str | None = None, code: str 
 @bp.errorhandler(WhisperqError)
 def _service_error(exc: WhisperqError):
     headers = dict(getattr(exc, "headers", None) or {})
-    if getattr(exc, "retry_after", None) is not None:
-        headers["Retry-After"] = str(int(exc.retry_after))
+    retry_after = getattr(exc, "retry_after", None)
+    if retry_after is not None:
+        headers["Retry-After"] = str(int(retry_after))
     elif isinstance(exc, BrokerUnavailable):
         headers["Retry-After"] = "5"
     status = exc.http_status
     if isinstance(exc, (UnsupportedAudio, InvalidRequest)) and not isinstance(exc, AudioTooLong):
         status = 400  # OpenAI answers a file it cannot read with 400 invalid_request_error
     param = "file" if isinstance(exc, UnsupportedAudio) else None
-    return openai_error(status, str(exc), param=param, code=exc.code, headers=headers,
-                        details=getattr(exc, "details", None))
+    return openai_error(
+        status, str(exc), param=param, code=exc.code, headers=headers, details=getattr(exc, "details", None)
+    )
 
 
 @bp.errorhandler(HTTPException)
 def _http_error(exc: HTTPException):
-    return openai_error(exc.code or 500, exc.description or exc.name, code=(exc.name or "error").lower().replace(" ", "_"))
+    return openai_error(
+        exc.code or 500, exc.description or exc.name, code=(exc.name or "error").lower().replace(" ", "_")
+    )
 
 
 @bp.get("/models")
@@ -79,21 +93,33 @@ def models():
     split their jobs (A/B weights) and which models are shadowed is the operator's business:
     only an admin sees `variants` and `shadow`."""
     from models.jobs.workers import served_models
-    from models.speech.catalog import describe
+    from models.registry.catalog import describe
 
     rt = current_app.extensions["whisperq"]
     admin = current().admin  # the openai blueprint acts for someone (web.auth)
     served = served_models(rt)
-    data = [dict(info.to_dict(), object="model", created=0, owned_by="whisperq", served=info.name in served)
-            for info in describe(rt.settings, rt.active_spec)]
+    data = [
+        dict(info.to_dict(), object="model", created=0, owned_by="whisperq", served=info.name in served)
+        for info in describe(rt.settings, rt.active_spec)
+    ]
     routes = rt.settings.routes
     for alias, variants in routes.aliases:  # A/B: each job draws one variant by weight
-        data.append({"id": alias, "object": "model", "created": 0, "owned_by": "whisperq", "default": alias == routes.default,
-                     "served": all(m == rt.settings.default_model or m in served for m, _ in variants)})
+        data.append(
+            {
+                "id": alias,
+                "object": "model",
+                "created": 0,
+                "owned_by": "whisperq",
+                "default": alias == routes.default,
+                "served": all(m == rt.settings.default_model or m in served for m, _ in variants),
+            }
+        )
         if admin:
             data[-1]["variants"] = [{"id": model, "weight": weight} for model, weight in variants]
     for entry in data if admin else ():
-        entry["shadow"] = next(({"candidate": c, "percent": pct} for p, c, pct in routes.shadows if p == entry["id"]), None)
+        entry["shadow"] = next(
+            ({"candidate": c, "percent": pct} for p, c, pct in routes.shadows if p == entry["id"]), None
+        )
     default = next(entry for entry in data if entry["default"])
     data.insert(0, dict(default, id=ALIAS, default=False, alias_of=default["id"]))
     return jsonify({"object": "list", "data": data})
@@ -126,8 +152,9 @@ class WaitGate:
 def _gate(settings) -> WaitGate:
     gate = current_app.extensions.get("whisperq_waits")
     if gate is None:
-        gate = current_app.extensions.setdefault("whisperq_waits",
-                                                 WaitGate(settings.sync_waits, settings.sync_waits_per_client))
+        gate = current_app.extensions.setdefault(
+            "whisperq_waits", WaitGate(settings.sync_waits, settings.sync_waits_per_client)
+        )
     return gate
 
 
@@ -140,30 +167,48 @@ def transcriptions():
     if not model:
         raise InvalidRequest("you must provide a model parameter, such as whisper-1")
     if model not in model_names(rt.settings):
-        return openai_error(400, f"The model `{model}` does not exist; use one of: {', '.join(model_names(rt.settings))}",
-                            param="model", code="model_not_found")
+        return openai_error(
+            400,
+            f"The model `{model}` does not exist; use one of: {', '.join(model_names(rt.settings))}",
+            param="model",
+            code="model_not_found",
+        )
     fmt = (form.get("response_format") or "json").strip()
     if fmt not in FORMATS:
         return openai_error(400, f"response_format must be one of: {', '.join(FORMATS)}", param="response_format")
     granularities = form.getlist("timestamp_granularities[]") or form.getlist("timestamp_granularities")
     unknown = [g for g in granularities if g not in GRANULARITIES]
     if unknown:
-        return openai_error(400, f"timestamp_granularities may hold {', '.join(GRANULARITIES)}, not {unknown[0]!r}",
-                            param="timestamp_granularities[]")
+        return openai_error(
+            400,
+            f"timestamp_granularities may hold {', '.join(GRANULARITIES)}, not {unknown[0]!r}",
+            param="timestamp_granularities[]",
+        )
     if granularities and fmt != "verbose_json":
-        return openai_error(400, "timestamp_granularities needs response_format verbose_json",
-                            param="timestamp_granularities[]")
+        return openai_error(
+            400, "timestamp_granularities needs response_format verbose_json", param="timestamp_granularities[]"
+        )
     # The highest priority the caller may ask for: its tier's, or WHISPERQ_ANONYMOUS_MAX_PRIORITY.
     who = current()
-    fields = MultiDict({"priority": who.max_priority, "word_timestamps": "true" if "word" in granularities else "false"})
+    fields = MultiDict(
+        {"priority": who.max_priority, "word_timestamps": "true" if "word" in granularities else "false"}
+    )
     for name in ("language", "prompt", "temperature"):
         if form.get(name) not in (None, ""):
             fields[name] = form[name]
     if model != ALIAS:
         fields["model"] = model
-    job, _ = intake.submit(rt, upload_submission(
-        rt, who, "openai", request.files.get("file"), fields,
-        MultiDict({"file": request.files["file"]}) if "file" in request.files else {}))
+    job, _ = intake.submit(
+        rt,
+        upload_submission(
+            rt,
+            who,
+            "openai",
+            request.files.get("file"),
+            fields,
+            MultiDict({"file": request.files["file"]}) if "file" in request.files else {},
+        ),
+    )
     gate, client = _gate(rt.settings), client_key()
     waited = gate.enter(client)
     try:
@@ -178,16 +223,27 @@ def transcriptions():
             gate.leave(client)
     status_url = url_for("api.show", job_id=job.id, _external=True)
     if not job.state.finished:
-        message = (f"still transcribing after {rt.settings.sync_wait_seconds:g} s; poll status_url" if waited else
-                   "queued; this server is holding as many waiting requests as it allows, so poll status_url")
-        body = {"id": job.id, "object": "transcription.job", "status": job.status, "status_url": status_url,
-                "message": message}
+        message = (
+            f"still transcribing after {rt.settings.sync_wait_seconds:g} s; poll status_url"
+            if waited
+            else "queued; this server is holding as many waiting requests as it allows, so poll status_url"
+        )
+        body = {
+            "id": job.id,
+            "object": "transcription.job",
+            "status": job.status,
+            "status_url": status_url,
+            "message": message,
+        }
         return jsonify(body), 202, {"Location": status_url, "Retry-After": "1"}
     if job.state is not JobStatus.COMPLETED:
-        return openai_error(400 if job.state is JobStatus.FAILED else 503,
-                            f"the transcription {job.status.lower()}: {job.error or 'no reason recorded'}",
-                            param="file", code=job.status.lower())
-    return _render(job.result(), fmt, "word" in granularities)
+        return openai_error(
+            400 if job.state is JobStatus.FAILED else 503,
+            f"the transcription {job.status.lower()}: {job.error or 'no reason recorded'}",
+            param="file",
+            code=job.status.lower(),
+        )
+    return _render(cast("dict[str, Any]", job.result()), fmt, "word" in granularities)  # COMPLETED: never None
 
 
 def _render(result: dict, fmt: str, words: bool):
@@ -202,10 +258,15 @@ def _render(result: dict, fmt: str, words: bool):
         "language": result["language"],
         "duration": result["duration"],
         "text": result["text"],
-        "segments": [{"id": n, "seek": int(s["start"] * 100), "start": s["start"], "end": s["end"], "text": s["text"]}
-                     for n, s in enumerate(result["segments"])],
+        "segments": [
+            {"id": n, "seek": int(s["start"] * 100), "start": s["start"], "end": s["end"], "text": s["text"]}
+            for n, s in enumerate(result["segments"])
+        ],
     }
     if words:
-        body["words"] = [{"word": w["word"], "start": w["start"], "end": w["end"]}
-                         for s in result["segments"] for w in s.get("words") or ()]
+        body["words"] = [
+            {"word": w["word"], "start": w["start"], "end": w["end"]}
+            for s in result["segments"]
+            for w in s.get("words") or ()
+        ]
     return jsonify(body)

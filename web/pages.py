@@ -4,10 +4,11 @@ Both pages work without JavaScript (a form POST and a refreshing job page); with
 web/static/upload.js and web/static/job.js submit through the JSON API and update the
 job page in place. The templates hand those scripts their data in data- attributes.
 """
+
 from __future__ import annotations
 
 import math
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from flask import Blueprint, current_app, g, redirect, render_template, request, url_for
 
@@ -34,33 +35,39 @@ STATUS_LABELS = {
     "EXPIRED": "Expired",
 }
 # What a running job is doing (its `stage`), and the line under the status otherwise.
-STAGE_LABELS = {Stage.PREPARE.value: "Decoding the audio", Stage.QUEUED.value: "Waiting for the speech model",
-                Stage.INFER.value: "Recognising speech"}
+STAGE_LABELS = {
+    Stage.PREPARE.value: "Decoding the audio",
+    Stage.QUEUED.value: "Waiting for the speech model",
+    Stage.INFER.value: "Recognising speech",
+}
 FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "EXPIRED")
 FORMAT_LABELS = {"txt": "Text", "json": "JSON", "srt": "Subtitles (SRT)", "vtt": "Subtitles (WebVTT)"}
 PRIORITY_HINTS = {"high": "ahead of the rest", "normal": "the usual", "low": "when the queue is quiet"}
 
 # Whisper's language codes with the names people know them by.
-_NAMES = dict(pair.split(" ", 1) for pair in (
-    "af Afrikaans|am Amharic|ar Arabic|as Assamese|az Azerbaijani|ba Bashkir|be Belarusian|bg Bulgarian|"
-    "bn Bengali|bo Tibetan|br Breton|bs Bosnian|ca Catalan|cs Czech|cy Welsh|da Danish|de German|el Greek|"
-    "en English|es Spanish|et Estonian|eu Basque|fa Persian|fi Finnish|fo Faroese|fr French|gl Galician|"
-    "gu Gujarati|ha Hausa|haw Hawaiian|he Hebrew|hi Hindi|hr Croatian|ht Haitian Creole|hu Hungarian|"
-    "hy Armenian|id Indonesian|is Icelandic|it Italian|ja Japanese|jw Javanese|ka Georgian|kk Kazakh|km Khmer|"
-    "kn Kannada|ko Korean|la Latin|lb Luxembourgish|ln Lingala|lo Lao|lt Lithuanian|lv Latvian|mg Malagasy|"
-    "mi Maori|mk Macedonian|ml Malayalam|mn Mongolian|mr Marathi|ms Malay|mt Maltese|my Burmese|ne Nepali|"
-    "nl Dutch|nn Norwegian Nynorsk|no Norwegian|oc Occitan|pa Punjabi|pl Polish|ps Pashto|pt Portuguese|"
-    "ro Romanian|ru Russian|sa Sanskrit|sd Sindhi|si Sinhala|sk Slovak|sl Slovenian|sn Shona|so Somali|"
-    "sq Albanian|sr Serbian|su Sundanese|sv Swedish|sw Swahili|ta Tamil|te Telugu|tg Tajik|th Thai|tk Turkmen|"
-    "tl Tagalog|tr Turkish|tt Tatar|uk Ukrainian|ur Urdu|uz Uzbek|vi Vietnamese|yi Yiddish|yo Yoruba|"
-    "zh Chinese|yue Cantonese"
-).split("|"))
+_NAMES = dict(
+    pair.split(" ", 1)
+    for pair in (
+        "af Afrikaans|am Amharic|ar Arabic|as Assamese|az Azerbaijani|ba Bashkir|be Belarusian|bg Bulgarian|"
+        "bn Bengali|bo Tibetan|br Breton|bs Bosnian|ca Catalan|cs Czech|cy Welsh|da Danish|de German|el Greek|"
+        "en English|es Spanish|et Estonian|eu Basque|fa Persian|fi Finnish|fo Faroese|fr French|gl Galician|"
+        "gu Gujarati|ha Hausa|haw Hawaiian|he Hebrew|hi Hindi|hr Croatian|ht Haitian Creole|hu Hungarian|"
+        "hy Armenian|id Indonesian|is Icelandic|it Italian|ja Japanese|jw Javanese|ka Georgian|kk Kazakh|km Khmer|"
+        "kn Kannada|ko Korean|la Latin|lb Luxembourgish|ln Lingala|lo Lao|lt Lithuanian|lv Latvian|mg Malagasy|"
+        "mi Maori|mk Macedonian|ml Malayalam|mn Mongolian|mr Marathi|ms Malay|mt Maltese|my Burmese|ne Nepali|"
+        "nl Dutch|nn Norwegian Nynorsk|no Norwegian|oc Occitan|pa Punjabi|pl Polish|ps Pashto|pt Portuguese|"
+        "ro Romanian|ru Russian|sa Sanskrit|sd Sindhi|si Sinhala|sk Slovak|sl Slovenian|sn Shona|so Somali|"
+        "sq Albanian|sr Serbian|su Sundanese|sv Swedish|sw Swahili|ta Tamil|te Telugu|tg Tajik|th Thai|tk Turkmen|"
+        "tl Tagalog|tr Turkish|tt Tatar|uk Ukrainian|ur Urdu|uz Uzbek|vi Vietnamese|yi Yiddish|yo Yoruba|"
+        "zh Chinese|yue Cantonese"
+    ).split("|")
+)
 
 
 def _languages() -> list[tuple[str, str]]:
     """(code, name) pairs the served models can take, by name: with English-only models alone
     only English is offered, so nobody picks a language that is then refused."""
-    from models.speech.catalog import multilingual
+    from models.registry.catalog import multilingual
 
     settings = current_app.extensions["whisperq"].settings
     try:
@@ -78,7 +85,7 @@ def _form(error: str | None = None, status: int = 200):
             "index.html",
             error=error,
             # Only what this visitor may ask for (a tier, or anonymous use, caps it).
-            priorities=PRIORITIES[PRIORITIES.index(g.principal.max_priority):] if g.get("principal") else PRIORITIES,
+            priorities=PRIORITIES[PRIORITIES.index(g.principal.max_priority) :] if g.get("principal") else PRIORITIES,
             priority_hints=PRIORITY_HINTS,
             languages=_languages(),
             models=[spec.name for spec in settings.models],
@@ -103,8 +110,9 @@ def upload():
         form = request.form.copy()
         form.pop(auth.CSRF_FIELD, None)
         rt = current_app.extensions["whisperq"]
-        job, _ = intake.submit(rt, upload_submission(rt, g.principal, "form", request.files.get("file"), form,
-                                                   request.files))
+        job, _ = intake.submit(
+            rt, upload_submission(rt, g.principal, "form", request.files.get("file"), form, request.files)
+        )
     except WhisperqError as exc:
         return _form(str(exc), exc.http_status)
     return redirect(url_for("pages.job", job_id=job.id), code=303)
@@ -167,7 +175,7 @@ def clock(seconds: float | None) -> str:
 
 @bp.app_template_filter("from_now")
 def from_now(iso: str | None) -> str | None:
-    """"about 20 s" / "about 3 min" until an ISO time, "a moment" if it has passed; None
+    """ "about 20 s" / "about 3 min" until an ISO time, "a moment" if it has passed; None
     if there is no time. job.js writes the same words."""
     if not iso:
         return None
@@ -176,8 +184,8 @@ def from_now(iso: str | None) -> str | None:
     except ValueError:
         return None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    return about((when - datetime.now(timezone.utc)).total_seconds())
+        when = when.replace(tzinfo=UTC)
+    return about((when - datetime.now(UTC)).total_seconds())
 
 
 @bp.app_template_filter("sentence")

@@ -8,6 +8,7 @@ the way. A long-poll that waits is never counted: the server paces it. Counted i
 web process (a client whose polls land on several processes gets that many buckets): a
 guard against loops, not a quota (WHISPERQ_POLL_LIMIT=false turns it off).
 """
+
 from __future__ import annotations
 
 import threading
@@ -28,7 +29,8 @@ class PollTooFast(WhisperqError):
         super().__init__(
             f"this job is polled faster than its Retry-After; poll it at most every {interval} s (the Retry-After "
             "header of each answer), or wait for a change in one request: GET with ?wait=30 and the job's ETag in "
-            "If-None-Match")
+            "If-None-Match"
+        )
         self.retry_after = interval
 
 

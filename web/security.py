@@ -10,21 +10,24 @@ The app itself trusts no X-Forwarded-Proto; gunicorn (the Procfile's web process
 that header into https only from the proxies it trusts, FORWARDED_ALLOW_IPS (default:
 this host only), so a TLS-terminating proxy on this host, or one named there, gets it.
 """
+
 from __future__ import annotations
 
 from flask import Flask, Response, request
 
-PAGE_POLICY = "; ".join((
-    "default-src 'self'",
-    "script-src 'self'",
-    "style-src 'self'",
-    "img-src 'self' data:",
-    "connect-src 'self'",
-    "frame-ancestors 'none'",
-    "base-uri 'none'",
-    "form-action 'self'",
-    "object-src 'none'",
-))
+PAGE_POLICY = "; ".join(
+    (
+        "default-src 'self'",
+        "script-src 'self'",
+        "style-src 'self'",
+        "img-src 'self' data:",
+        "connect-src 'self'",
+        "frame-ancestors 'none'",
+        "base-uri 'none'",
+        "form-action 'self'",
+        "object-src 'none'",
+    )
+)
 # Anything that is not a page runs nothing and may not be framed.
 OTHER_POLICY = "default-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
 

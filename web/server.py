@@ -9,6 +9,7 @@ gunicorn answers requests it cannot parse (a header line over
 ``--limit-request-field_size``, a malformed request line) itself, before the app sees
 them, with an HTML page. API clients get the same JSON error shape as from the app.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,25 +21,53 @@ from gunicorn.workers.gthread import ThreadWorker
 
 # (status, reason, code, message); the message says what to change.
 _CLIENT_ERRORS = (
-    (http_errors.LimitRequestHeaders, 431, "Request Header Fields Too Large", "headers_too_large",
-     "a request header is over 32 KiB, or there are too many headers; send smaller headers"),
-    (http_errors.LimitRequestLine, 414, "URI Too Long", "uri_too_long",
-     "the request line is too long; send parameters in the body instead of the URL"),
-    ((http_errors.InvalidRequestLine, http_errors.InvalidRequestMethod, http_errors.InvalidHTTPVersion,
-      http_errors.InvalidHeader, http_errors.InvalidHeaderName, http_errors.ObsoleteFolding,
-      http_errors.InvalidChunkSize, http_errors.ChunkMissingTerminator),
-     400, "Bad Request", "malformed_request", "the request is not valid HTTP/1.1: {exc}"),
+    (
+        http_errors.LimitRequestHeaders,
+        431,
+        "Request Header Fields Too Large",
+        "headers_too_large",
+        "a request header is over 32 KiB, or there are too many headers; send smaller headers",
+    ),
+    (
+        http_errors.LimitRequestLine,
+        414,
+        "URI Too Long",
+        "uri_too_long",
+        "the request line is too long; send parameters in the body instead of the URL",
+    ),
+    (
+        (
+            http_errors.InvalidRequestLine,
+            http_errors.InvalidRequestMethod,
+            http_errors.InvalidHTTPVersion,
+            http_errors.InvalidHeader,
+            http_errors.InvalidHeaderName,
+            http_errors.ObsoleteFolding,
+            http_errors.InvalidChunkSize,
+            http_errors.ChunkMissingTerminator,
+        ),
+        400,
+        "Bad Request",
+        "malformed_request",
+        "the request is not valid HTTP/1.1: {exc}",
+    ),
 )
 
 
 def json_error(status: int, reason: str, code: str, message: str) -> bytes:
     body = json.dumps({"error": {"code": code, "message": message}}).encode()
-    head = (f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n")
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
     return head.encode("latin-1") + body
 
 
 class JSONErrors:
+    """A gunicorn worker's error page as JSON; mixed in before the worker class."""
+
+    log: Logger  # the worker's
+
     def handle_error(self, req, client, addr, exc):
         for kinds, status, reason, code, message in _CLIENT_ERRORS:
             if isinstance(exc, kinds):
@@ -48,7 +77,7 @@ class JSONErrors:
                 except OSError:
                     self.log.debug("Failed to send error message.")
                 return
-        super().handle_error(req, client, addr, exc)
+        super().handle_error(req, client, addr, exc)  # type: ignore[misc]  # the worker class after this mixin
 
 
 class JSONErrorWorker(JSONErrors, ThreadWorker):

@@ -17,12 +17,14 @@ snapshot, models.jobs.eta), and so does an age of BODY_AGE (estimates drift).
 Authorization is checked on every read against the owner of the row the entry was built
 from: an entry never answers a key the database would not.
 """
+
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.orm import Session
@@ -124,8 +126,11 @@ def _forget_flushed(session: Session, _context) -> None:
 
 def _forget_bulk(state) -> None:
     """An UPDATE or DELETE statement on jobs or deliveries names no rows here: drop every entry."""
-    if (state.is_update or state.is_delete) and state.bind_mapper is not None \
-            and state.bind_mapper.class_ in (Job, WebhookDelivery):
+    if (
+        (state.is_update or state.is_delete)
+        and state.bind_mapper is not None
+        and state.bind_mapper.class_ in (Job, WebhookDelivery)
+    ):
         cache.clear()
 
 

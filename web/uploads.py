@@ -2,11 +2,13 @@
 sealed as it arrives, its file name checked, and a Submission built from a form or a JSON
 body. The rules a job must pass are the door's, not these: this module only says what the
 body's shape must be."""
+
 from __future__ import annotations
 
 import logging
 import unicodedata
-from typing import Mapping
+from collections.abc import Mapping
+from typing import IO, cast
 
 from flask import Request, current_app
 from werkzeug.datastructures import FileStorage
@@ -48,10 +50,10 @@ def sealed_upload(rt: Runtime, upload: FileStorage) -> SealedSpool:
     """An uploaded file, its name checked, complete and sealed (encrypted in the data dir's
     tmp folder: UploadRequest did it as it arrived, else it is done now); refused when empty.
     The caller moves it into the store or discards it."""
-    check_filename(upload.filename)
-    spooled = upload.stream
+    check_filename(cast(str, upload.filename))  # a file field always has a name ("" when none was sent)
+    spooled: IO[bytes] | SealedSpool = upload.stream
     if not isinstance(spooled, SealedSpool):  # not parsed by UploadRequest: spool it encrypted now
-        spooled = rt.storage.spool(upload.stream, limit=rt.settings.max_upload_bytes, too_large=RequestEntityTooLarge)
+        spooled = rt.storage.spool(spooled, limit=rt.settings.max_upload_bytes, too_large=RequestEntityTooLarge)
     try:
         spooled.finish()
         if spooled.size == 0:
@@ -62,16 +64,24 @@ def sealed_upload(rt: Runtime, upload: FileStorage) -> SealedSpool:
     return spooled
 
 
-def upload_submission(rt: Runtime, who: Principal, door: str, upload: FileStorage | None, form: Mapping[str, str],
-                      files=None, idempotency_key: str | None = None) -> Submission:
+def upload_submission(
+    rt: Runtime,
+    who: Principal,
+    door: str,
+    upload: FileStorage | None,
+    form: Mapping[str, str],
+    files=None,
+    idempotency_key: str | None = None,
+) -> Submission:
     """A multipart upload as the door takes it: its fields named, its file sealed (removed by
     the door on any refusal, and by UploadRequest at the end of the request)."""
     check_fields(form, files or {})
     if upload is None or not upload.filename:
         raise InvalidRequest("no audio file: send it as the multipart form field 'file', with a UTF-8 file name")
     spooled = sealed_upload(rt, upload)
-    return Submission(who, door, fields=dict(form.items()), upload=spooled, filename=upload.filename,
-                      idempotency_key=idempotency_key)
+    return Submission(
+        who, door, fields=dict(form.items()), upload=spooled, filename=upload.filename, idempotency_key=idempotency_key
+    )
 
 
 def url_submission(who: Principal, door: str, body, idempotency_key: str | None = None) -> Submission:
@@ -82,8 +92,13 @@ def url_submission(who: Principal, door: str, body, idempotency_key: str | None 
     url = body.get("audio_url")
     if not isinstance(url, str) or not url.strip():
         raise InvalidRequest("audio_url is missing: give the http(s) URL of the audio, or upload the file as multipart")
-    return Submission(who, door, fields={k: v for k, v in body.items() if k != "audio_url"}, audio_url=url.strip(),
-                      idempotency_key=idempotency_key)
+    return Submission(
+        who,
+        door,
+        fields={k: v for k, v in body.items() if k != "audio_url"},
+        audio_url=url.strip(),
+        idempotency_key=idempotency_key,
+    )
 
 
 RERUN_KEPT = ("language", "task", "priority", "word_timestamps", "prompt", "temperature", "collect")
@@ -100,13 +115,20 @@ def rerun_submission(rt: Runtime, who: Principal, job_id: str, body) -> Submissi
         raise InvalidRequest('send a JSON object such as {"model": "base"} (or nothing, to run the same options again)')
     unknown = sorted(set(body) - set(FIELDS))
     if unknown:
-        raise InvalidRequest(f"unknown field(s) {', '.join(repr(u) for u in unknown)}; a re-run takes "
-                             f"{', '.join(repr(f) for f in FIELDS)}")
+        raise InvalidRequest(
+            f"unknown field(s) {', '.join(repr(u) for u in unknown)}; a re-run takes "
+            f"{', '.join(repr(f) for f in FIELDS)}"
+        )
     original = get_job(rt, job_id, owner=ANY if who.admin else who.owner)
-    if original.deleted_at is not None or original.audio_purged_at is not None or not (original.audio_ref
-                                                                                       or original.audio_url):
-        raise AudioPurged(f"job {job_id}'s audio is no longer kept (deleted, or removed after "
-                          "WHISPERQ_AUDIO_RETENTION); it cannot be re-run: submit the audio again")
+    if (
+        original.deleted_at is not None
+        or original.audio_purged_at is not None
+        or not (original.audio_ref or original.audio_url)
+    ):
+        raise AudioPurged(
+            f"job {job_id}'s audio is no longer kept (deleted, or removed after "
+            "WHISPERQ_AUDIO_RETENTION); it cannot be re-run: submit the audio again"
+        )
     kept = {name: getattr(original, name) for name in RERUN_KEPT}
     form = {"model": original.route or original.model, **{k: v for k, v in kept.items() if v is not None}, **body}
     form = {k: (str(v).lower() if isinstance(v, bool) else v) for k, v in form.items()}

@@ -1,5 +1,6 @@
 """`GET /v1/usage`: audio seconds and jobs per UTC day, of the calling key (an admin: of any
 key, or of all), with this month's quota standing (models.access.usage, models.access.quotas)."""
+
 from __future__ import annotations
 
 import re
@@ -8,7 +9,7 @@ from datetime import date
 from flask import current_app, jsonify, request
 
 from models.access.apikeys import KeyNotFound, find_key
-from models.access.statements import report
+from models.access.billing import usage_report
 from models.access.usage import ALL
 from models.errors import InvalidRequest, WhisperqError
 from models.jobs.record import utcnow
@@ -47,9 +48,11 @@ def usage():
             found = None
         if found is None or (not who.admin and found != who.owner):
             # Another key's usage is not found, exactly as a key that never was.
-            raise KeyNotFound(f"no API key with id or prefix {asked!r}"
-                              + ("; see `whisperq keys list`" if who.admin else "; a key sees its own usage only"))
-        owner = found
+            raise KeyNotFound(
+                f"no API key with id or prefix {asked!r}"
+                + ("; see `whisperq keys list`" if who.admin else "; a key sees its own usage only")
+            )
+        owner: object = found  # a key id, None (the jobs without a key) or ALL
     else:
         owner = ALL if who.admin else who.owner
-    return jsonify(report(rt, first, last, owner=owner))
+    return jsonify(usage_report(rt, first, last, owner=owner))

@@ -7,12 +7,13 @@ cache holds (web.statuscache), in one query, wakes the clients whose job's state
 confirms or drops the cached answers. A thousand waiting or polling clients cost one query
 per step, not a thousand. The thread ends when nobody waits and nothing is cached.
 """
+
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from sqlalchemy import select
 

@@ -16,9 +16,8 @@ Three checks run before a submission's body is read:
   else address), counted in Redis so every web process shares the count; 429 with the
   RateLimit headers.
 """
-from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from __future__ import annotations
 
 import logging
 import math
@@ -26,21 +25,26 @@ import shutil
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 from sqlalchemy import case, func, select
 
 from config.env import parse_rate
-
 from models.errors import WhisperqError
 from models.jobs.record import Job, JobStatus, Stage
 
 if TYPE_CHECKING:
+    import os
+
+    import redis
+
+    from config import Settings
     from models.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
 _CACHE_SECONDS = 1.0
-_cache: dict = {}
+_cache: dict[tuple[str, object], tuple[float, Backlog]] = {}
 _lock = threading.Lock()
 
 
@@ -81,7 +85,7 @@ class Backlog:
 _EVERYONE = object()
 
 
-def backlog(rt: Runtime, owner=_EVERYONE) -> Backlog:
+def backlog(rt: Runtime, owner: object = _EVERYONE) -> Backlog:
     """Jobs not finished and not yet being transcribed, and their audio (cached ~1 s); of
     one API key's when `owner` is given. A URL job not yet fetched counts at
     WHISPERQ_URL_AUDIO_ESTIMATE_SECONDS: its length is not known yet."""
@@ -91,11 +95,14 @@ def backlog(rt: Runtime, owner=_EVERYONE) -> Backlog:
         if hit and hit[0] > time.monotonic():
             return hit[1]
     waiting = Job.status.in_([JobStatus.PENDING.value, JobStatus.PROCESSING.value]) & (
-        Job.stage.is_(None) | (Job.stage != Stage.INFER.value))
+        Job.stage.is_(None) | (Job.stage != Stage.INFER.value)
+    )
     if owner is not _EVERYONE:
         waiting &= Job.owner == owner
-    seconds = case((Job.audio_duration.is_(None) & Job.audio_url.is_not(None), rt.settings.unfetched_audio_seconds),
-                   else_=func.coalesce(Job.audio_duration, 0.0))
+    seconds = case(
+        (Job.audio_duration.is_(None) & Job.audio_url.is_not(None), rt.settings.unfetched_audio_seconds),
+        else_=func.coalesce(Job.audio_duration, 0.0),
+    )
     with rt.db.session() as session:
         jobs, audio = session.execute(select(func.count(), func.coalesce(func.sum(seconds), 0.0)).where(waiting)).one()
     value = Backlog(int(jobs), float(audio))
@@ -135,7 +142,8 @@ def check_queue(rt: Runtime, priority: str, owner: str | None = None, ahead: Bac
         )
     if owner is None or s.queue_key_share >= 1.0:
         return
-    own_seconds, own_jobs = s.queue_budget_seconds * s.queue_key_share, max(1, math.floor(s.queue_budget_jobs * s.queue_key_share))
+    own_seconds = s.queue_budget_seconds * s.queue_key_share
+    own_jobs = max(1, math.floor(s.queue_budget_jobs * s.queue_key_share))
     mine = _plus(backlog(rt, owner), ahead)
     if mine.audio_seconds >= own_seconds or mine.jobs >= own_jobs:
         retry_after = _retry_after(rt, mine, own_seconds)
@@ -154,15 +162,12 @@ def _plus(one: Backlog, other: Backlog) -> Backlog:
 def _retry_after(rt: Runtime, now: Backlog, limit_seconds: float) -> int:
     rate = drain_rate(rt)
     excess = max(now.audio_seconds - limit_seconds, 0.0)
-    if rate > 0:
-        # Time to drain what is over the line, and at least one typical job's worth.
-        wait = excess / rate + (now.audio_seconds / max(now.jobs, 1)) / rate
-    else:
-        wait = 60.0
+    # Time to drain what is over the line, and at least one typical job's worth (a minute if nothing drains).
+    wait = excess / rate + (now.audio_seconds / max(now.jobs, 1)) / rate if rate > 0 else 60.0
     return int(min(3600, max(1, math.ceil(wait))))
 
 
-def free_bytes(path) -> int:
+def free_bytes(path: str | os.PathLike[str]) -> int:
     """Free space on the file system that holds `path`, or will once it is made."""
     from pathlib import Path
 
@@ -185,7 +190,7 @@ def check_disk(rt: Runtime) -> None:
 class RateLimiter:
     """A fixed-window counter per client in Redis: INCR and EXPIRE in one transaction."""
 
-    def __init__(self, redis_client, limit: int, window: int):
+    def __init__(self, redis_client: redis.Redis, limit: int, window: int):
         self.redis, self.limit, self.window = redis_client, limit, window
 
     def hit(self, client: str) -> dict[str, str]:
@@ -207,25 +212,32 @@ class RateLimiter:
         if count > self.limit:
             raise RateLimited(
                 f"too many submissions from this client: the limit is {self.limit} per {self.window} s; "
-                f"try again in {reset} s", reset, headers)
+                f"try again in {reset} s",
+                reset,
+                headers,
+            )
         return headers
 
 
 _UNSET = object()
 
 
-def rate_limiter(settings, rate=_UNSET) -> RateLimiter | None:
+def rate_limiter(settings: Settings, rate: str | object | None = _UNSET) -> RateLimiter | None:
     """The shared per-client limiter for `rate` (WHISPERQ_RATE_LIMIT by default): in
     WHISPERQ_REDIS_URL, else in the broker when it is Redis; None when rate limiting is
     off or there is no Redis to count in."""
-    rate = settings.rate_limit if rate is _UNSET else rate
+    rate = settings.rate_limit if rate is _UNSET else cast("str | None", rate)
     if rate is None:
         return None
-    url = settings.redis_url or (settings.broker_url if (settings.broker_url or "").startswith(("redis", "rediss"))
-                                 else None)
+    url = settings.redis_url or (
+        settings.broker_url if (settings.broker_url or "").startswith(("redis", "rediss")) else None
+    )
     if url is None:
-        log.warning("a rate limit (%s) is set but there is no Redis to count in (set WHISPERQ_REDIS_URL); "
-                    "per-client rate limits are off", rate)
+        log.warning(
+            "a rate limit (%s) is set but there is no Redis to count in (set WHISPERQ_REDIS_URL); "
+            "per-client rate limits are off",
+            rate,
+        )
         return None
     import redis
 
@@ -233,10 +245,10 @@ def rate_limiter(settings, rate=_UNSET) -> RateLimiter | None:
     return RateLimiter(redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2), limit, window)
 
 
-_limiters: dict[tuple, RateLimiter | None] = {}
+_limiters: dict[tuple[str | None, str | None, str | None], RateLimiter | None] = {}
 
 
-def check_rate(settings, tier: str | None, client: str) -> dict[str, str]:
+def check_rate(settings: Settings, tier: str | None, client: str) -> dict[str, str]:
     """Count one submission of `client` (a key's bucket, else an address's) at its tier's rate
     (WHISPERQ_RATE_LIMIT_<TIER>; anonymous use: WHISPERQ_RATE_LIMIT), every way in alike.
     Returns the RateLimit headers; RateLimited past the rate. With no Redis to count in, or
@@ -255,4 +267,3 @@ def check_rate(settings, tier: str | None, client: str) -> dict[str, str]:
     except Exception as exc:
         log.warning("rate limit not checked: %s", exc)
         return {}
-

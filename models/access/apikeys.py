@@ -25,9 +25,8 @@ A key with `collect` on (`whisperq keys create --collect`, `whisperq keys collec
 makes every job it submits training data, as the job option `collect=true` makes one job
 (`whisperq dataset export`).
 """
-from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from __future__ import annotations
 
 import base64
 import hashlib
@@ -35,14 +34,13 @@ import secrets
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import Boolean, String, Text, select
 from sqlalchemy.orm import Mapped, mapped_column
 
 from config import PRIORITIES
-
-from models.db import Base
-from models.db import UTCDateTime, utcnow
+from models.db import Base, UTCDateTime, utcnow
 from models.errors import Forbidden, InvalidRequest, Unauthorized, WhisperqError
 from models.security.crypto import SealedAttribute
 
@@ -93,14 +91,22 @@ class ApiKey(Base):
             out.append(self.previous_webhook_secret)
         return out
 
-    def to_dict(self) -> dict:
-        def iso(value):
+    def to_dict(self) -> dict[str, Any]:
+        def iso(value: datetime | None) -> str | None:
             return value.isoformat().replace("+00:00", "Z") if value else None
 
-        return {"id": self.id, "name": self.name, "tier": self.tier, "admin": bool(self.admin),
-                "key": self.shown + "…", "created_at": iso(self.created_at),
-                "last_used_at": iso(self.last_used_at), "revoked_at": iso(self.revoked_at),
-                "webhook_secret_rotated_at": iso(self.webhook_secret_rotated_at), "collect": bool(self.collect)}
+        return {
+            "id": self.id,
+            "name": self.name,
+            "tier": self.tier,
+            "admin": bool(self.admin),
+            "key": self.shown + "…",
+            "created_at": iso(self.created_at),
+            "last_used_at": iso(self.last_used_at),
+            "revoked_at": iso(self.revoked_at),
+            "webhook_secret_rotated_at": iso(self.webhook_secret_rotated_at),
+            "collect": bool(self.collect),
+        }
 
 
 @dataclass(frozen=True)
@@ -129,7 +135,7 @@ class Principal:
 
     def check_priority(self, priority: str) -> None:
         if PRIORITIES.index(priority) < PRIORITIES.index(self.max_priority):
-            allowed = PRIORITIES[PRIORITIES.index(self.max_priority):]
+            allowed = PRIORITIES[PRIORITIES.index(self.max_priority) :]
             if self.anonymous:
                 raise Forbidden(
                     f"anonymous use may ask for priority {' or '.join(allowed)}, not {priority}; leave priority out, "
@@ -162,8 +168,16 @@ def create_key(rt: Runtime, name: str, tier: str, admin: bool = False, collect: 
     if tier not in TIERS:
         raise InvalidRequest(f"tier {tier!r} is not one of: {', '.join(TIERS)}")
     token = PREFIX + secrets.token_urlsafe(32)
-    record = ApiKey(id=str(uuid.uuid4()), name=name, tier=tier, admin=admin, shown=token[:SHOWN],
-                    digest=digest(token), created_at=utcnow(), collect=bool(collect))
+    record = ApiKey(
+        id=str(uuid.uuid4()),
+        name=name,
+        tier=tier,
+        admin=admin,
+        shown=token[:SHOWN],
+        digest=digest(token),
+        created_at=utcnow(),
+        collect=bool(collect),
+    )
     record.webhook_secret = new_webhook_secret()
     record.webhook_secret_rotated_at = record.created_at
     with rt.db.session() as session:
@@ -205,7 +219,7 @@ def revoke_key(rt: Runtime, ident: str) -> ApiKey:
     """Revoke a key for good: the next request with it gets 401. Its jobs stay."""
     found = find_key(rt, ident)
     with rt.db.session() as session:
-        key = session.get(ApiKey, found.id)
+        key = cast(ApiKey, session.get(ApiKey, found.id))  # find_key found it; keys are never deleted
         if key.revoked_at is None:
             key.revoked_at = utcnow()
         session.flush()
@@ -219,7 +233,7 @@ def rotate_webhook_secret(rt: Runtime, ident: str, overlap: timedelta = WEBHOOK_
     found = find_key(rt, ident)
     secret = new_webhook_secret()
     with rt.db.session() as session:
-        key = session.get(ApiKey, found.id, with_for_update=True)
+        key = cast(ApiKey, session.get(ApiKey, found.id, with_for_update=True))  # found by find_key
         if key.revoked_at is not None:
             raise InvalidRequest(f"the key {key.name} is revoked; its jobs send no more webhooks worth signing")
         now = utcnow()
@@ -240,7 +254,7 @@ def set_collect(rt: Runtime, ident: str, on: bool) -> ApiKey:
     of the key); jobs made before keep what they were made with."""
     found = find_key(rt, ident)
     with rt.db.session() as session:
-        key = session.get(ApiKey, found.id)
+        key = cast(ApiKey, session.get(ApiKey, found.id))  # found by find_key
         key.collect = bool(on)
         session.flush()
         session.expunge(key)

@@ -23,17 +23,18 @@ A job by URL is let in at the estimate and measured when the preparation pool fe
 No quota applies to jobs without a key (anonymous use has its rate limit and priority cap;
 WHISPERQ_ADMIN_TOKEN and transcribe.delay() are operators'), nor to dead-letter replays. A
 transcribe.delay(api_key=...) job is billed to its key (models.access.usage) but is made by the
-preparation pool, past this door: tasks.transcribe checks it before it is queued, and the
+preparation pool, past this door: tasks.transcription checks it before it is queued, and the
 preparation pool again once it is decoded (`check_measured`), so racing calls cannot pass
 the quota together by more than the ones being decoded at that moment.
 """
+
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
-
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import select
 
@@ -52,7 +53,7 @@ class QuotaExceeded(WhisperqError):
     code = "quota_exceeded"
     http_status = 429
 
-    def __init__(self, message: str, retry_after: int, details: dict):
+    def __init__(self, message: str, retry_after: int, details: dict[str, Any]):
         super().__init__(message)
         self.retry_after = retry_after
         self.details = details  # shown in the error object, beside code and message
@@ -82,7 +83,7 @@ def quota_of(rt: Runtime, owner: str | None, tier: str | None = None) -> Quota |
         with rt.db.session() as session:
             tier = session.scalar(select(ApiKey.tier).where(ApiKey.id == owner))
     hours = getattr(settings, f"quota_hours_{tier}", None) if tier in TIERS else None
-    return Quota(tier, hours) if hours is not None else None
+    return Quota(cast(str, tier), hours) if hours is not None else None  # hours: tier is one of TIERS
 
 
 @dataclass(frozen=True)
@@ -102,22 +103,28 @@ class Standing:
     def fits(self, seconds: float) -> bool:
         return self.used + self.in_flight + seconds <= self.quota.seconds + _SLACK
 
-    def to_dict(self) -> dict:
-        return {"tier": self.quota.tier, "audio_hours": self.quota.hours, "audio_seconds": round(self.quota.seconds, 3),
-                "month": self.month, "used_audio_seconds": round(self.used, 3),
-                "in_flight_audio_seconds": round(self.in_flight, 3),
-                "remaining_audio_seconds": round(self.remaining, 3),
-                "resets_at": self.resets_at.isoformat().replace("+00:00", "Z")}
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "tier": self.quota.tier,
+            "audio_hours": self.quota.hours,
+            "audio_seconds": round(self.quota.seconds, 3),
+            "month": self.month,
+            "used_audio_seconds": round(self.used, 3),
+            "in_flight_audio_seconds": round(self.in_flight, 3),
+            "remaining_audio_seconds": round(self.remaining, 3),
+            "resets_at": self.resets_at.isoformat().replace("+00:00", "Z"),
+        }
 
 
-def standing(rt: Runtime, owner: str, quota: Quota, now: datetime) -> Standing:
+def standing(rt: Runtime, owner: str | None, quota: Quota, now: datetime) -> Standing:
     """`owner`'s standing in `now`'s month."""
     found = month_figures(rt, owner, now)
     return Standing(quota, now.strftime("%Y-%m"), found.audio_seconds, found.in_flight_audio_seconds, next_month(now))
 
 
-def check(rt: Runtime, owner: str | None, seconds: float | None = None, tier: str | None = None,
-          now: datetime | None = None) -> None:
+def check(
+    rt: Runtime, owner: str | None, seconds: float | None = None, tier: str | None = None, now: datetime | None = None
+) -> None:
     """Refuse (QuotaExceeded) `seconds` of new audio for the key `owner` where its month has
     no room for them; with `seconds` None (before the upload is read, its length unknown),
     only where nothing at all is left."""
@@ -159,11 +166,13 @@ def check_measured(rt: Runtime, job: Job, seconds: float) -> None:
         f"{found.month}; nothing was billed. It resets at {resets}: send shorter audio, or ask an operator for "
         "another tier",
         max(1, math.ceil((found.resets_at - utcnow()).total_seconds())),
-        {"quota": dict(found.to_dict(), requested_audio_seconds=round(seconds, 3))})
+        {"quota": dict(found.to_dict(), requested_audio_seconds=round(seconds, 3))},
+    )
 
 
-def confirm_or_withdraw(rt: Runtime, job: Job, now: datetime | None = None,
-                        withdraw: Callable[[], None] | None = None) -> None:
+def confirm_or_withdraw(
+    rt: Runtime, job: Job, now: datetime | None = None, withdraw: Callable[[], None] | None = None
+) -> None:
     """Once `job`'s row is in, before it is published: count its key's month again, the job
     included. Past the quota, the job is withdrawn (its row and audio removed) and
     QuotaExceeded raised, saying to try again in a second: the check before storing found
@@ -190,14 +199,18 @@ def _refusal(found: Standing, seconds: float | None, now: datetime, raced: bool 
     until = max(1, math.ceil((found.resets_at - now).total_seconds()))
     resets = found.resets_at.isoformat().replace("+00:00", "Z")
     ask = "" if seconds is None else f", and this submission needs {seconds:.1f} s"
-    message = (f"this API key's monthly audio quota is used up: {quota.hours:g} h ({quota.seconds:.0f} s, "
-               f"{quota.setting} for tier {quota.tier}) in {found.month}, of which {found.used:.1f} s are used and "
-               f"{found.in_flight:.1f} s are held by jobs in flight, {found.remaining:.1f} s left{ask}. It resets at "
-               f"{resets}; until then send shorter audio once jobs in flight end, or ask an operator for another tier")
+    message = (
+        f"this API key's monthly audio quota is used up: {quota.hours:g} h ({quota.seconds:.0f} s, "
+        f"{quota.setting} for tier {quota.tier}) in {found.month}, of which {found.used:.1f} s are used and "
+        f"{found.in_flight:.1f} s are held by jobs in flight, {found.remaining:.1f} s left{ask}. It resets at "
+        f"{resets}; until then send shorter audio once jobs in flight end, or ask an operator for another tier"
+    )
     if raced:
-        message = ("another submission of this API key was counted against its monthly audio quota at the same "
-                   f"moment, and together they do not fit; try again in a second ({found.remaining:.1f} s of "
-                   f"{quota.seconds:.0f} s are left in {found.month}, resetting at {resets})")
+        message = (
+            "another submission of this API key was counted against its monthly audio quota at the same "
+            f"moment, and together they do not fit; try again in a second ({found.remaining:.1f} s of "
+            f"{quota.seconds:.0f} s are left in {found.month}, resetting at {resets})"
+        )
         until = 1
     details = dict(found.to_dict(), requested_audio_seconds=None if seconds is None else round(seconds, 3))
     return QuotaExceeded(message, until, {"quota": details})

@@ -22,14 +22,14 @@ comparison, WHISPERQ_SHADOW) and repeated Idempotency-Key requests (the same job
 nothing. Jobs without a key (anonymous use, transcribe.delay(), WHISPERQ_ADMIN_TOKEN) are
 counted under the key id None.
 """
+
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from dataclasses import dataclass, fields
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import case, func, select
+from sqlalchemy import ColumnElement, case, func, select
 
 from models.errors import InvalidRequest
 from models.jobs.record import Job, JobStatus, utcnow
@@ -52,23 +52,25 @@ class Figures:
     in_flight_audio_seconds: float = 0.0
     unbilled_jobs: int = 0
 
-    def __iadd__(self, other: "Figures") -> "Figures":
+    def __iadd__(self, other: Figures) -> Figures:
         for f in fields(self):
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
         return self
 
-    def to_dict(self) -> dict:
-        return {f.name: round(getattr(self, f.name), 3) if f.type == "float" else getattr(self, f.name)
-                for f in fields(self)}
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            f.name: round(getattr(self, f.name), 3) if f.type == "float" else getattr(self, f.name)
+            for f in fields(self)
+        }
 
 
 def month_start(now: datetime) -> datetime:
-    return datetime(now.year, now.month, 1, tzinfo=timezone.utc)
+    return datetime(now.year, now.month, 1, tzinfo=UTC)
 
 
 def next_month(now: datetime) -> datetime:
     """The first instant of the month after `now`'s (UTC): when a monthly quota resets."""
-    return datetime(now.year + now.month // 12, now.month % 12 + 1, 1, tzinfo=timezone.utc)
+    return datetime(now.year + now.month // 12, now.month % 12 + 1, 1, tzinfo=UTC)
 
 
 def day_range(first: date, last: date) -> tuple[datetime, datetime]:
@@ -77,51 +79,63 @@ def day_range(first: date, last: date) -> tuple[datetime, datetime]:
         raise InvalidRequest(f"the range ends ({last}) before it starts ({first}); give from before to")
     if (last - first).days >= MAX_DAYS:
         raise InvalidRequest(f"the range is {(last - first).days + 1} days; ask for at most {MAX_DAYS} at a time")
-    start = datetime(first.year, first.month, first.day, tzinfo=timezone.utc)
+    start = datetime(first.year, first.month, first.day, tzinfo=UTC)
     try:
-        return start, datetime(last.year, last.month, last.day, tzinfo=timezone.utc) + timedelta(days=1)
+        return start, datetime(last.year, last.month, last.day, tzinfo=UTC) + timedelta(days=1)
     except OverflowError:
         raise InvalidRequest("the range ends after the last day this service can count") from None
 
 
-def _billed_seconds():
+def _billed_seconds() -> ColumnElement[Any]:
     """A job's billed audio: all of a COMPLETED one, what a CANCELLED one transcribed."""
-    transcribed = case((Job.audio_duration.is_(None) | (Job.progress_seconds < Job.audio_duration),
-                        Job.progress_seconds), else_=Job.audio_duration)
-    return case((Job.status == JobStatus.COMPLETED.value, func.coalesce(Job.audio_duration, 0.0)),
-                (_partly_done(), transcribed), else_=0.0)
+    transcribed = case(
+        (Job.audio_duration.is_(None) | (Job.progress_seconds < Job.audio_duration), Job.progress_seconds),
+        else_=Job.audio_duration,
+    )
+    return case(
+        (Job.status == JobStatus.COMPLETED.value, func.coalesce(Job.audio_duration, 0.0)),
+        (_partly_done(), transcribed),
+        else_=0.0,
+    )
 
 
-def _partly_done():
+def _partly_done() -> ColumnElement[bool]:
     return (Job.status == JobStatus.CANCELLED.value) & (func.coalesce(Job.progress_seconds, 0.0) > 0)
 
 
-def held_seconds(unfetched_seconds: float):
+def held_seconds(unfetched_seconds: float) -> ColumnElement[Any]:
     """What an unfinished job holds against a quota: its audio; a URL job not yet fetched,
     WHISPERQ_URL_AUDIO_ESTIMATE_SECONDS (its fetch checks the real length)."""
-    return case((Job.audio_duration.is_(None) & Job.audio_url.is_not(None), unfetched_seconds),
-                else_=func.coalesce(Job.audio_duration, 0.0))
+    return case(
+        (Job.audio_duration.is_(None) & Job.audio_url.is_not(None), unfetched_seconds),
+        else_=func.coalesce(Job.audio_duration, 0.0),
+    )
 
 
-def _day(rt: Runtime):
+def _day(rt: Runtime) -> ColumnElement[Any]:
     """The UTC day of `created_at` as YYYY-MM-DD, on SQLite (naive UTC text) and PostgreSQL (timestamptz)."""
     if rt.db.url.startswith("sqlite"):
         return func.strftime("%Y-%m-%d", Job.created_at)
     return func.to_char(func.timezone("UTC", Job.created_at), "YYYY-MM-DD")
 
 
-def figures(rt: Runtime, start: datetime, end: datetime, owner=ALL, by_day: bool = True
-            ) -> dict[tuple[str | None, str | None], Figures]:
+def figures(
+    rt: Runtime, start: datetime, end: datetime, owner: object = ALL, by_day: bool = True
+) -> dict[tuple[str | None, str | None], Figures]:
     """(key id, day) -> usage of the jobs submitted in [start, end); day None with by_day off.
     `owner`: one key id (None: the jobs without a key), or ALL."""
     billed = (Job.status == JobStatus.COMPLETED.value) | _partly_done()
     in_flight = Job.status.in_(IN_FLIGHT)
     day = _day(rt).label("day") if by_day else None
-    columns = [Job.owner] + ([day] if by_day else [])
-    query = select(*columns, func.sum(case((billed, 1), else_=0)), func.sum(_billed_seconds()),
-                   func.sum(case((in_flight, 1), else_=0)),
-                   func.sum(case((in_flight, held_seconds(rt.settings.unfetched_audio_seconds)), else_=0.0)),
-                   func.count()).where(Job.created_at >= start, Job.created_at < end)
+    columns: list[Any] = [Job.owner] + ([day] if by_day else [])
+    query = select(
+        *columns,
+        func.sum(case((billed, 1), else_=0)),
+        func.sum(_billed_seconds()),
+        func.sum(case((in_flight, 1), else_=0)),
+        func.sum(case((in_flight, held_seconds(rt.settings.unfetched_audio_seconds)), else_=0.0)),
+        func.count(),
+    ).where(Job.created_at >= start, Job.created_at < end)
     if owner is not ALL:
         query = query.where(Job.owner.is_(None) if owner is None else Job.owner == owner)
     query = query.group_by(*columns)
@@ -129,13 +143,14 @@ def figures(rt: Runtime, start: datetime, end: datetime, owner=ALL, by_day: bool
     with rt.db.session() as session:
         for row in session.execute(query).all():
             key, when = row[0], (row[1] if by_day else None)
-            jobs, seconds, flying, held, total = (v or 0 for v in row[len(columns):])
-            out[(key, when)] = Figures(int(jobs), float(seconds), int(flying), float(held),
-                                       int(total) - int(jobs) - int(flying))
+            jobs, seconds, flying, held, total = (v or 0 for v in row[len(columns) :])
+            out[(key, when)] = Figures(
+                int(jobs), float(seconds), int(flying), float(held), int(total) - int(jobs) - int(flying)
+            )
     return out
 
 
-def month_figures(rt: Runtime, owner, now: datetime) -> Figures:
+def month_figures(rt: Runtime, owner: str | None, now: datetime) -> Figures:
     """One key's usage in `now`'s month (UTC)."""
     found = figures(rt, month_start(now), next_month(now), owner=owner, by_day=False)
     return found.get((owner, None), Figures())

@@ -5,17 +5,31 @@ The URL is the client's, so it gets the same checks as a callback URL: public ad
 the connection goes to the checked address, never to a second DNS answer. What the remote
 server writes (its body, reason phrase, a redirect's target) never reaches the client.
 """
+
 from __future__ import annotations
 
 import http.client
 import logging
 import socket
+from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urljoin, urlsplit
 
-from models.delivery.outbound import Deadline, check_addresses, describe_error, open_pinned, parse_url, resolve_host, status_line
+from models.delivery.outbound import (
+    Deadline,
+    Target,
+    check_addresses,
+    describe_error,
+    open_pinned,
+    parse_url,
+    resolve_host,
+    status_line,
+)
 from models.errors import InvalidRequest, PermanentJobError, TransientJobError
+
+if TYPE_CHECKING:
+    from config import Settings
 
 log = logging.getLogger(__name__)
 
@@ -24,10 +38,20 @@ CHUNK_BYTES = 64 * 1024
 USER_AGENT = "whisperq-fetch/1"
 _REDIRECTS = (301, 302, 303, 307, 308)
 
-__all__ = ["fetch_audio", "MAX_REDIRECTS"]
+__all__ = ["MAX_REDIRECTS", "fetch_audio"]
 
 
-def fetch_audio(url: str, dest: Path, settings, create: Callable[[Path], BinaryIO] | None = None) -> int:
+class Sink(Protocol):
+    """What `create` opens to write to: a file, or storage's encrypting writer."""
+
+    def write(self, data: bytes, /) -> int: ...
+
+    def __enter__(self) -> Sink: ...
+
+    def __exit__(self, *exc: Any) -> None: ...
+
+
+def fetch_audio(url: str, dest: Path, settings: Settings, create: Callable[[Path], Sink] | None = None) -> int:
     """Download `url` to `dest`; the number of bytes written. `create(dest)` opens the file to
     write (storage passes an encrypting writer); a plain file by default.
 
@@ -43,17 +67,28 @@ def fetch_audio(url: str, dest: Path, settings, create: Callable[[Path], BinaryI
             conn = None
             try:
                 conn = open_pinned(target, _addresses(target, settings, redirected=hop > 0), deadline)
-                conn.request("GET", target.path, headers={
-                    "Host": target.host_header, "User-Agent": USER_AGENT, "Accept": "*/*", "Connection": "close",
-                })
+                conn.request(
+                    "GET",
+                    target.path,
+                    headers={
+                        "Host": target.host_header,
+                        "User-Agent": USER_AGENT,
+                        "Accept": "*/*",
+                        "Connection": "close",
+                    },
+                )
                 response = conn.getresponse()
                 if response.status in _REDIRECTS:
                     location = response.getheader("Location")
                     if not location:
-                        raise PermanentJobError(f"audio_url answered HTTP {response.status} without a Location; "
-                                                "give the audio file's final URL")
+                        raise PermanentJobError(
+                            f"audio_url answered HTTP {response.status} without a Location; "
+                            "give the audio file's final URL"
+                        )
                     # Hosts only: a URL's path names the client's file (and may carry a signature).
-                    log.info("audio_url on %s redirects to %s", target.host, urlsplit(urljoin(target.url, location)).hostname)
+                    log.info(
+                        "audio_url on %s redirects to %s", target.host, urlsplit(urljoin(target.url, location)).hostname
+                    )
                     url = urljoin(target.url, location)
                     continue
                 _check_status(response, settings.max_upload_bytes)
@@ -64,13 +99,17 @@ def fetch_audio(url: str, dest: Path, settings, create: Callable[[Path], BinaryI
                 return written
             except (OSError, http.client.HTTPException) as exc:
                 if deadline.expired or isinstance(exc, TimeoutError):
-                    raise TransientJobError(f"audio_url did not download within {settings.fetch_timeout_seconds:g} s "
-                                            "(WHISPERQ_FETCH_TIMEOUT); it will be tried again") from None
+                    raise TransientJobError(
+                        f"audio_url did not download within {settings.fetch_timeout_seconds:g} s "
+                        "(WHISPERQ_FETCH_TIMEOUT); it will be tried again"
+                    ) from None
                 raise TransientJobError(f"audio_url could not be fetched: {describe_error(exc)}") from None
             finally:
                 if conn is not None:
                     conn.close()
-        raise PermanentJobError(f"audio_url redirected more than {MAX_REDIRECTS} times; give the audio file's final URL")
+        raise PermanentJobError(
+            f"audio_url redirected more than {MAX_REDIRECTS} times; give the audio file's final URL"
+        )
     except BaseException:
         if created:
             dest.unlink(missing_ok=True)
@@ -79,17 +118,19 @@ def fetch_audio(url: str, dest: Path, settings, create: Callable[[Path], BinaryI
         deadline.cancel()
 
 
-def _target(url: str, redirected: bool = False):
+def _target(url: str, redirected: bool = False) -> Target:
     try:
         return parse_url(url, "audio_url")
     except InvalidRequest as exc:
         if redirected:
-            raise PermanentJobError("audio_url redirects to a URL that cannot be fetched (only http:// and https:// "
-                                    "to public hosts); give the audio file's final URL") from None
+            raise PermanentJobError(
+                "audio_url redirects to a URL that cannot be fetched (only http:// and https:// "
+                "to public hosts); give the audio file's final URL"
+            ) from None
         raise PermanentJobError(str(exc)) from None
 
 
-def _addresses(target, settings, redirected: bool = False) -> list[str]:
+def _addresses(target: Target, settings: Settings, redirected: bool = False) -> list[str]:
     host = "redirects to a host that" if redirected else f"host {target.host}"
     try:
         addresses = resolve_host(target)
@@ -109,21 +150,27 @@ def _check_status(response: http.client.HTTPResponse, limit: int) -> None:
     if response.status == 429 or response.status >= 500:
         raise TransientJobError(f"audio_url answered {status}; it will be tried again")
     if not 200 <= response.status < 300:
-        raise PermanentJobError(f"audio_url answered {status}; check that the URL is right and can be read "
-                                "without logging in (a pre-signed URL works)")
+        raise PermanentJobError(
+            f"audio_url answered {status}; check that the URL is right and can be read "
+            "without logging in (a pre-signed URL works)"
+        )
     if response.length is not None and response.length > limit:
         raise _too_large(limit)
 
 
 def _too_large(limit: int) -> PermanentJobError:
-    return PermanentJobError(f"audio_url is larger than the upload limit of {limit // (1024 * 1024)} MB "
-                             "(WHISPERQ_MAX_UPLOAD_MB); send a shorter or more compressed file")
+    return PermanentJobError(
+        f"audio_url is larger than the upload limit of {limit // (1024 * 1024)} MB "
+        "(WHISPERQ_MAX_UPLOAD_MB); send a shorter or more compressed file"
+    )
 
 
-def _stream(response: http.client.HTTPResponse, dest: Path, limit: int, create=None) -> int:
+def _stream(
+    response: http.client.HTTPResponse, dest: Path, limit: int, create: Callable[[Path], Sink] | None = None
+) -> int:
     """Copy the body to dest, stopping as soon as it passes the limit."""
     written = 0
-    with (create(dest) if create is not None else open(dest, "wb")) as out:
+    with create(dest) if create is not None else open(dest, "wb") as out:
         while True:
             chunk = response.read(min(CHUNK_BYTES, limit + 1 - written))
             if not chunk:

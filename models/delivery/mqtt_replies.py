@@ -6,6 +6,7 @@ the MQTT broker loses no reply: a status the broker never acknowledged is publis
 A row's id is the request's own (its client and correlation id), so a request delivered
 twice is owed once. `last_status` is the last status the broker acknowledged a message for.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -40,8 +41,8 @@ class MqttReply(Base):
 
 
 @dataclass(frozen=True)
-class Owed:
-    """A reply to send: the request's row and its job's status now (None: the job is gone)."""
+class PendingReply:
+    """A reply still to send: the request's row and its job's status now (None: the job is gone)."""
 
     id: str
     job_id: str
@@ -57,40 +58,66 @@ def request_id(client: str, correlation_id: str) -> str:
     return hashlib.sha256(f"{client}\0{correlation_id}".encode()).hexdigest()
 
 
-def owe(rt: Runtime, client: str, correlation_id: str, job_id: str, reply_topic: str) -> str:
-    """Record that this request's replies are owed. A request seen again (the broker delivered
-    it twice, or the client sent it again) is owed again, on the topic it names now: what is
-    still to come, or, where its result was delivered already, the result again."""
+def record_request(rt: Runtime, client: str, correlation_id: str, job_id: str, reply_topic: str) -> str:
+    """Record an accepted request: its replies are pending (to be published) from now on. A
+    request seen again (the broker delivered it twice, or the client sent it again) is pending
+    again, on the topic it names now: what is still to come, or, where its result was delivered
+    already, the result again."""
     key = request_id(client, correlation_id)
     with rt.db.session(write=True) as session:
         row = session.get(MqttReply, key, with_for_update=True)
         if row is None:
-            session.add(MqttReply(id=key, job_id=job_id, client=client, reply_topic=reply_topic,
-                                  correlation_id=correlation_id, last_status=None))
+            session.add(
+                MqttReply(
+                    id=key,
+                    job_id=job_id,
+                    client=client,
+                    reply_topic=reply_topic,
+                    correlation_id=correlation_id,
+                    last_status=None,
+                )
+            )
         else:
             row.job_id, row.reply_topic, row.last_status, row.updated_at = job_id, reply_topic, None, utcnow()
     return key
 
 
-def owed(rt: Runtime) -> list[Owed]:
+def pending_replies(rt: Runtime) -> list[PendingReply]:
     """Every reply whose job has moved on since the broker last acknowledged one (or is gone)."""
-    query = (select(MqttReply, Job.status, Job.deleted_at).outerjoin(Job, Job.id == MqttReply.job_id)
-             .where(or_(MqttReply.last_status.is_(None), Job.status.is_(None), Job.deleted_at.is_not(None),
-                        Job.status != MqttReply.last_status))
-             .order_by(MqttReply.created_at))
+    query = (
+        select(MqttReply, Job.status, Job.deleted_at)
+        .outerjoin(Job, Job.id == MqttReply.job_id)
+        .where(
+            or_(
+                MqttReply.last_status.is_(None),
+                Job.status.is_(None),
+                Job.deleted_at.is_not(None),
+                Job.status != MqttReply.last_status,
+            )
+        )
+        .order_by(MqttReply.created_at)
+    )
     with rt.db.session() as session:
-        return [Owed(r.id, r.job_id, r.client, r.reply_topic, r.correlation_id, r.last_status,
-                     None if deleted is not None else status)
-                for r, status, deleted in session.execute(query).all()]
+        return [
+            PendingReply(
+                r.id,
+                r.job_id,
+                r.client,
+                r.reply_topic,
+                r.correlation_id,
+                r.last_status,
+                None if deleted is not None else status,
+            )
+            for r, status, deleted in session.execute(query).all()
+        ]
 
 
-def settle(rt: Runtime, reply: Owed, status: str, final: bool) -> None:
-    """The broker acknowledged the reply for `status`: the final one ends what is owed. A row
-    owed again since to another job or topic (the request came again) is left to be told."""
+def mark_acknowledged(rt: Runtime, reply: PendingReply, status: str, final: bool) -> None:
+    """The broker acknowledged the reply for `status`: the final one ends what is pending. A row
+    pending again since to another job or topic (the request came again) is left to be told."""
     same = (MqttReply.id == reply.id, MqttReply.job_id == reply.job_id, MqttReply.reply_topic == reply.reply_topic)
     with rt.db.session() as session:
         if final:
             session.execute(delete(MqttReply).where(*same))
         else:
             session.execute(update(MqttReply).where(*same).values(last_status=status, updated_at=utcnow()))
-

@@ -22,21 +22,24 @@ Each attempt is recorded on the row (time, status code, error) and shown on the 
 Retries back off with full jitter while 5xx, 429, time-outs and connection errors last,
 for up to WHISPERQ_WEBHOOK_RETRY_WINDOW; any other 4xx (and a redirect) stops them.
 """
+
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import JSON, String, Text, event, func, insert, inspect, select, update
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
-from models.db import Base
+from models.db import Base, rowcount
 from models.jobs.batches import BATCH_EVENT, UNFINISHED, Batch
 from models.jobs.record import EVENTS, Job, JobStatus, UTCDateTime, new_job_id, utcnow
 from models.retry import RetryPolicy
 
 if TYPE_CHECKING:
+    from config import Settings
     from models.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -77,6 +80,7 @@ def _iso(value: datetime | None) -> str | None:
 
 # --- the outbox hook ----------------------------------------------------------------
 
+
 def install_outbox() -> None:
     """Register the outbox's session hooks, once per process (models.runtime.Runtime does).
 
@@ -91,21 +95,28 @@ def install_outbox() -> None:
         event.listen(Session, "after_rollback", _forget_rolled_back)
 
 
-def _record_state_changes(session: Session, _context, _instances) -> None:
+def _record_state_changes(session: Session, _context: Any, _instances: Any) -> None:
     for obj in list(session.new) + list(session.dirty):
         if not isinstance(obj, Job) or not obj.callback_url or obj.deleted_at is not None:
             continue
         added = inspect(obj).attrs.status.history.added
         if not added or JobStatus(added[-1]) not in EVENTS:
             continue
-        delivery = WebhookDelivery(id=new_job_id(), job_id=obj.id, event=EVENTS[JobStatus(added[-1])],
-                                   url=obj.callback_url, status="pending", created_at=utcnow(),
-                                   next_attempt_at=utcnow(), attempts=[])
+        delivery = WebhookDelivery(
+            id=new_job_id(),
+            job_id=obj.id,
+            event=EVENTS[JobStatus(added[-1])],
+            url=obj.callback_url,
+            status="pending",
+            created_at=utcnow(),
+            next_attempt_at=utcnow(),
+            attempts=[],
+        )
         session.add(delivery)
         session.info.setdefault("whisperq_deliveries", []).append(delivery.id)
 
 
-def _record_finished_batches(session: Session, _context) -> None:
+def _record_finished_batches(session: Session, _context: Any) -> None:
     """After the flush that wrote a batch job's final status: finish its batch if that was
     the last one, and record the batch's delivery, exactly once (see the module's docstring)."""
     batches = set()
@@ -118,23 +129,35 @@ def _record_finished_batches(session: Session, _context) -> None:
         return
     conn = session.connection()
     for batch_id in sorted(batches):  # one order for every transaction: no deadlock between two
-        url = conn.execute(select(Batch.callback_url).where(Batch.id == batch_id, Batch.finished_at.is_(None))
-                           .with_for_update()).first()
+        url = conn.execute(
+            select(Batch.callback_url).where(Batch.id == batch_id, Batch.finished_at.is_(None)).with_for_update()
+        ).first()
         if url is None:  # no such batch, or finished already
             continue
-        left = conn.execute(select(func.count()).select_from(Job).where(Job.batch_id == batch_id,
-                                                                         Job.status.in_(UNFINISHED))).scalar_one()
+        left = conn.execute(
+            select(func.count()).select_from(Job).where(Job.batch_id == batch_id, Job.status.in_(UNFINISHED))
+        ).scalar_one()
         if left:
             continue
         now = utcnow()
-        taken = conn.execute(update(Batch).where(Batch.id == batch_id, Batch.finished_at.is_(None))
-                             .values(finished_at=now)).rowcount
+        taken = conn.execute(
+            update(Batch).where(Batch.id == batch_id, Batch.finished_at.is_(None)).values(finished_at=now)
+        ).rowcount
         if not taken or not url[0]:
             continue
         delivery_id = new_job_id()
-        conn.execute(insert(WebhookDelivery).values(id=delivery_id, job_id=batch_id, event=BATCH_EVENT, url=url[0],
-                                                    status="pending", created_at=now, next_attempt_at=now,
-                                                    attempts=[]))
+        conn.execute(
+            insert(WebhookDelivery).values(
+                id=delivery_id,
+                job_id=batch_id,
+                event=BATCH_EVENT,
+                url=url[0],
+                status="pending",
+                created_at=now,
+                next_attempt_at=now,
+                attempts=[],
+            )
+        )
         session.info.setdefault("whisperq_deliveries", []).append(delivery_id)
         log.info("batch %s: its last job finished; webhook %s recorded", batch_id, delivery_id)
 
@@ -155,10 +178,12 @@ def _forget_rolled_back(session: Session) -> None:
 
 # --- delivering ----------------------------------------------------------------------
 
+
 def deliveries_of(rt: Runtime, job_id: str) -> list[dict[str, Any]]:
     with rt.db.session() as session:
-        rows = session.scalars(select(WebhookDelivery).where(WebhookDelivery.job_id == job_id)
-                               .order_by(WebhookDelivery.created_at)).all()
+        rows = session.scalars(
+            select(WebhookDelivery).where(WebhookDelivery.job_id == job_id).order_by(WebhookDelivery.created_at)
+        ).all()
         return [row.to_dict() for row in rows]
 
 
@@ -172,17 +197,23 @@ def deliver_pending(rt: Runtime, delivery_id: str, transcript_url: Callable[[str
     now = utcnow()
     lease = now + timedelta(seconds=settings.webhook_timeout_seconds + 30)
     with rt.db.session() as session:
-        taken = session.execute(
-            update(WebhookDelivery)
-            .where(WebhookDelivery.id == delivery_id, WebhookDelivery.status == "pending",
-                   (WebhookDelivery.lease_until.is_(None)) | (WebhookDelivery.lease_until < now),
-                   (WebhookDelivery.next_attempt_at.is_(None)) | (WebhookDelivery.next_attempt_at <= now + timedelta(seconds=1)))
-            .values(lease_until=lease)
-        ).rowcount
+        taken = rowcount(
+            session.execute(
+                update(WebhookDelivery)
+                .where(
+                    WebhookDelivery.id == delivery_id,
+                    WebhookDelivery.status == "pending",
+                    (WebhookDelivery.lease_until.is_(None)) | (WebhookDelivery.lease_until < now),
+                    (WebhookDelivery.next_attempt_at.is_(None))
+                    | (WebhookDelivery.next_attempt_at <= now + timedelta(seconds=1)),
+                )
+                .values(lease_until=lease)
+            )
+        )
     if not taken:
         return None  # delivered, given up, in flight elsewhere, or a duplicate message early
     with rt.db.session() as session:
-        delivery = session.get(WebhookDelivery, delivery_id)
+        delivery = cast(WebhookDelivery, session.get(WebhookDelivery, delivery_id))  # its lease was just taken
         url, first, subject = delivery.url, delivery.created_at, delivery.job_id
         if delivery.event == BATCH_EVENT:
             found = _batch_payload(session, subject, transcript_url)
@@ -192,31 +223,47 @@ def deliver_pending(rt: Runtime, delivery_id: str, transcript_url: Callable[[str
             delivery.status, delivery.finished_at, delivery.lease_until = "dropped", now, None
             return None
     payload, owner = found
-    attempt = webhooks.deliver(url, payload, msg_id=delivery_id, settings=settings,
-                               secrets=webhook_secrets_for(rt, owner))
-    record = {"at": _iso(attempt.at), "status_code": attempt.status_code, "error": attempt.error,
-              "duration_ms": attempt.duration_ms}
+    attempt = webhooks.deliver(
+        url, payload, msg_id=delivery_id, settings=settings, secrets=webhook_secrets_for(rt, owner)
+    )
+    record = {
+        "at": _iso(attempt.at),
+        "status_code": attempt.status_code,
+        "error": attempt.error,
+        "duration_ms": attempt.duration_ms,
+    }
     delay = None
     with rt.db.session() as session:
-        delivery = session.get(WebhookDelivery, delivery_id)
-        delivery.attempts = list(delivery.attempts or []) + [record]
+        delivery = cast(WebhookDelivery, session.get(WebhookDelivery, delivery_id))  # held under our lease
+        delivery.attempts = [*(delivery.attempts or []), record]
         delivery.lease_until = None
         done = utcnow()
         if attempt.delivered:
             delivery.status, delivery.finished_at = "delivered", done
-        elif attempt.retryable and (delay := RetryPolicy.for_webhooks(settings).next_delay(
-                len(delivery.attempts), first_at=first, now=done)) is not None:
+        elif (
+            attempt.retryable
+            and (
+                delay := RetryPolicy.for_webhooks(settings).next_delay(len(delivery.attempts), first_at=first, now=done)
+            )
+            is not None
+        ):
             delivery.next_attempt_at = done + timedelta(seconds=delay)
         else:
             delivery.status, delivery.finished_at = "failed", done
-    log.info("%s %s: webhook %s attempt %d: %s", "batch" if delivery.event == BATCH_EVENT else "job", subject,
-             delivery.event, len(delivery.attempts),
-             "delivered" if attempt.delivered else attempt.error)
+    log.info(
+        "%s %s: webhook %s attempt %d: %s",
+        "batch" if delivery.event == BATCH_EVENT else "job",
+        subject,
+        delivery.event,
+        len(delivery.attempts),
+        "delivered" if attempt.delivered else attempt.error,
+    )
     return delay
 
 
-def _job_payload(session: Session, job_id: str, event_type: str, transcript_url: Callable[[str], str],
-                 settings) -> tuple[dict, str | None] | None:
+def _job_payload(
+    session: Session, job_id: str, event_type: str, transcript_url: Callable[[str], str], settings: Settings
+) -> tuple[dict[str, Any], str | None] | None:
     """A job event's body and the key that signs it; None once the job is deleted."""
     from models.delivery import webhooks
 
@@ -229,29 +276,45 @@ def _job_payload(session: Session, job_id: str, event_type: str, transcript_url:
     return webhooks.payload_for(job_dict, transcript_url(job_id), settings), job.owner
 
 
-def _batch_payload(session: Session, batch_id: str,
-                   transcript_url: Callable[[str], str]) -> tuple[dict, str | None] | None:
+def _batch_payload(
+    session: Session, batch_id: str, transcript_url: Callable[[str], str]
+) -> tuple[dict[str, Any], str | None] | None:
     """`batch.completed`'s body (every job's id, status and transcript URL) and its key."""
     from models.delivery import webhooks
 
     batch = session.get(Batch, batch_id)
     if batch is None:
         return None
-    jobs = session.execute(select(Job.id, Job.status, Job.deleted_at, Job.error).where(Job.batch_id == batch_id)
-                           .order_by(Job.id)).all()
-    listed = [{"job_id": j.id, "status": j.status, "deleted": j.deleted_at is not None, "error": j.error,
-               "transcript_url": transcript_url(j.id) if j.status == JobStatus.COMPLETED.value
-               and j.deleted_at is None else None} for j in jobs]
-    return webhooks.batch_payload_for(batch.id, batch.owner, _iso(batch.created_at), _iso(batch.finished_at),
-                                      listed), batch.owner
+    jobs = session.execute(
+        select(Job.id, Job.status, Job.deleted_at, Job.error).where(Job.batch_id == batch_id).order_by(Job.id)
+    ).all()
+    listed = [
+        {
+            "job_id": j.id,
+            "status": j.status,
+            "deleted": j.deleted_at is not None,
+            "error": j.error,
+            "transcript_url": transcript_url(j.id)
+            if j.status == JobStatus.COMPLETED.value and j.deleted_at is None
+            else None,
+        }
+        for j in jobs
+    ]
+    return webhooks.batch_payload_for(
+        batch.id, batch.owner, _iso(batch.created_at), _iso(batch.finished_at), listed
+    ), batch.owner
 
 
 def overdue(rt: Runtime, now: datetime | None = None) -> list[str]:
     """Pending deliveries whose next attempt is late: their message was lost."""
     now = now or utcnow()
     with rt.db.session() as session:
-        return list(session.scalars(
-            select(WebhookDelivery.id).where(
-                WebhookDelivery.status == "pending", WebhookDelivery.next_attempt_at < now - LATE,
-                (WebhookDelivery.lease_until.is_(None)) | (WebhookDelivery.lease_until < now))
-        ).all())
+        return list(
+            session.scalars(
+                select(WebhookDelivery.id).where(
+                    WebhookDelivery.status == "pending",
+                    WebhookDelivery.next_attempt_at < now - LATE,
+                    (WebhookDelivery.lease_until.is_(None)) | (WebhookDelivery.lease_until < now),
+                )
+            ).all()
+        )

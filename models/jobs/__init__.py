@@ -8,9 +8,11 @@
 - ``corrections`` - a client's correction of a finished transcript, kept beside it.
 - ``idempotency``, ``deadletter``, ``sweeper`` - the same request twice, jobs that used up
   their attempts, jobs whose message or worker was lost.
+- ``shadows`` - a shadow model's transcripts of a job, scored against the job's own (word
+  error rate) and compared per model pair.
 - ``workers`` - heartbeats; ``throughput`` - the speed an inference worker's batches reach,
   which its heartbeat carries; ``eta`` - a job's place and finish estimate; ``metrics`` -
   worker-side metrics.
 
-May import config, the foundation and ``models.security``; never speech, access, delivery,
-pipeline or maintenance."""
+May import config, the foundation (``models.storage`` among it) and ``models.security``; never
+speech, registry, access, delivery, pipeline or maintenance."""

@@ -14,6 +14,7 @@ the batch still counts it and lists it as deleted, so its totals never change un
 Retention never removes job rows, nor batch rows: a batch answers for as long as its
 jobs do. It clears a long-finished batch's callback_url and delivery, as it does a job's.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -64,15 +65,21 @@ class Standing:
         def iso(value: datetime | None) -> str | None:
             return value.isoformat().replace("+00:00", "Z") if value else None
 
-        return {"batch_id": self.batch.id, "status": "COMPLETED" if self.done else "PROCESSING",
-                "done": self.done, "total": self.batch.total,
-                "counts": {s.value: self.counts.get(s.value, 0) for s in JobStatus},
-                "callback_url": self.batch.callback_url, "created_at": iso(self.batch.created_at),
-                "finished_at": iso(self.batch.finished_at)}
+        return {
+            "batch_id": self.batch.id,
+            "status": "COMPLETED" if self.done else "PROCESSING",
+            "done": self.done,
+            "total": self.batch.total,
+            "counts": {s.value: self.counts.get(s.value, 0) for s in JobStatus},
+            "callback_url": self.batch.callback_url,
+            "created_at": iso(self.batch.created_at),
+            "finished_at": iso(self.batch.finished_at),
+        }
 
 
-def create_batch(rt: Runtime, items: list[dict[str, Any]], *, owner: str | None,
-                 callback_url: str | None) -> tuple[Batch, list[Job]]:
+def create_batch(
+    rt: Runtime, items: list[dict[str, Any]], *, owner: str | None, callback_url: str | None
+) -> tuple[Batch, list[Job]]:
     """The batch's row and all its PENDING jobs, in one transaction: all of them or nothing.
     `items` are each job's checked fields: audio_url and options, or for an uploaded file
     `spooled` (its sealed file, moved into the store here, as create_job does), `duration`
@@ -86,12 +93,23 @@ def create_batch(rt: Runtime, items: list[dict[str, Any]], *, owner: str | None,
             for item in items:
                 fields = dict(item)
                 job_id, spooled = new_job_id(), fields.pop("spooled", None)
-                ref = rt.storage.adopt(spooled, job_id, session=session) if spooled is not None else ""
+                ref = rt.storage.store_audio(spooled, job_id, session=session) if spooled is not None else ""
                 if ref:
                     refs.append(ref)
-                jobs.append(job_row(rt, job_id, ref, duration=fields.pop("duration", None),
-                                    model=fields.pop("model", None), collect=fields.pop("collect", False),
-                                    owner=owner, batch_id=batch.id, created_at=batch.created_at, **fields))
+                jobs.append(
+                    job_row(
+                        rt,
+                        job_id,
+                        ref,
+                        duration=fields.pop("duration", None),
+                        model=fields.pop("model", None),
+                        collect=fields.pop("collect", False),
+                        owner=owner,
+                        batch_id=batch.id,
+                        created_at=batch.created_at,
+                        **fields,
+                    )
+                )
             session.add_all(jobs)
             session.flush()
             session.expunge_all()
@@ -116,19 +134,21 @@ def discard_batch(rt: Runtime, batch_id: str) -> None:
             session.delete(batch)
 
 
-def get_batch(rt: Runtime, batch_id: str, owner=ANY) -> Standing:
+def get_batch(rt: Runtime, batch_id: str, owner: object = ANY) -> Standing:
     with rt.db.session() as session:
         batch = session.get(Batch, batch_id)
         if batch is None or (owner is not ANY and batch.owner != owner):
             raise JobNotFound(f"no batch with id {batch_id!r}")
-        counts = dict(session.execute(select(Job.status, func.count()).where(Job.batch_id == batch_id)
-                                      .group_by(Job.status)).all())
+        counts = dict(
+            session.execute(select(Job.status, func.count()).where(Job.batch_id == batch_id).group_by(Job.status)).all()
+        )
         session.expunge(batch)
     return Standing(batch, {k: int(v) for k, v in counts.items()})
 
 
-def batch_jobs(rt: Runtime, batch_id: str, limit: int, after: str | None = None,
-               status: str | None = None) -> tuple[list[Job], str | None]:
+def batch_jobs(
+    rt: Runtime, batch_id: str, limit: int, after: str | None = None, status: str | None = None
+) -> tuple[list[Job], str | None]:
     """A page of the batch's jobs in a stable order (by id), and the id to continue after."""
     query = select(Job).where(Job.batch_id == batch_id)
     if after is not None:
@@ -144,5 +164,8 @@ def batch_jobs(rt: Runtime, batch_id: str, limit: int, after: str | None = None,
 
 def unfinished_ids(rt: Runtime, batch_id: str) -> list[str]:
     with rt.db.session() as session:
-        return list(session.scalars(select(Job.id).where(Job.batch_id == batch_id, Job.status.in_(UNFINISHED),
-                                                         Job.deleted_at.is_(None))).all())
+        return list(
+            session.scalars(
+                select(Job.id).where(Job.batch_id == batch_id, Job.status.in_(UNFINISHED), Job.deleted_at.is_(None))
+            ).all()
+        )

@@ -23,6 +23,7 @@ claim, and the fence is read in the very transaction, on the very row (locked), 
 the transcript. Lease ends are read on the workers' clocks; a clock that runs ahead costs at
 worst a run that is discarded, never a second transcript.
 """
+
 from __future__ import annotations
 
 import logging
@@ -30,13 +31,15 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, cast
 
 from sqlalchemy import or_, select, update
 
+from models.db import rowcount
 from models.errors import ClaimHeld, PermanentJobError
 from models.jobs.record import FINISHED, Job, utcnow
 
@@ -70,9 +73,13 @@ def take_claim(rt: Runtime, job_id: str, holder: str, lease: float, now: datetim
     with rt.db.session() as session:
         token = session.execute(
             update(Job)
-            .where(Job.id == job_id,
-                   or_(Job.claim_expires_at.is_(None), Job.claim_expires_at <= now, Job.status.in_(FINISHED)))
-            .values(claim_token=Job.claim_token + 1, claim_holder=holder, claim_expires_at=now + timedelta(seconds=lease))
+            .where(
+                Job.id == job_id,
+                or_(Job.claim_expires_at.is_(None), Job.claim_expires_at <= now, Job.status.in_(FINISHED)),
+            )
+            .values(
+                claim_token=Job.claim_token + 1, claim_holder=holder, claim_expires_at=now + timedelta(seconds=lease)
+            )
             .returning(Job.claim_token)
             .execution_options(synchronize_session=False)
         ).scalar_one_or_none()
@@ -83,20 +90,25 @@ def take_claim(rt: Runtime, job_id: str, holder: str, lease: float, now: datetim
     if held is None:
         raise PermanentJobError(f"job {job_id} does not exist")
     other, until = held
-    raise ClaimHeld(f"job {job_id} is being transcribed by {other} (its claim lasts until {until:%H:%M:%S} UTC "
-                    "unless renewed)", retry_in=max(1.0, (until - now).total_seconds() + 1.0))
+    until = cast(datetime, until)  # a claim that was not taken over has an expiry
+    raise ClaimHeld(
+        f"job {job_id} is being transcribed by {other} (its claim lasts until {until:%H:%M:%S} UTC unless renewed)",
+        retry_in=max(1.0, (until - now).total_seconds() + 1.0),
+    )
 
 
 def renew_claim(rt: Runtime, claim: Claim, now: datetime | None = None) -> bool:
     """Extend a held claim by its lease; False where it was released or taken over."""
     now = now or utcnow()
     with rt.db.session() as session:
-        renewed = session.execute(
-            update(Job)
-            .where(Job.id == claim.job_id, Job.claim_token == claim.token, Job.claim_expires_at.is_not(None))
-            .values(claim_expires_at=now + timedelta(seconds=claim.lease))
-            .execution_options(synchronize_session=False)
-        ).rowcount
+        renewed = rowcount(
+            session.execute(
+                update(Job)
+                .where(Job.id == claim.job_id, Job.claim_token == claim.token, Job.claim_expires_at.is_not(None))
+                .values(claim_expires_at=now + timedelta(seconds=claim.lease))
+                .execution_options(synchronize_session=False)
+            )
+        )
     return renewed == 1
 
 
@@ -107,12 +119,15 @@ def release_claim(rt: Runtime, claim: Claim) -> None:
     try:
         with rt.db.session() as session:
             session.execute(
-                update(Job).where(Job.id == claim.job_id, Job.claim_token == claim.token)
-                .values(claim_expires_at=None).execution_options(synchronize_session=False)
+                update(Job)
+                .where(Job.id == claim.job_id, Job.claim_token == claim.token)
+                .values(claim_expires_at=None)
+                .execution_options(synchronize_session=False)
             )
     except Exception:
-        log.warning("job %s: the claim was not released; it lapses in at most %.0f s", claim.job_id, claim.lease,
-                    exc_info=True)
+        log.warning(
+            "job %s: the claim was not released; it lapses in at most %.0f s", claim.job_id, claim.lease, exc_info=True
+        )
 
 
 def holds(job: Job, claim: Claim) -> bool:

@@ -1,5 +1,6 @@
 """The dead-letter store: jobs that used up their attempts, kept for an operator to
 inspect, replay or purge. The job row stays FAILED; this row says why and how often."""
+
 from __future__ import annotations
 
 import logging
@@ -34,17 +35,23 @@ class DeadLetter(Base):
     message: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
     def to_dict(self) -> dict[str, Any]:
-        def iso(v):
+        def iso(v: datetime | None) -> str | None:
             return v.isoformat().replace("+00:00", "Z") if v else None
 
         return {
-            "job_id": self.job_id, "task": self.task, "error": self.error, "traceback": self.traceback,
-            "attempts": self.attempts, "worker": self.worker, "submitted_at": iso(self.submitted_at),
-            "failed_at": iso(self.failed_at), "replays": self.replays,
+            "job_id": self.job_id,
+            "task": self.task,
+            "error": self.error,
+            "traceback": self.traceback,
+            "attempts": self.attempts,
+            "worker": self.worker,
+            "submitted_at": iso(self.submitted_at),
+            "failed_at": iso(self.failed_at),
+            "replays": self.replays,
         }
 
 
-def bury(rt: Runtime, job_id: str, task: str, error: str, traceback: str | None) -> None:
+def move_to_dead_letters(rt: Runtime, job_id: str, task: str, error: str, traceback: str | None) -> None:
     """Fail the job for good and keep it in the dead-letter store."""
     with rt.db.session() as session:
         job = session.get(Job, job_id)
@@ -92,8 +99,10 @@ def take_for_replay(rt: Runtime, job_id: str, model: str | None = None) -> Job:
         if dead is None or job is None:
             raise JobNotFound(f"no dead-lettered job with id {job_id!r}")
         if job.audio_purged_at is not None and (job.audio_owned or not job.audio_ref):
-            raise AudioPurged(f"job {job_id}'s audio was deleted after the retention period "
-                              "(WHISPERQ_AUDIO_RETENTION); it cannot be replayed: submit the audio again")
+            raise AudioPurged(
+                f"job {job_id}'s audio was deleted after the retention period "
+                "(WHISPERQ_AUDIO_RETENTION); it cannot be replayed: submit the audio again"
+            )
         job.audio_purged_at = None  # a caller's own file: purge its prepared copy again later
         # A job by URL whose audio was never fetched (audio_ref "") fetches it again.
         if job.audio_owned and job.audio_ref and not rt.storage.exists(job.audio_ref):
@@ -120,9 +129,10 @@ def replay(rt: Runtime, job_id: str, model: str | None = None) -> Job:
             raise RuntimeError("this process has no broker to publish with")
         rt.broker.publish_job(job)
     except Exception as exc:
-        bury(rt, job_id, "whisperq.transcribe", "replay could not be published", None)
-        raise BrokerUnavailable("the job queue is unreachable right now; the job stays in the dead letters, "
-                                "try again shortly") from exc
+        move_to_dead_letters(rt, job_id, "whisperq.transcribe", "replay could not be published", None)
+        raise BrokerUnavailable(
+            "the job queue is unreachable right now; the job stays in the dead letters, try again shortly"
+        ) from exc
     log.info("job %s replayed from the dead-letter queue", job_id)
     return job
 

@@ -24,6 +24,7 @@ waiting jobs (at most a second old) with running sums of their audio, and finds 
 place in it by bisection; only a job newer than the snapshot is counted by a query. The
 workers' speeds come with the heartbeats that are read anyway, once a second.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -33,27 +34,28 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from sqlalchemy import case, func, select
+from sqlalchemy import ColumnElement, case, func, select
 
 from config.priorities import Priority
-
 from models.jobs.record import Job, JobStatus, Stage, utcnow
 from models.jobs.workers import alive
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+
     from models.runtime import Runtime
 
 # Used until jobs have been measured: tiny.en on one CPU core does about this much.
 DEFAULT_SPEED = 5.0
 HISTORY = 100
 _CACHE_SECONDS = 5.0
-_cache: dict[str, Any] = {}
+_cache: dict[tuple[str, ...], Any] = {}
 _cache_lock = threading.Lock()
 
 
-def _rank(priority):
+def _rank(priority: Any) -> ColumnElement[Any]:
     """A tier's rank in SQL (an unknown name ranks last, as in _Queue)."""
     return case(*((priority == p.value, p.rank) for p in Priority if p is not Priority.LOW), else_=Priority.LOW.rank)
 
@@ -66,7 +68,7 @@ def _model(rt: Runtime, name: str | None) -> str:
     return name or rt.settings.default_model
 
 
-def _of_model(rt: Runtime, model: str):
+def _of_model(rt: Runtime, model: str) -> ColumnElement[bool]:
     """SQL: the job runs on `model` (the default's rows may say None)."""
     return func.coalesce(Job.model, rt.settings.default_model) == model
 
@@ -85,13 +87,19 @@ def _history(rt: Runtime, model: str | None = None) -> tuple[float, float, float
     with _cache_lock:
         hit = _cache.get(("speed", rt.settings.database_url, model))
         if hit and hit[0] > time.monotonic():
-            return hit[1]
+            return cast("tuple[float, float, float]", hit[1])  # what this function put there
     with rt.db.session() as session:
-        rows = session.execute(
+        # Any: the query takes rows whose inference start and audio duration are set
+        rows: Sequence[Any] = session.execute(
             select(Job.infer_started_at, Job.finished_at, Job.audio_duration, Job.worker, Job.created_at)
-            .where(Job.status == JobStatus.COMPLETED.value, Job.infer_started_at.is_not(None),
-                   Job.audio_duration.is_not(None), _of_model(rt, model))
-            .order_by(Job.finished_at.desc()).limit(HISTORY)
+            .where(
+                Job.status == JobStatus.COMPLETED.value,
+                Job.infer_started_at.is_not(None),
+                Job.audio_duration.is_not(None),
+                _of_model(rt, model),
+            )
+            .order_by(Job.finished_at.desc())
+            .limit(HISTORY)
         ).all()
     value = (DEFAULT_SPEED, DEFAULT_DURATION, 0.0)
     if rows:
@@ -181,9 +189,14 @@ class _Served:
     @classmethod
     def of(cls, heartbeat: dict[str, Any], model: str) -> _Served:
         figures = (heartbeat.get("throughput") or {}).get(model) or {}
-        return cls(int(figures.get("lanes") or 1), int(figures.get("batch") or 1), int(heartbeat["slots"] or 1),
-                   figures.get("window"), figures.get("speech"),
-                   {int(k): float(v) for k, v in (figures.get("slowdown") or {}).items() if float(v) > 0})
+        return cls(
+            int(figures.get("lanes") or 1),
+            int(figures.get("batch") or 1),
+            int(heartbeat["slots"] or 1),
+            figures.get("window"),
+            figures.get("speech"),
+            {int(k): float(v) for k, v in (figures.get("slowdown") or {}).items() if float(v) > 0},
+        )
 
     def seconds(self, windows: int, audio: float) -> float | None:
         """Seconds to transcribe `windows` windows holding `audio` seconds: spread over as many
@@ -234,9 +247,10 @@ class _Queue:
     """A model's waiting jobs in the order they will be taken, with running sums of their
     audio: a job's place and the work ahead of it by bisection, not a query per status read."""
 
-    def __init__(self, rows, in_progress: float, running: int, taken_at: datetime):
-        self.keys = sorted((Priority.rank_of(p, Priority.LOW), created, job_id, duration)
-                           for job_id, p, created, duration in rows)
+    def __init__(self, rows: Iterable[Any], in_progress: float, running: int, taken_at: datetime):
+        self.keys = sorted(
+            (Priority.rank_of(p, Priority.LOW), created, job_id, duration) for job_id, p, created, duration in rows
+        )
         self.audio, self.unknown = [0.0], [0]
         for *_key, duration in self.keys:
             self.audio.append(self.audio[-1] + (duration or 0.0))
@@ -268,7 +282,7 @@ _queues_lock = threading.Lock()
 
 
 @functools.cache
-def _waiting():
+def _waiting() -> tuple[ColumnElement[bool], ColumnElement[bool]]:
     """(waiting, running) as SQL conditions, built once: building them per status read was a
     tenth of the web's CPU in a burst."""
     running = (Job.status == JobStatus.PROCESSING.value) & (Job.stage == Stage.INFER.value)
@@ -286,32 +300,50 @@ def _ahead(rt: Runtime, job: Job) -> Ahead:
     if queues is None or next(iter(queues.values())).expires < time.monotonic():
         with rt.db.session() as session:
             taken_at = utcnow()
-            rows = session.execute(select(Job.id, Job.priority, Job.created_at, Job.audio_duration, Job.model)
-                                   .where(waiting)).all()
-            in_progress = session.execute(
-                select(Job.model, func.coalesce(func.sum(Job.audio_duration - func.coalesce(Job.progress_seconds, 0.0)),
-                                                0.0), func.count()).where(running).group_by(Job.model)).all()
-        by_model: dict[str, list] = {}
+            rows = session.execute(
+                select(Job.id, Job.priority, Job.created_at, Job.audio_duration, Job.model).where(waiting)
+            ).all()
+            in_progress: Sequence[Any] = session.execute(  # Any: the sums are coalesced, never NULL
+                select(
+                    Job.model,
+                    func.coalesce(func.sum(Job.audio_duration - func.coalesce(Job.progress_seconds, 0.0)), 0.0),
+                    func.count(),
+                )
+                .where(running)
+                .group_by(Job.model)
+            ).all()
+        by_model: dict[str, list[Any]] = {}
         for row in rows:
             by_model.setdefault(_model(rt, row.model), []).append(row[:4])
         left: dict[str, tuple[float, int]] = {}
         for name, seconds, count in in_progress:
             was = left.get(_model(rt, name), (0.0, 0))
             left[_model(rt, name)] = (was[0] + float(seconds), was[1] + int(count))
-        queues = {name: _Queue(by_model.get(name, []), *left.get(name, (0.0, 0)), taken_at)
-                  for name in {*by_model, *left, rt.settings.default_model}}
+        queues = {
+            name: _Queue(by_model.get(name, []), *left.get(name, (0.0, 0)), taken_at)
+            for name in {*by_model, *left, rt.settings.default_model}
+        }
         with _queues_lock:
             _queues[rt.settings.database_url] = queues
     queue = queues.get(model) or _Queue([], 0.0, 0, next(iter(queues.values())).taken_at)
     if job.created_at < queue.taken_at - timedelta(milliseconds=50):
         return queue.ahead(job)
     mine = _rank(job.priority)
-    ahead = waiting & _of_model(rt, model) & (Job.id != job.id) & (
-        (_rank(Job.priority) < mine) | ((_rank(Job.priority) == mine) & (Job.created_at < job.created_at)))
+    ahead = (
+        waiting
+        & _of_model(rt, model)
+        & (Job.id != job.id)
+        & ((_rank(Job.priority) < mine) | ((_rank(Job.priority) == mine) & (Job.created_at < job.created_at)))
+    )
     with rt.db.session() as session:
-        count, audio, unknown = session.execute(
-            select(func.count(), func.coalesce(func.sum(Job.audio_duration), 0.0),
-                   func.count().filter(Job.audio_duration.is_(None))).where(ahead)).one()
+        found: Any = session.execute(  # Any: the sum is coalesced, never NULL
+            select(
+                func.count(),
+                func.coalesce(func.sum(Job.audio_duration), 0.0),
+                func.count().filter(Job.audio_duration.is_(None)),
+            ).where(ahead)
+        ).one()
+        count, audio, unknown = found
     return Ahead(int(count), float(audio), int(unknown), queue.in_progress, queue.running)
 
 

@@ -1,16 +1,15 @@
 """Idempotency keys for POST /v1/jobs: the same key and request give the same job."""
+
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from sqlalchemy import String, delete
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Mapped, mapped_column
 
-from models.db import Base
-from models.db import UTCDateTime, utcnow
+from models.db import Base, UTCDateTime, rowcount, utcnow
 from models.errors import IdempotencyConflict
 
 if TYPE_CHECKING:
@@ -71,7 +70,7 @@ def remember(rt: Runtime, key: str, fingerprint: str, job_id: str) -> str:
 def forget_old(rt: Runtime) -> int:
     with rt.db.session() as session:
         result = session.execute(delete(IdempotencyKey).where(IdempotencyKey.created_at < utcnow() - KEEP))
-        return result.rowcount or 0
+        return rowcount(result) or 0
 
 
 def forget(rt: Runtime, key: str) -> None:

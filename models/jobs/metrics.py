@@ -8,17 +8,24 @@ job (the tasks, retries, the sweeper, a cancel at a window boundary) is counted 
 code of its own. Nothing here raises into a job: a metrics error is logged and dropped.
 Only worker processes enable it; the web process serves cluster-wide gauges instead.
 """
+
 from __future__ import annotations
 
 import logging
 import sys
 import threading
+from collections.abc import Callable, Iterator
 from datetime import datetime
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
-from config.settings import PRIORITIES
+from config import PRIORITIES
+from models.db import utcnow
+from models.jobs.record import Job, JobStatus, Stage
 
-from models.jobs.record import Job, JobStatus, Stage, utcnow
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry, Histogram
+    from sqlalchemy.orm import Session
+    from sqlalchemy.orm.attributes import History
 
 log = logging.getLogger(__name__)
 
@@ -32,33 +39,62 @@ _NOTES = "whisperq_metrics"
 
 
 class _Metrics:
-    def __init__(self, registry) -> None:
+    def __init__(self, registry: CollectorRegistry) -> None:
         from prometheus_client import Counter, Histogram
 
-        def histogram(name, doc, buckets, labels=()):
+        def histogram(
+            name: str, doc: str, buckets: tuple[float, ...], labels: list[str] | tuple[str, ...] = ()
+        ) -> Histogram:
             return Histogram(name, doc, list(labels), buckets=buckets, registry=registry)
 
-        self.wait = histogram("whisperq_job_wait_seconds",
-                              "Queue wait until preparation starts (first attempt), by priority", _LONG, ["priority"])
+        self.wait = histogram(
+            "whisperq_job_wait_seconds",
+            "Queue wait until preparation starts (first attempt), by priority",
+            _LONG,
+            ["priority"],
+        )
         self.prepare = histogram("whisperq_job_prepare_seconds", "Preparation: fetch, decode, split", _SHORT)
-        self.inference = histogram("whisperq_job_inference_seconds",
-                                   "Inference wall time per completed job, batcher wait included, by model", _LONG,
-                                   ["model"])
-        self.end_to_end = histogram("whisperq_job_end_to_end_seconds",
-                                    "Created to COMPLETED, by priority and model", _LONG, ["priority", "model"])
-        self.rtf = histogram("whisperq_real_time_factor", "Inference wall time over audio duration per job, by model",
-                             _RTF, ["model"])
+        self.inference = histogram(
+            "whisperq_job_inference_seconds",
+            "Inference wall time per completed job, batcher wait included, by model",
+            _LONG,
+            ["model"],
+        )
+        self.end_to_end = histogram(
+            "whisperq_job_end_to_end_seconds",
+            "Created to COMPLETED, by priority and model",
+            _LONG,
+            ["priority", "model"],
+        )
+        self.rtf = histogram(
+            "whisperq_real_time_factor", "Inference wall time over audio duration per job, by model", _RTF, ["model"]
+        )
         self.batch_size = histogram("whisperq_batch_size", "Windows per inference call", _BATCH_SIZES)
-        self.batch_wait = histogram("whisperq_batch_wait_seconds",
-                                    "Wait of a batch's oldest window before its inference call", _BATCH_WAITS)
-        self.finished = Counter("whisperq_jobs_finished", "Jobs that reached a final state in this worker, by model",
-                                ["status", "model"], registry=registry)
-        self.retries = Counter("whisperq_job_retries", "Attempts sent back to the queue after a failure",
-                               registry=registry)
-        self.shadow_wer = histogram("whisperq_shadow_wer", "Word error rate of a shadow model's transcript against "
-                                    "the primary's, per job (0: they agree word for word)", _WER, ["primary", "candidate"])
-        self.purged = Counter("whisperq_retention_deleted", "What retention deleted (models.maintenance.retention), by kind",
-                              ["kind"], registry=registry)
+        self.batch_wait = histogram(
+            "whisperq_batch_wait_seconds", "Wait of a batch's oldest window before its inference call", _BATCH_WAITS
+        )
+        self.finished = Counter(
+            "whisperq_jobs_finished",
+            "Jobs that reached a final state in this worker, by model",
+            ["status", "model"],
+            registry=registry,
+        )
+        self.retries = Counter(
+            "whisperq_job_retries", "Attempts sent back to the queue after a failure", registry=registry
+        )
+        self.shadow_wer = histogram(
+            "whisperq_shadow_wer",
+            "Word error rate of a shadow model's transcript against "
+            "the primary's, per job (0: they agree word for word)",
+            _WER,
+            ["primary", "candidate"],
+        )
+        self.purged = Counter(
+            "whisperq_retention_deleted",
+            "What retention deleted (models.maintenance.retention), by kind",
+            ["kind"],
+            registry=registry,
+        )
         # Every series from the start, so that rate() sees the first job too.
         for tier in PRIORITIES:
             self.wait.labels(tier)
@@ -78,12 +114,12 @@ class _Metrics:
 
 
 _lock = threading.Lock()
-_registry = None
+_registry: CollectorRegistry | None = None
 _metrics: _Metrics | None = None
 _enabled = False
 
 
-def registry():
+def registry() -> CollectorRegistry:
     """The registry that holds this process's worker metrics."""
     global _registry
     if _registry is None:
@@ -140,7 +176,7 @@ def disable() -> None:
         _enabled = False
 
 
-def observe_batch(record) -> None:
+def observe_batch(record: Any) -> None:
     """A batch ran (models.speech.batching.BatchRecord)."""
     if not _enabled:
         return
@@ -181,16 +217,16 @@ def _seconds(later: datetime | None, earlier: datetime | None) -> float | None:
     return max(0.0, (later - earlier).total_seconds())
 
 
-def _old(history) -> Any:
+def _old(history: History) -> Any:
     return history.deleted[0] if history.deleted else None
 
 
-def _notes_for(job: Job) -> list[tuple]:
+def _notes_for(job: Job) -> list[tuple[Any, ...]]:
     """What a flushed change of this job means for the metrics, as notes to observe on commit."""
     from sqlalchemy import inspect
 
     attrs = inspect(job).attrs
-    notes: list[tuple] = []
+    notes: list[tuple[Any, ...]] = []
     status, stage = attrs.status.history, attrs.stage.history
     old, new = _old(status), job.status
     if status.added and old is not None and old != new:
@@ -203,15 +239,22 @@ def _notes_for(job: Job) -> list[tuple]:
             notes.append(("finished", new, job.model))
             if new == JobStatus.COMPLETED.value:
                 infer = _seconds(job.finished_at, job.infer_started_at)
-                notes.append(("completed", priority, _seconds(job.finished_at, job.created_at), infer,
-                              infer / job.audio_duration if infer is not None and job.audio_duration else None,
-                              job.model))
+                notes.append(
+                    (
+                        "completed",
+                        priority,
+                        _seconds(job.finished_at, job.created_at),
+                        infer,
+                        infer / job.audio_duration if infer is not None and job.audio_duration else None,
+                        job.model,
+                    )
+                )
     if stage.added and _old(stage) == Stage.PREPARE and job.stage == Stage.QUEUED:
         notes.append(("prepared", _seconds(utcnow(), job.started_at)))
     return notes
 
 
-def _after_flush(session, _context) -> None:
+def _after_flush(session: Session, _context: Any) -> None:
     try:
         for obj in session.dirty:
             if isinstance(obj, Job):
@@ -222,11 +265,11 @@ def _after_flush(session, _context) -> None:
         log.warning("metrics: a job's change was not noted", exc_info=True)
 
 
-def _after_rollback(session) -> None:
+def _after_rollback(session: Session) -> None:
     session.info.pop(_NOTES, None)
 
 
-def _after_commit(session) -> None:
+def _after_commit(session: Session) -> None:
     notes = session.info.pop(_NOTES, None)
     if not notes:
         return
@@ -264,7 +307,7 @@ class GPUMemory:
     def __init__(self, engines: Callable[[], list[Any]]):
         self.engines = engines
 
-    def collect(self) -> Iterator:
+    def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily
 
         try:
@@ -273,8 +316,9 @@ class GPUMemory:
             log.debug("metrics: GPU memory not read", exc_info=True)
             values = []
         if values:
-            family = GaugeMetricFamily("whisperq_gpu_memory_bytes", "CUDA memory of this worker process",
-                                       labels=["device", "kind"])
+            family = GaugeMetricFamily(
+                "whisperq_gpu_memory_bytes", "CUDA memory of this worker process", labels=["device", "kind"]
+            )
             for device, kind, value in values:
                 family.add_metric([str(device), kind], float(value))
             yield family
@@ -300,8 +344,11 @@ def _gpu_memory(engines: list[Any]) -> list[tuple[int, str, float]]:
     try:
         for i in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            mine = [p.usedGpuMemory for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-                    if p.pid == os.getpid() and p.usedGpuMemory is not None]
+            mine = [
+                p.usedGpuMemory
+                for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+                if p.pid == os.getpid() and p.usedGpuMemory is not None
+            ]
             if mine:
                 out.append((i, "process", sum(mine)))
             else:  # in a container NVML may not see our pid: the device's total use instead

@@ -4,17 +4,17 @@ an inference run holds, and that storing its transcript checks, is models.jobs.c
 
 Tasks and views are thin wrappers around these functions; tests call them directly.
 """
+
 from __future__ import annotations
 
 import logging
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard, cast
 
 from sqlalchemy import select, update
 
 from config import LANGUAGES, PRIORITIES
-
 from models.errors import (
     AttemptsExhausted,
     ClaimLost,
@@ -28,7 +28,7 @@ from models.errors import (
 from models.jobs import metrics
 from models.jobs.claims import Claim, holds
 from models.jobs.record import Job, JobOptions, JobStatus, Stage, new_job_id, utcnow
-from models.jobs.shadows import forget_shadows, settle_for
+from models.jobs.shadows import forget_shadows, score_waiting_shadows
 from models.storage import prepared_ref
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ TASKS = ("transcribe", "translate")
 ANY = object()
 
 
-def _visible(job: Job | None, owner) -> bool:
+def _visible(job: Job | None, owner: object) -> TypeGuard[Job]:
     return job is not None and job.deleted_at is None and (owner is ANY or job.owner == owner)
 
 
@@ -88,30 +88,64 @@ def create_job(
         with rt.db.session() as session:
             # The audio goes into the store with the row: on PostgreSQL storage in this very
             # transaction, so a job is never without its audio, nor audio without its job.
-            ref = rt.storage.adopt(spooled, job_id, session=session) if spooled is not None else ""
-            job = job_row(rt, job_id, ref or caller_file or "", audio_owned=caller_file is None, filename=filename,
-                          duration=duration, audio_url=audio_url, owner=owner, audio_format=audio_format,
-                          rerun_of=rerun_of, origin=origin, **options.fields())
+            ref = rt.storage.store_audio(spooled, job_id, session=session) if spooled is not None else ""
+            job = job_row(
+                rt,
+                job_id,
+                ref or caller_file or "",
+                audio_owned=caller_file is None,
+                filename=filename,
+                duration=duration,
+                audio_url=audio_url,
+                owner=owner,
+                audio_format=audio_format,
+                rerun_of=rerun_of,
+                origin=origin,
+                **options.fields(),
+            )
             session.add(job)
     except BaseException:
         if ref:
             rt.storage.delete(ref)
         raise
-    log.info("job %s created (%s, priority %s)", job_id,
-             f"{duration:.1f} s of audio" if duration is not None else "audio to fetch", options.priority)
+    log.info(
+        "job %s created (%s, priority %s)",
+        job_id,
+        f"{duration:.1f} s of audio" if duration is not None else "audio to fetch",
+        options.priority,
+    )
     return job
 
 
-def job_row(rt: Runtime, job_id: str, audio_ref: str, *, duration: float | None, model: str | None,
-            collect: bool = False, audio_owned: bool = True, **fields: Any) -> Job:
+def job_row(
+    rt: Runtime,
+    job_id: str,
+    audio_ref: str,
+    *,
+    duration: float | None,
+    model: str | None,
+    collect: bool = False,
+    audio_owned: bool = True,
+    **fields: Any,
+) -> Job:
     """A PENDING job's row (not yet added to a session): its model chosen here, once."""
     model, route, shadow = rt.settings.choose(model, job_id)
-    return Job(id=job_id, status=JobStatus.PENDING.value, audio_ref=audio_ref, audio_owned=audio_owned,
-               audio_duration=round(duration, 3) if duration is not None else None, attempts=0, model=model,
-               route=route, shadow=shadow, collect=bool(collect), **fields)
+    return Job(
+        id=job_id,
+        status=JobStatus.PENDING.value,
+        audio_ref=audio_ref,
+        audio_owned=audio_owned,
+        audio_duration=round(duration, 3) if duration is not None else None,
+        attempts=0,
+        model=model,
+        route=route,
+        shadow=shadow,
+        collect=bool(collect),
+        **fields,
+    )
 
 
-def get_job(rt: Runtime, job_id: str, owner=ANY) -> Job:
+def get_job(rt: Runtime, job_id: str, owner: object = ANY) -> Job:
     with rt.db.session() as session:
         job = session.get(Job, job_id)
         if not _visible(job, owner):
@@ -133,13 +167,21 @@ def discard_job(rt: Runtime, job_id: str) -> None:
 def _fenced(job: Job, claim: Claim | None) -> None:
     """The claim check at commit: a run whose claim was taken over stores nothing."""
     if claim is not None and not holds(job, claim):
-        log.warning("job %s: this run's claim (token %d, %s) was taken over by token %d (%s) after its lease "
-                    "lapsed; its transcript is discarded, not stored", job.id, claim.token, claim.holder,
-                    job.claim_token, job.claim_holder)
+        log.warning(
+            "job %s: this run's claim (token %d, %s) was taken over by token %d (%s) after its lease "
+            "lapsed; its transcript is discarded, not stored",
+            job.id,
+            claim.token,
+            claim.holder,
+            job.claim_token,
+            job.claim_holder,
+        )
         raise ClaimLost(f"job {job.id}: the claim was taken over by another worker; this run's transcript is discarded")
 
 
-def complete_job(rt: Runtime, job_id: str, data: dict[str, Any], claim: Claim | None = None) -> tuple[dict, bool]:
+def complete_job(
+    rt: Runtime, job_id: str, data: dict[str, Any], claim: Claim | None = None
+) -> tuple[dict[str, Any], bool]:
     """Store the transcript once: a job another delivery already completed keeps its own.
     Returns the stored result and whether this call stored it.
 
@@ -151,7 +193,7 @@ def complete_job(rt: Runtime, job_id: str, data: dict[str, Any], claim: Claim | 
         if claim is not None:  # the engine went through all of the job's windows, under the claim
             stored.engine_runs = (stored.engine_runs or 0) + 1
         if stored.state is JobStatus.COMPLETED:
-            return stored.result(), False
+            return cast("dict[str, Any]", stored.result()), False  # a COMPLETED job's result is never None
         refused: WhisperqError | None = None
         if stored.deleted_at is not None:
             refused = JobCancelled(f"job {job_id} was deleted; its transcript was not stored")
@@ -159,11 +201,12 @@ def complete_job(rt: Runtime, job_id: str, data: dict[str, Any], claim: Claim | 
             refused = PermanentJobError(f"the job is {stored.status}; its transcript was not stored")
         else:
             stored.complete(data["text"], data["language"], data["segments"], data["duration"], data.get("model"))
-            settled = settle_for(session, stored) if stored.shadow else []  # a shadow transcript that came first
-            result = stored.result()
+            # shadow transcripts that came first are scored against this one now
+            scored = score_waiting_shadows(session, stored) if stored.shadow else []
+            result = cast("dict[str, Any]", stored.result())  # COMPLETED now
     if refused is not None:  # raised once the run is counted
         raise refused
-    for primary, candidate, wer in settled:
+    for primary, candidate, wer in scored:
         metrics.observe_shadow(primary, candidate, wer)
     return result, True
 
@@ -181,7 +224,7 @@ def mark_held(rt: Runtime, job_id: str, worker_id: str | None) -> None:
         )
 
 
-def begin_inference(rt: Runtime, job_id: str, worker: str | None, worker_id: str | None) -> dict | None:
+def begin_inference(rt: Runtime, job_id: str, worker: str | None, worker_id: str | None) -> dict[str, Any] | None:
     """Mark the job as in inference; returns the stored result if it is already done.
 
     A job found already in inference was being run by a worker that is gone (this is a
@@ -247,7 +290,9 @@ def record_progress(rt: Runtime, job_id: str, seconds: float) -> bool:
         return bool(job.cancel_requested) or job.deleted_at is not None
 
 
-def cancel_running(rt: Runtime, job_id: str, partial: dict[str, Any], claim: Claim | None = None) -> dict | None:
+def cancel_running(
+    rt: Runtime, job_id: str, partial: dict[str, Any], claim: Claim | None = None
+) -> dict[str, Any] | None:
     """A running job stopped at a window boundary: CANCELLED, with what was transcribed
     (kept only while the run's `claim` is still the job's, as complete_job's)."""
     with rt.db.session(write=True) as session:
@@ -259,7 +304,7 @@ def cancel_running(rt: Runtime, job_id: str, partial: dict[str, Any], claim: Cla
         return job.result()
 
 
-def cancel_job(rt: Runtime, job_id: str, owner=ANY) -> Job:
+def cancel_job(rt: Runtime, job_id: str, owner: object = ANY) -> Job:
     """Cancel a job that has not finished: one still waiting never runs; one being
     transcribed stops at its next window boundary (its worker marks it CANCELLED)."""
     with rt.db.session(write=True) as session:
@@ -281,7 +326,7 @@ def cancel_job(rt: Runtime, job_id: str, owner=ANY) -> Job:
     return job
 
 
-def delete_job(rt: Runtime, job_id: str, owner=ANY) -> None:
+def delete_job(rt: Runtime, job_id: str, owner: object = ANY) -> None:
     """Remove a job's audio and transcript for good; a running job is cancelled first.
     The row stays, emptied, so that a late message finds the job gone."""
     with rt.db.session(write=True) as session:
@@ -306,8 +351,9 @@ def delete_job(rt: Runtime, job_id: str, owner=ANY) -> None:
     log.info("job %s deleted", job_id)
 
 
-def list_jobs(rt: Runtime, status: str | None = None, limit: int = 50,
-              cursor: tuple[Any, str] | None = None, owner=ANY) -> tuple[list[Job], tuple[Any, str] | None]:
+def list_jobs(
+    rt: Runtime, status: str | None = None, limit: int = 50, cursor: tuple[Any, str] | None = None, owner: object = ANY
+) -> tuple[list[Job], tuple[Any, str] | None]:
     """Jobs newest first; `cursor` is the (created_at, id) of the last job of the previous
     page. Returns the page and the next cursor (None on the last page)."""
     query = select(Job).where(Job.deleted_at.is_(None))

@@ -1,4 +1,5 @@
 """The Job record: the source of truth for a transcription, whatever the broker says."""
+
 from __future__ import annotations
 
 import enum
@@ -10,7 +11,9 @@ from typing import Any
 from sqlalchemy import JSON, Float, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from models.db import Base, UTCDateTime, utcnow  # noqa: F401 - utcnow is part of this API
+from models.db import Base
+from models.db import UTCDateTime as UTCDateTime  # UTCDateTime and utcnow are also part of this API
+from models.db import utcnow as utcnow
 from models.security.crypto import SealedAttribute
 
 
@@ -53,6 +56,7 @@ FINISHED = tuple(status.value for status in JobStatus if status.finished)
 class Stage(str, enum.Enum):
     """Where a PROCESSING job is: decoded in the preparation pool, waiting for the speech
     model, or being transcribed. Stored as its value (`.value` in rows and SQL)."""
+
     PREPARE = "prepare"
     QUEUED = "queued"
     INFER = "infer"
@@ -68,10 +72,12 @@ class InvalidTransition(RuntimeError):
 # sweeper wrongly gave up on finishing after all (its transcript is as good as any).
 # A client may cancel a job that has not finished.
 TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
-    JobStatus.PENDING: frozenset({JobStatus.PROCESSING, JobStatus.FAILED, JobStatus.EXPIRED, JobStatus.COMPLETED,
-                                  JobStatus.CANCELLED}),
-    JobStatus.PROCESSING: frozenset({JobStatus.PROCESSING, JobStatus.PENDING, JobStatus.COMPLETED, JobStatus.FAILED,
-                                     JobStatus.CANCELLED}),
+    JobStatus.PENDING: frozenset(
+        {JobStatus.PROCESSING, JobStatus.FAILED, JobStatus.EXPIRED, JobStatus.COMPLETED, JobStatus.CANCELLED}
+    ),
+    JobStatus.PROCESSING: frozenset(
+        {JobStatus.PROCESSING, JobStatus.PENDING, JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED}
+    ),
     JobStatus.COMPLETED: frozenset(),
     JobStatus.FAILED: frozenset({JobStatus.PENDING}),
     JobStatus.EXPIRED: frozenset(),
@@ -79,8 +85,12 @@ TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
 }
 
 # The webhook event each final state sends.
-EVENTS = {JobStatus.COMPLETED: "job.completed", JobStatus.FAILED: "job.failed",
-          JobStatus.CANCELLED: "job.cancelled", JobStatus.EXPIRED: "job.expired"}
+EVENTS = {
+    JobStatus.COMPLETED: "job.completed",
+    JobStatus.FAILED: "job.failed",
+    JobStatus.CANCELLED: "job.cancelled",
+    JobStatus.EXPIRED: "job.expired",
+}
 
 
 # What a job whose transcript retention deleted says instead of its transcript.
@@ -228,8 +238,14 @@ class Job(Base):
         self.next_attempt_at = None
         self.progress_seconds = None
 
-    def complete(self, text: str, language: str | None, segments: list[dict[str, Any]], duration: float | None,
-                 made_by: dict[str, Any] | None = None) -> None:
+    def complete(
+        self,
+        text: str,
+        language: str | None,
+        segments: list[dict[str, Any]],
+        duration: float | None,
+        made_by: dict[str, Any] | None = None,
+    ) -> None:
         self._move(JobStatus.COMPLETED)
         self._made_by(made_by)
         self.result_text = text
@@ -328,7 +344,10 @@ class Job(Base):
             "notice": RESULT_PURGED if self.result_purged_at is not None else None,
             "collect": bool(self.collect),
             # A client's correction (models.jobs.corrections), kept beside the original `result`.
-            "correction": None if self.correction_token is None or self.result_purged_at is not None else {
+            "correction": None
+            if self.correction_token is None or self.result_purged_at is not None
+            else {
                 **{k: (self.correction or {}).get(k) for k in ("text", "segments")},
-                "corrected_at": iso(self.corrected_at)},
+                "corrected_at": iso(self.corrected_at),
+            },
         }

@@ -6,22 +6,25 @@ The client sees only the primary's transcript. Each shadow transcript is a row h
 primary's words as the reference), computed once both exist: `whisperq models compare`
 and the metric ``whisperq_shadow_wer`` report it per pair of models.
 """
+
 from __future__ import annotations
 
 import re
 import unicodedata
 import uuid
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import Float, String, Text, delete, func, select
 from sqlalchemy.orm import Mapped, mapped_column
 
-from models.db import Base, UTCDateTime, utcnow
+from models.db import Base, UTCDateTime, rowcount, utcnow
 from models.jobs.record import Job, JobStatus
 from models.security.crypto import SealedAttribute
 
 if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
     from models.runtime import Runtime
 
 
@@ -76,60 +79,79 @@ def record_shadow(rt: Runtime, job_id: str, model: str, version: str | None, tex
         row.text = text
         session.add(row)
         session.flush()
-        _settle(job, row)
+        _score(job, row)
         if row.wer is not None:
             metrics.observe_shadow(row.primary_model, row.model, row.wer)
         return row
 
 
-def settle_for(session, job: Job) -> list[tuple[str, str, float]]:
+def score_waiting_shadows(session: Session, job: Job) -> list[tuple[str | None, str, float]]:
     """The job's transcript is stored: compare it with shadow transcripts that came first.
     Returns (primary, candidate, wer) of each comparison made, for the metrics."""
     out = []
-    for row in session.execute(select(ShadowResult).where(ShadowResult.job_id == job.id,
-                                                          ShadowResult.wer.is_(None))).scalars():
-        _settle(job, row)
+    for row in session.execute(
+        select(ShadowResult).where(ShadowResult.job_id == job.id, ShadowResult.wer.is_(None))
+    ).scalars():
+        _score(job, row)
         if row.wer is not None:
             out.append((row.primary_model, row.model, row.wer))
     return out
 
 
-def _settle(job: Job, row: ShadowResult) -> None:
+def _score(job: Job, row: ShadowResult) -> None:
+    """Score a shadow transcript against the job's own (its word error rate), once the job is COMPLETED."""
     if job.state is not JobStatus.COMPLETED or job.result_purged_at is not None:
         return
     row.primary_model, row.primary_version = job.model, job.model_version
     row.wer = round(word_error_rate(job.result_text or "", row.text or ""), 4)
 
 
-def forget_shadows(session, job_ids: list[str]) -> int:
+def forget_shadows(session: Session, job_ids: list[str]) -> int:
     """Deleting a job (or retention purging its transcript) takes its shadow transcripts too."""
     if not job_ids:
         return 0
-    return session.execute(delete(ShadowResult).where(ShadowResult.job_id.in_(job_ids)),
-                           execution_options={"synchronize_session": False}).rowcount or 0
+    return (
+        rowcount(
+            session.execute(
+                delete(ShadowResult).where(ShadowResult.job_id.in_(job_ids)),
+                execution_options={"synchronize_session": False},
+            )
+        )
+        or 0
+    )
 
 
 def compare(rt: Runtime, model: str | None = None) -> list[dict[str, Any]]:
     """Agreement per (primary, candidate, candidate version): jobs compared, mean and median WER,
     and the share of jobs where the two agree word for word."""
-    query = select(ShadowResult.primary_model, ShadowResult.model, ShadowResult.model_version, ShadowResult.wer
-                   ).where(ShadowResult.wer.is_not(None))
+    query = select(ShadowResult.primary_model, ShadowResult.model, ShadowResult.model_version, ShadowResult.wer).where(
+        ShadowResult.wer.is_not(None)
+    )
     if model:
         query = query.where((ShadowResult.model == model) | (ShadowResult.primary_model == model))
-    groups: dict[tuple, list[float]] = {}
+    groups: dict[tuple[str | None, str, str | None], list[float]] = {}
     with rt.db.session() as session:
         for primary, candidate, version, wer in session.execute(query):
-            groups.setdefault((primary, candidate, version), []).append(wer)
-        waiting = session.execute(select(func.count()).select_from(ShadowResult).where(ShadowResult.wer.is_(None))
-                                  ).scalar_one()
+            groups.setdefault((primary, candidate, version), []).append(cast(float, wer))  # compared rows only
+        waiting = session.execute(
+            select(func.count()).select_from(ShadowResult).where(ShadowResult.wer.is_(None))
+        ).scalar_one()
     out = []
     for (primary, candidate, version), wers in sorted(groups.items(), key=lambda kv: tuple(map(str, kv[0]))):
         wers.sort()
         n = len(wers)
         median = wers[n // 2] if n % 2 else (wers[n // 2 - 1] + wers[n // 2]) / 2
-        out.append({"primary": primary, "candidate": candidate, "candidate_version": version, "jobs": n,
-                    "mean_wer": round(sum(wers) / n, 4), "median_wer": round(median, 4),
-                    "identical": round(sum(w == 0 for w in wers) / n, 4)})
+        out.append(
+            {
+                "primary": primary,
+                "candidate": candidate,
+                "candidate_version": version,
+                "jobs": n,
+                "mean_wer": round(sum(wers) / n, 4),
+                "median_wer": round(median, 4),
+                "identical": round(sum(w == 0 for w in wers) / n, 4),
+            }
+        )
     if waiting:
         out.append({"waiting_for_primary": waiting})
     return out

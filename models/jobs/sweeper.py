@@ -12,16 +12,18 @@ run was cut short and counts as an attempt, so a job that keeps killing its work
 in the dead-letter store; a message lost while it waited costs nothing. A late
 redelivery of an old message finds the job done and does nothing.
 """
+
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, cast
 
 from sqlalchemy import func, select
 
-from models.jobs.deadletter import bury
+from models.jobs.deadletter import move_to_dead_letters
 from models.jobs.idempotency import forget_old
 from models.jobs.record import Job, JobStatus, Stage, utcnow
 
@@ -48,9 +50,14 @@ class SweepReport:
     notifications_resent: int = 0
 
 
-def sweep(rt: Runtime, holdings: dict[str, set[str]], broker: Broker | None = None,
-          grace: timedelta = GRACE, waiting: set[str] | None = None,
-          confirm: Callable[[set[str]], set[str]] | None = None) -> SweepReport:
+def sweep(
+    rt: Runtime,
+    holdings: dict[str, set[str]],
+    broker: Broker | None = None,
+    grace: timedelta = GRACE,
+    waiting: set[str] | None = None,
+    confirm: Callable[[set[str]], set[str]] | None = None,
+) -> SweepReport:
     """One pass. `holdings` maps each worker process that answered now to the job ids it
     holds; `broker` (the runtime's by default) sends a job's transcribe message again; `waiting` is the ids
     whose messages wait in the broker's queues, read before `holdings`, or None where the
@@ -58,12 +65,13 @@ def sweep(rt: Runtime, holdings: dict[str, set[str]], broker: Broker | None = No
     second look and returns those still neither waiting nor held."""
     report = SweepReport()
     now = utcnow()
-    publish = (broker or rt.broker).publish_job
+    publish = cast("Broker", broker or rt.broker).publish_job
     ttl = timedelta(seconds=rt.settings.job_ttl_seconds)
     with rt.db.session() as session:
         queued_since = func.coalesce(Job.queued_at, Job.created_at)
-        for job in session.scalars(select(Job).where(Job.status == JobStatus.PENDING.value, Job.attempts == 0,
-                                                     queued_since < now - ttl)):
+        for job in session.scalars(
+            select(Job).where(Job.status == JobStatus.PENDING.value, Job.attempts == 0, queued_since < now - ttl)
+        ):
             job.expire()
             report.expired.append(job.id)
     with rt.db.session() as session:
@@ -73,16 +81,22 @@ def sweep(rt: Runtime, holdings: dict[str, set[str]], broker: Broker | None = No
         held = set().union(*holdings.values())
         stuck: list[tuple[str, str]] = []
         for job in rows:
-            since = max(t for t in (job.started_at, job.held_at, job.created_at, job.queued_at, job.next_attempt_at)
-                        if t is not None)
-            over_limit = job.state is JobStatus.PROCESSING and (job.started_at or since) + timedelta(
-                seconds=rt.settings.time_limit(job.audio_duration)) < now
+            since = max(
+                t
+                for t in (job.started_at, job.held_at, job.created_at, job.queued_at, job.next_attempt_at)
+                if t is not None
+            )
+            over_limit = (
+                job.state is JobStatus.PROCESSING
+                and (job.started_at or since) + timedelta(seconds=rt.settings.time_limit(job.audio_duration)) < now
+            )
             if over_limit:
                 stuck.append((job.id, "past its time limit"))
             elif waiting is not None and job.id not in waiting and job.id not in held and since < now - grace:
                 if job.state is JobStatus.PROCESSING and job.stage in (Stage.PREPARE, Stage.INFER):
                     gone = job.worker_id not in holdings
-                    stuck.append((job.id, f"its worker {job.worker_id} is gone" if gone else "its worker no longer holds it"))
+                    why = f"its worker {job.worker_id} is gone" if gone else "its worker no longer holds it"
+                    stuck.append((job.id, why))
                 else:
                     stuck.append((job.id, LOST))
     unseen = {job_id for job_id, why in stuck if why != "past its time limit"}
@@ -107,7 +121,9 @@ def sweep(rt: Runtime, holdings: dict[str, set[str]], broker: Broker | None = No
                 session.flush()
                 session.expunge(job)
         if exhausted:
-            bury(rt, job_id, "whisperq.transcribe", f"attempt {job.attempts} did not finish: {why}", None)
+            move_to_dead_letters(
+                rt, job_id, "whisperq.transcribe", f"attempt {job.attempts} did not finish: {why}", None
+            )
             report.dead.append(job_id)
         else:
             publish(job)
@@ -116,8 +132,11 @@ def sweep(rt: Runtime, holdings: dict[str, set[str]], broker: Broker | None = No
     # A retry whose delayed message was lost with its worker: publish it again.
     with rt.db.session() as session:
         lost = session.scalars(
-            select(Job).where(Job.status == JobStatus.PENDING.value, Job.next_attempt_at.is_not(None),
-                              Job.next_attempt_at < now - LOST_RETRY)
+            select(Job).where(
+                Job.status == JobStatus.PENDING.value,
+                Job.next_attempt_at.is_not(None),
+                Job.next_attempt_at < now - LOST_RETRY,
+            )
         ).all()
         for job in lost:
             job.next_attempt_at = now

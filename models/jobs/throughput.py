@@ -14,12 +14,14 @@ models.speech.windows), so a recording's length says little of its cost.
 The figures go out in the worker's heartbeat (models.jobs.workers), at most a second after
 a batch, for the estimates (models.jobs.eta) to read.
 """
+
 from __future__ import annotations
 
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
 
 # The batches a meter remembers: the pool's recent past, not the morning's.
 HISTORY = 48
@@ -53,14 +55,18 @@ class Meter:
         window, speech = _fit(batches)
         side_by_side = _running(spans)
         taken: dict[int, list[float]] = {}
-        for (took, w, a), k in zip(batches, side_by_side):
+        for (took, w, a), k in zip(batches, side_by_side, strict=True):
             fitted = window * w + speech * a
             if fitted > 0:
                 sums = taken.setdefault(max(1, round(k)), [0.0, 0.0])
                 sums[0] += took
                 sums[1] += fitted
-        return dict(out, window=round(window, 4), speech=round(speech, 5),
-                    slowdown={str(k): round(t / f, 3) for k, (t, f) in sorted(taken.items())})
+        return dict(
+            out,
+            window=round(window, 4),
+            speech=round(speech, 5),
+            slowdown={str(k): round(t / f, 3) for k, (t, f) in sorted(taken.items())},
+        )
 
 
 def _fit(batches: list[tuple[float, int, float]]) -> tuple[float, float]:
@@ -98,8 +104,9 @@ _lock = threading.Lock()
 _news = threading.Event()
 
 
-def metered(run_batch: Callable[[Hashable, list[Any]], Sequence[Any]], model: str, lanes: int, batch: int,
-            sample_rate: int) -> Callable[[Hashable, list[Any]], Sequence[Any]]:
+def metered(
+    run_batch: Callable[[Hashable, list[Any]], Sequence[Any]], model: str, lanes: int, batch: int, sample_rate: int
+) -> Callable[[Hashable, list[Any]], Sequence[Any]]:
     """`run_batch` (models.speech.batching.Batcher's), timed into `model`'s meter. Its payloads
     are (samples, ...) at `sample_rate`."""
     with _lock:

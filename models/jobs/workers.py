@@ -3,8 +3,10 @@ pool it serves (an inference worker: which models), how many jobs it can hold, a
 it runs on with that host's free disk (its data dir) and memory, and (an inference worker)
 the speed its batches reach (models.jobs.throughput). Estimates, `/readyz`, the metrics and
 `whisperq status` read them: the database is what every host shares."""
+
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -17,11 +19,13 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import JSON, BigInteger, Integer, String, delete, select
 from sqlalchemy.orm import Mapped, mapped_column
 
-from models.db import Base
-from models.db import UTCDateTime, utcnow
+from models.db import Base, UTCDateTime, utcnow
 from models.jobs import throughput
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
+
     from models.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -54,7 +58,7 @@ class WorkerHeartbeat(Base):
     throughput: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
-def host_figures(data_dir) -> dict[str, int | str | None]:
+def host_figures(data_dir: str | os.PathLike[str]) -> dict[str, int | str | None]:
     """This host's name, the free and total bytes of the file system its data dir is on
     (where spools and, on local storage, the audio go) and its available and total memory."""
     figures: dict[str, int | str | None] = {"host": socket.gethostname()}
@@ -67,7 +71,7 @@ def host_figures(data_dir) -> dict[str, int | str | None]:
     return figures
 
 
-def _existing(path):
+def _existing(path: str | os.PathLike[str]) -> Path:
     from pathlib import Path
 
     path = Path(path)
@@ -85,21 +89,39 @@ def _memory() -> dict[str, int | None]:
     except (OSError, ValueError):
         try:
             page = os.sysconf("SC_PAGE_SIZE")
-            return {"memory_available_bytes": page * os.sysconf("SC_AVPHYS_PAGES"),
-                    "memory_total_bytes": page * os.sysconf("SC_PHYS_PAGES")}
+            return {
+                "memory_available_bytes": page * os.sysconf("SC_AVPHYS_PAGES"),
+                "memory_total_bytes": page * os.sysconf("SC_PHYS_PAGES"),
+            }
         except (ValueError, OSError, AttributeError):
             return {"memory_available_bytes": None, "memory_total_bytes": None}
 
 
-def beat(rt: Runtime, worker_id: str, hostname: str, pool: str, slots: int, started_at: datetime,
-         models: tuple[str, ...] = ()) -> None:
+def beat(
+    rt: Runtime,
+    worker_id: str,
+    hostname: str,
+    pool: str,
+    slots: int,
+    started_at: datetime,
+    models: tuple[str, ...] = (),
+) -> None:
     figures = dict(host_figures(rt.settings.data_dir), throughput=throughput.figures())
     with rt.db.session() as session:
         row = session.get(WorkerHeartbeat, worker_id)
         if row is None:
-            session.add(WorkerHeartbeat(worker_id=worker_id, hostname=hostname, pool=pool, slots=slots,
-                                        started_at=started_at, last_seen_at=utcnow(), models=",".join(models) or None,
-                                        **figures))
+            session.add(
+                WorkerHeartbeat(
+                    worker_id=worker_id,
+                    hostname=hostname,
+                    pool=pool,
+                    slots=slots,
+                    started_at=started_at,
+                    last_seen_at=utcnow(),
+                    models=",".join(models) or None,
+                    **figures,
+                )
+            )
         else:
             row.last_seen_at = utcnow()
             for name, value in figures.items():
@@ -117,13 +139,24 @@ def alive(rt: Runtime, pool: str | None = None, now: datetime | None = None) -> 
     if pool is not None:
         query = query.where(WorkerHeartbeat.pool == pool)
     with rt.db.session() as session:
-        return [{"worker_id": w.worker_id, "hostname": w.hostname, "pool": w.pool, "slots": w.slots,
-                 "started_at": w.started_at, "last_seen_at": w.last_seen_at,
-                 "models": w.models.split(",") if w.models else [],
-                 "host": w.host or w.hostname.rsplit("@", 1)[-1], "disk_free_bytes": w.disk_free_bytes,
-                 "disk_total_bytes": w.disk_total_bytes, "memory_available_bytes": w.memory_available_bytes,
-                 "memory_total_bytes": w.memory_total_bytes, "throughput": w.throughput or {}}
-                for w in session.scalars(query)]
+        return [
+            {
+                "worker_id": w.worker_id,
+                "hostname": w.hostname,
+                "pool": w.pool,
+                "slots": w.slots,
+                "started_at": w.started_at,
+                "last_seen_at": w.last_seen_at,
+                "models": w.models.split(",") if w.models else [],
+                "host": w.host or w.hostname.rsplit("@", 1)[-1],
+                "disk_free_bytes": w.disk_free_bytes,
+                "disk_total_bytes": w.disk_total_bytes,
+                "memory_available_bytes": w.memory_available_bytes,
+                "memory_total_bytes": w.memory_total_bytes,
+                "throughput": w.throughput or {},
+            }
+            for w in session.scalars(query)
+        ]
 
 
 def by_host(workers: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -148,8 +181,9 @@ def served_models(rt: Runtime, now: datetime | None = None) -> set[str]:
     return {m for w in alive(rt, pool="inference", now=now) for m in w["models"]}
 
 
-def start_heartbeat(get_rt, worker_id: str, hostname: str, pool: str, slots: int,
-                    models: tuple[str, ...] = ()) -> threading.Event:
+def start_heartbeat(
+    get_rt: Callable[[], Runtime], worker_id: str, hostname: str, pool: str, slots: int, models: tuple[str, ...] = ()
+) -> threading.Event:
     """Beat from a daemon thread until the returned event is set: every INTERVAL, and within a
     second of a batch when the pool's speed moved (a burst's estimates need it at once)."""
     stop = threading.Event()
@@ -166,10 +200,8 @@ def start_heartbeat(get_rt, worker_id: str, hostname: str, pool: str, slots: int
                 due = time.monotonic() + INTERVAL
             if stop.wait(NEWS_INTERVAL):
                 break
-        try:
+        with contextlib.suppress(Exception):
             forget(get_rt(), worker_id)
-        except Exception:
-            pass
 
     threading.Thread(target=run, name="whisperq-heartbeat", daemon=True).start()
     return stop

@@ -17,6 +17,7 @@ The files are the decrypted audio: what the export makes is readable by its owne
 itself and renamed into place, and metadata.jsonl is renamed into place last, after every
 file it names is on disk. A job deleted while an export runs is left out of it.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,16 +26,16 @@ import os
 import re
 import wave
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 from sqlalchemy import or_, select
 
 from config import private_dir
-
 from models.errors import InvalidRequest, UnsupportedAudio
 from models.jobs.record import Job, JobStatus
 from models.security.crypto import DecryptionError
@@ -59,12 +60,19 @@ class ExportReport:
     exported: int = 0
     corrected: int = 0
     seconds: float = 0.0  # of audio exported
-    skipped: Counter = field(default_factory=Counter)  # why collected jobs were left out: reason -> count
+    skipped: Counter[str] = field(default_factory=Counter)  # why collected jobs were left out: reason -> count
 
 
-def export_dataset(rt: Runtime, out_dir: str | Path, *, since: datetime | None = None, model: str | None = None,
-                   corrected_only: bool = False, overwrite: bool = False,
-                   progress: Callable[[str], None] | None = None) -> ExportReport:
+def export_dataset(
+    rt: Runtime,
+    out_dir: str | Path,
+    *,
+    since: datetime | None = None,
+    model: str | None = None,
+    corrected_only: bool = False,
+    overwrite: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> ExportReport:
     """Write the collected jobs (made from `since` on, by `model`, only those a client
     corrected: each if given) into `out_dir`, new or empty (or, with `overwrite`, holding an
     earlier export, which is replaced)."""
@@ -86,12 +94,16 @@ def export_dataset(rt: Runtime, out_dir: str | Path, *, since: datetime | None =
         partial.unlink(missing_ok=True)  # the WAVs written stay, named by nothing: --overwrite replaces them
         raise
     _sync_dir(out)
-    log.info("dataset export: %d jobs (%.0f s of audio) exported, %d skipped", report.exported, report.seconds,
-             sum(report.skipped.values()))
+    log.info(
+        "dataset export: %d jobs (%.0f s of audio) exported, %d skipped",
+        report.exported,
+        report.seconds,
+        sum(report.skipped.values()),
+    )
     return report
 
 
-def _export_batch(rt: Runtime, ids: list[str], data: Path, meta, report: ExportReport) -> None:
+def _export_batch(rt: Runtime, ids: list[str], data: Path, meta: IO[str], report: ExportReport) -> None:
     lines = {}
     for job in _load(rt, ids):
         line = _export_one(rt, job, data, report.skipped)
@@ -115,8 +127,10 @@ def _prepare(out: Path, overwrite: bool) -> None:
         raise InvalidRequest(f"{out} is a file; give the path of a new or empty directory for the export")
     if out.is_dir() and any(out.iterdir()):
         if not overwrite:
-            raise InvalidRequest(f"{out} is not empty; give a new or empty directory, or pass --overwrite to "
-                                 "replace an earlier export there")
+            raise InvalidRequest(
+                f"{out} is not empty; give a new or empty directory, or pass --overwrite to "
+                "replace an earlier export there"
+            )
         data = out / DATA
         strangers = [p.name for p in out.iterdir() if p.name not in (METADATA, PARTIAL, DATA)]
         if data.is_symlink() or (data.exists() and not data.is_dir()):
@@ -124,8 +138,10 @@ def _prepare(out: Path, overwrite: bool) -> None:
         elif data.is_dir():
             strangers += [f"{DATA}/{p.name}" for p in data.iterdir() if not (_WRITTEN.match(p.name) and p.is_file())]
         if strangers:
-            raise InvalidRequest(f"{out} holds {strangers[0]!r}, which an export does not write; --overwrite "
-                                 "replaces only an earlier export: give a new or empty directory")
+            raise InvalidRequest(
+                f"{out} holds {strangers[0]!r}, which an export does not write; --overwrite "
+                "replaces only an earlier export: give a new or empty directory"
+            )
         (out / METADATA).unlink(missing_ok=True)
         (out / PARTIAL).unlink(missing_ok=True)
         if data.is_dir():
@@ -134,12 +150,14 @@ def _prepare(out: Path, overwrite: bool) -> None:
     private_dir(out / DATA)
 
 
-def _candidates(rt: Runtime, since: datetime | None, model: str | None, corrected_only: bool,
-                skipped: Counter) -> Iterator[str]:
+def _candidates(
+    rt: Runtime, since: datetime | None, model: str | None, corrected_only: bool, skipped: Counter[str]
+) -> Iterator[str]:
     """The ids of the collected jobs to export, oldest first; those that cannot be are
     counted in `skipped`, by reason."""
-    query = select(Job.id, Job.status, Job.deleted_at, Job.audio_purged_at, Job.result_purged_at, Job.audio_ref
-                   ).where(Job.collect.is_(True))
+    query = select(Job.id, Job.status, Job.deleted_at, Job.audio_purged_at, Job.result_purged_at, Job.audio_ref).where(
+        Job.collect.is_(True)
+    )
     if since is not None:
         query = query.where(Job.created_at >= since)
     if model is not None:
@@ -156,7 +174,7 @@ def _candidates(rt: Runtime, since: datetime | None, model: str | None, correcte
             skipped[reason] += 1
 
 
-def _left_out(row) -> str | None:
+def _left_out(row: Any) -> str | None:
     if row.deleted_at is not None:
         return "deleted"
     if row.status != JobStatus.COMPLETED.value:
@@ -189,11 +207,12 @@ def _load(rt: Runtime, ids: list[str]) -> list[Job]:
     return jobs
 
 
-def _export_one(rt: Runtime, job: Job, data: Path, skipped: Counter) -> dict | None:
+def _export_one(rt: Runtime, job: Job, data: Path, skipped: Counter[str]) -> dict[str, Any] | None:
     """Write the job's WAV; its metadata line, or None (counted in `skipped`) if its audio
     cannot be read now."""
-    if _left_out(job) is not None:  # changed since the ids were read
-        skipped[_left_out(job)] += 1
+    reason = _left_out(job)
+    if reason is not None:  # changed since the ids were read
+        skipped[reason] += 1
         return None
     try:
         with rt.storage.open(job.audio_ref) as fh:
@@ -247,11 +266,19 @@ def _gone_meanwhile(rt: Runtime, ids: list[str]) -> list[str]:
     if not ids:
         return []
     with rt.db.session() as session:
-        return list(session.scalars(select(Job.id).where(Job.id.in_(ids), or_(
-            Job.deleted_at.is_not(None), Job.audio_purged_at.is_not(None), Job.result_purged_at.is_not(None)))))
+        return list(
+            session.scalars(
+                select(Job.id).where(
+                    Job.id.in_(ids),
+                    or_(
+                        Job.deleted_at.is_not(None), Job.audio_purged_at.is_not(None), Job.result_purged_at.is_not(None)
+                    ),
+                )
+            )
+        )
 
 
-def _private(path: Path, mode: str, **kwargs):
+def _private(path: Path, mode: str, **kwargs: Any) -> IO[Any]:
     """A new file readable by its owner alone, open for writing."""
     return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), mode, **kwargs)
 

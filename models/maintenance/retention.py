@@ -20,17 +20,20 @@ BATCH rows, each its own transaction with its rows locked (SKIP LOCKED on Postgr
 write lock on SQLite), so a backlog holds no lock for long and two overlapping runs share
 the work instead of doing it twice; every step is idempotent. Logs carry counts only.
 """
+
 from __future__ import annotations
 
 import logging
 import re
 import stat
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import delete, func, select, update
 
+from models.db import rowcount
 from models.delivery.notify import WebhookDelivery
 from models.jobs.deadletter import DeadLetter
 from models.jobs.record import Job, JobStatus, utcnow
@@ -38,6 +41,8 @@ from models.jobs.shadows import forget_shadows
 from models.storage import prepared_ref
 
 if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
     from models.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -56,8 +61,16 @@ def run_retention(rt: Runtime, now: datetime | None = None, batch: int = BATCH) 
     """One pass; returns what it deleted, as counts. With a broker on the runtime, purged
     jobs' result-backend entries go too."""
     now = now or utcnow()
-    counts = dict(audio_purged=0, results_purged=0, files_deleted=0, webhook_deliveries_deleted=0,
-                  dead_letters_deleted=0, tmp_deleted=0, orphans_deleted=0, errors=0)
+    counts = dict(
+        audio_purged=0,
+        results_purged=0,
+        files_deleted=0,
+        webhook_deliveries_deleted=0,
+        dead_letters_deleted=0,
+        tmp_deleted=0,
+        orphans_deleted=0,
+        errors=0,
+    )
     settings = rt.settings
     if settings.audio_retention_seconds is not None:
         _purge_audio(rt, now - timedelta(seconds=settings.audio_retention_seconds), now, batch, counts)
@@ -67,25 +80,35 @@ def run_retention(rt: Runtime, now: datetime | None = None, batch: int = BATCH) 
         _purge_batches(rt, now - timedelta(seconds=settings.result_retention_seconds), batch, counts)
     _sweep_tmp(rt, now, counts)
     _sweep_orphans(rt, now, batch, counts)
-    log.info("retention: audio of %d jobs and results of %d jobs deleted (%d files, %d webhook deliveries, "
-             "%d dead letters); %d stale uploads and %d orphaned files removed; %d errors",
-             counts["audio_purged"], counts["results_purged"], counts["files_deleted"],
-             counts["webhook_deliveries_deleted"], counts["dead_letters_deleted"], counts["tmp_deleted"],
-             counts["orphans_deleted"], counts["errors"])
+    log.info(
+        "retention: audio of %d jobs and results of %d jobs deleted (%d files, %d webhook deliveries, "
+        "%d dead letters); %d stale uploads and %d orphaned files removed; %d errors",
+        counts["audio_purged"],
+        counts["results_purged"],
+        counts["files_deleted"],
+        counts["webhook_deliveries_deleted"],
+        counts["dead_letters_deleted"],
+        counts["tmp_deleted"],
+        counts["orphans_deleted"],
+        counts["errors"],
+    )
     from models.jobs import metrics
 
     metrics.count_purged(counts)
     return counts
 
 
-def _due(rt: Runtime, session, marker, cutoff: datetime, batch: int) -> list:
+def _due(rt: Runtime, session: Session, marker: Any, cutoff: datetime, batch: int) -> list[Any]:
     """The next batch of ended jobs past `cutoff` not yet purged, locked for this run:
     (id, audio_ref, audio_owned) only. Transcripts are never loaded, so a row encrypted
     with a key no longer configured is purged all the same."""
     ended = func.coalesce(Job.finished_at, Job.created_at)
-    query = (select(Job.id, Job.audio_ref, Job.audio_owned)
-             .where(Job.status.in_(FINISHED), marker.is_(None), ended < cutoff)
-             .order_by(ended).limit(batch))
+    query = (
+        select(Job.id, Job.audio_ref, Job.audio_owned)
+        .where(Job.status.in_(FINISHED), marker.is_(None), ended < cutoff)
+        .order_by(ended)
+        .limit(batch)
+    )
     if not rt.db.url.startswith("sqlite"):  # SQLite: the session holds the write lock already
         query = query.with_for_update(skip_locked=True)
     return list(session.execute(query).all())
@@ -107,11 +130,17 @@ def _purge_audio(rt: Runtime, cutoff: datetime, now: datetime, batch: int, count
             rows = _due(rt, session, Job.audio_purged_at, cutoff, batch)
             ours = [r for r in rows if r.audio_owned and r.audio_ref and rt.storage.owns(r.audio_ref)]
             if rows:
-                session.execute(update(Job).where(Job.id.in_([r.id for r in rows]), Job.audio_purged_at.is_(None))
-                                .values(audio_purged_at=now), execution_options={"synchronize_session": False})
+                session.execute(
+                    update(Job)
+                    .where(Job.id.in_([r.id for r in rows]), Job.audio_purged_at.is_(None))
+                    .values(audio_purged_at=now),
+                    execution_options={"synchronize_session": False},
+                )
             if ours:
-                session.execute(update(Job).where(Job.id.in_([r.id for r in ours])).values(audio_ref=""),
-                                execution_options={"synchronize_session": False})
+                session.execute(
+                    update(Job).where(Job.id.in_([r.id for r in ours])).values(audio_ref=""),
+                    execution_options={"synchronize_session": False},
+                )
             # Deleted under the rows' locks, before the commit: a crash in between leaves
             # the rows unmarked, and the next run deletes again (the files are gone: no-op).
             # A file the caller owns is never touched: only its prepared copy goes.
@@ -124,8 +153,14 @@ def _purge_audio(rt: Runtime, cutoff: datetime, now: datetime, batch: int, count
             return
 
 
-def _purge_results(rt: Runtime, cutoff: datetime, now: datetime, batch: int, counts: dict[str, int],
-                   forget: Callable[[str], None] | None) -> None:
+def _purge_results(
+    rt: Runtime,
+    cutoff: datetime,
+    now: datetime,
+    batch: int,
+    counts: dict[str, int],
+    forget: Callable[[str], None] | None,
+) -> None:
     while True:
         with rt.db.session(write=True) as session:
             rows = _due(rt, session, Job.result_purged_at, cutoff, batch)
@@ -133,21 +168,46 @@ def _purge_results(rt: Runtime, cutoff: datetime, now: datetime, batch: int, cou
             theirs = [r.id for r in rows if not r.audio_owned]
             if ids:
                 session.execute(
-                    update(Job).where(Job.id.in_(ids), Job.result_purged_at.is_(None))
-                    .values(result_text_token=None, result_segments_token=None, result_language=None, filename=None,
-                            prompt=None, audio_url=None, callback_url=None, correction_token=None, corrected_at=None,
-                            result_purged_at=now),
-                    execution_options={"synchronize_session": False})
-                counts["webhook_deliveries_deleted"] += session.execute(
-                    delete(WebhookDelivery).where(WebhookDelivery.job_id.in_(ids)),
-                    execution_options={"synchronize_session": False}).rowcount or 0
-                counts["dead_letters_deleted"] += session.execute(
-                    delete(DeadLetter).where(DeadLetter.job_id.in_(ids)),
-                    execution_options={"synchronize_session": False}).rowcount or 0
+                    update(Job)
+                    .where(Job.id.in_(ids), Job.result_purged_at.is_(None))
+                    .values(
+                        result_text_token=None,
+                        result_segments_token=None,
+                        result_language=None,
+                        filename=None,
+                        prompt=None,
+                        audio_url=None,
+                        callback_url=None,
+                        correction_token=None,
+                        corrected_at=None,
+                        result_purged_at=now,
+                    ),
+                    execution_options={"synchronize_session": False},
+                )
+                counts["webhook_deliveries_deleted"] += (
+                    rowcount(
+                        session.execute(
+                            delete(WebhookDelivery).where(WebhookDelivery.job_id.in_(ids)),
+                            execution_options={"synchronize_session": False},
+                        )
+                    )
+                    or 0
+                )
+                counts["dead_letters_deleted"] += (
+                    rowcount(
+                        session.execute(
+                            delete(DeadLetter).where(DeadLetter.job_id.in_(ids)),
+                            execution_options={"synchronize_session": False},
+                        )
+                    )
+                    or 0
+                )
                 forget_shadows(session, ids)  # transcripts too
             if theirs:  # the caller's own path goes with the transcript; an owned one with its audio
-                session.execute(update(Job).where(Job.id.in_(theirs)).values(audio_ref=""),
-                                execution_options={"synchronize_session": False})
+                session.execute(
+                    update(Job).where(Job.id.in_(theirs)).values(audio_ref=""),
+                    execution_options={"synchronize_session": False},
+                )
         counts["results_purged"] += len(ids)
         if forget is not None and ids:
             try:
@@ -168,17 +228,29 @@ def _purge_batches(rt: Runtime, cutoff: datetime, batch: int, counts: dict[str, 
 
     while True:
         with rt.db.session(write=True) as session:
-            query = (select(Batch.id).where(Batch.finished_at < cutoff, Batch.callback_url.is_not(None))
-                     .order_by(Batch.finished_at).limit(batch))
+            query = (
+                select(Batch.id)
+                .where(Batch.finished_at < cutoff, Batch.callback_url.is_not(None))
+                .order_by(Batch.finished_at)
+                .limit(batch)
+            )
             if not rt.db.url.startswith("sqlite"):
                 query = query.with_for_update(skip_locked=True)
             ids = list(session.scalars(query).all())
             if ids:
-                session.execute(update(Batch).where(Batch.id.in_(ids)).values(callback_url=None),
-                                execution_options={"synchronize_session": False})
-                counts["webhook_deliveries_deleted"] += session.execute(
-                    delete(WebhookDelivery).where(WebhookDelivery.job_id.in_(ids)),
-                    execution_options={"synchronize_session": False}).rowcount or 0
+                session.execute(
+                    update(Batch).where(Batch.id.in_(ids)).values(callback_url=None),
+                    execution_options={"synchronize_session": False},
+                )
+                counts["webhook_deliveries_deleted"] += (
+                    rowcount(
+                        session.execute(
+                            delete(WebhookDelivery).where(WebhookDelivery.job_id.in_(ids)),
+                            execution_options={"synchronize_session": False},
+                        )
+                    )
+                    or 0
+                )
         if len(ids) < batch:
             return
 
@@ -237,8 +309,12 @@ def _sweep_orphans(rt: Runtime, now: datetime, batch: int, counts: dict[str, int
 def _drop_orphans(rt: Runtime, files: list[tuple[str, str]], counts: dict[str, int]) -> None:
     ids = {job_id for job_id, _ in files}
     with rt.db.session() as session:
-        rows = {row.id: row for row in session.execute(
-            select(Job.id, Job.status, Job.deleted_at, Job.audio_purged_at, Job.audio_ref).where(Job.id.in_(ids)))}
+        rows = {
+            row.id: row
+            for row in session.execute(
+                select(Job.id, Job.status, Job.deleted_at, Job.audio_purged_at, Job.audio_ref).where(Job.id.in_(ids))
+            )
+        }
     for job_id, ref in files:
         row = rows.get(job_id)
         # A live job's files stay, unless it has ended and its audio was purged already

@@ -4,11 +4,13 @@ Safe while the service runs: a file is rewritten and swapped in atomically by it
 (Storage.reseal), only if it is still the file that was read (a job deleted meanwhile stays
 deleted); a transcript is rewritten in a transaction that locks its row.
 """
+
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING
 
 from sqlalchemy import JSON, Text, or_, select, type_coerce
 
@@ -26,8 +28,8 @@ BATCH = 200
 
 @dataclass
 class Usage:
-    files: Counter = field(default_factory=Counter)
-    transcripts: Counter = field(default_factory=Counter)
+    files: Counter[str] = field(default_factory=Counter)
+    transcripts: Counter[str] = field(default_factory=Counter)
 
 
 @dataclass
@@ -46,13 +48,18 @@ def stored_files(rt: Runtime) -> Iterator[str]:
         yield stored.ref
 
 
-def _transcript_rows(rt: Runtime):
+def _transcript_rows(rt: Runtime) -> Iterator[tuple[str, set[str], bool]]:
     """(job id, the key ids of its transcript's values and of a client's correction, whether
     all are bound to the row), reading the raw tokens."""
     table = Job.__table__
-    query = select(table.c.id, type_coerce(table.c.result_text, Text), type_coerce(table.c.result_segments, JSON),
-                   type_coerce(table.c.correction, JSON)).where(
-        or_(table.c.result_text.is_not(None), table.c.result_segments.is_not(None), table.c.correction.is_not(None)))
+    query = select(
+        table.c.id,
+        type_coerce(table.c.result_text, Text),
+        type_coerce(table.c.result_segments, JSON),
+        type_coerce(table.c.correction, JSON),
+    ).where(
+        or_(table.c.result_text.is_not(None), table.c.result_segments.is_not(None), table.c.correction.is_not(None))
+    )
     with rt.db.session() as session:
         for job_id, text, segments, correction in session.execute(query):
             values = [v for v in (text, segments, correction) if v is not None]
@@ -76,12 +83,13 @@ def usage(rt: Runtime) -> Usage:
     return out
 
 
-def _shadow_rows(rt: Runtime):
+def _shadow_rows(rt: Runtime) -> Iterator[tuple[str, str, bool]]:
     """(row id, key id, bound) of each shadow transcript (models.jobs.shadows)."""
     table = ShadowResult.__table__
     with rt.db.session() as session:
-        for row_id, token in session.execute(select(table.c.id, type_coerce(table.c.text, Text))
-                                             .where(table.c.text.is_not(None))):
+        for row_id, token in session.execute(
+            select(table.c.id, type_coerce(table.c.text, Text)).where(table.c.text.is_not(None))
+        ):
             yield row_id, value_key_id(token) or PLAIN, value_is_bound(token)
 
 
@@ -89,7 +97,7 @@ def _rotate_shadows(rt: Runtime, active: str, report: RotationReport) -> None:
     stale = [row_id for row_id, kid, bound in _shadow_rows(rt) if kid != active or not bound]
     for start in range(0, len(stale), BATCH):
         with rt.db.session(write=True) as session:
-            query = select(ShadowResult).where(ShadowResult.id.in_(stale[start:start + BATCH])).with_for_update()
+            query = select(ShadowResult).where(ShadowResult.id.in_(stale[start : start + BATCH])).with_for_update()
             for row in session.execute(query).scalars():
                 try:
                     row.text = row.text  # sealed again under the active key
@@ -125,7 +133,7 @@ def rotate(rt: Runtime, progress: Callable[[str], None] | None = None) -> Rotati
             stale.append(job_id)
     _rotate_shadows(rt, active, report)
     for start in range(0, len(stale), BATCH):
-        batch = stale[start:start + BATCH]
+        batch = stale[start : start + BATCH]
         try:
             report.transcripts_rewritten += _reencrypt_rows(rt, batch)
         except DecryptionError:

@@ -11,13 +11,15 @@ lacks, then stamped, and upgraded from there like any other.
 A change to the tables in models/ needs a new revision here; tests compare the upgraded
 schema with the models on SQLite and PostgreSQL, so a forgotten one fails them.
 """
+
 from __future__ import annotations
 
 import fcntl
 import functools
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import cast
 
 from alembic import command
 from alembic.config import Config
@@ -44,7 +46,7 @@ def config(connection: Connection | None = None, metadata: MetaData | None = Non
 @functools.cache
 def head() -> str:
     """The newest revision (the versions directory is read once per process)."""
-    return ScriptDirectory.from_config(config()).get_current_head()
+    return cast(str, ScriptDirectory.from_config(config()).get_current_head())  # the versions have one head
 
 
 def current(engine: Engine) -> str | None:

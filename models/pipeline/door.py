@@ -29,14 +29,16 @@ Preparation runs the same `admit` for a message that names no job it knows (a ra
 or `transcribe.delay()`), and checks every job's decoded length against its tier's limit, its
 quota and its key's share (models.pipeline.preparation): a header that lied gains nothing.
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from models.access import quotas
 from models.access.admission import Backlog, check_disk, check_queue
@@ -109,6 +111,7 @@ class Admission:
 
 # -- who ---------------------------------------------------------------------------------------
 
+
 def principal_of_key_id(rt: Runtime, key_id: str, what: str) -> Principal:
     """An operator-configured key (an MQTT client's, a sealed owner token's), checked now:
     Forbidden once it is revoked."""
@@ -135,11 +138,14 @@ def owner_from_token(job_id: str, token: object) -> str:
     try:
         return decrypt_value(token, place=_OWNER_TOKEN + job_id)
     except (DecryptionError, ValueError):
-        raise InvalidRequest("owner_token was not issued by this deployment for this job id; submit with "
-                             "transcribe.delay(api_key=...) or give the message's api_key") from None
+        raise InvalidRequest(
+            "owner_token was not issued by this deployment for this job id; submit with "
+            "transcribe.delay(api_key=...) or give the message's api_key"
+        ) from None
 
 
 # -- the rules ---------------------------------------------------------------------------------
+
 
 def check_before_body(rt: Runtime, who: Principal, idempotent: bool) -> None:
     """What can be refused before a body is read: the disk floor, the queue past even the
@@ -155,6 +161,7 @@ def check_before_body(rt: Runtime, who: Principal, idempotent: bool) -> None:
 def input_dirs_of(rt: Runtime, owner: str | None, admin: bool = False) -> tuple[tuple[Path, ...], tuple[Path, ...]]:
     """The input directories a key may name files in (its own, WHISPERQ_INPUT_DIRS `KEY=DIR`,
     and the shared ones; an admin, every one), and those that are other keys' own."""
+
     def mine(grant: str | None) -> bool:
         return admin or grant is None or (owner is not None and (owner == grant or owner.startswith(grant)))
 
@@ -196,17 +203,22 @@ def _path(rt: Runtime, sub: Submission, local: bool = True) -> str:
     or not: a refusal tells nothing of other tenants' files."""
     given = sub.path.strip() if isinstance(sub.path, str) else None
     listed = ", ".join(str(d) for d in input_dirs_of(rt, sub.who.owner, sub.who.admin)[0]) or (
-        "none: an operator gives this key its own with WHISPERQ_INPUT_DIRS")
+        "none: an operator gives this key its own with WHISPERQ_INPUT_DIRS"
+    )
     if not given or not os.path.isabs(given):
-        raise InvalidRequest(f"path must be the absolute path of an audio file in your input directories ({listed}), "
-                             "as the service's workers see it")
+        raise InvalidRequest(
+            f"path must be the absolute path of an audio file in your input directories ({listed}), "
+            "as the service's workers see it"
+        )
     try:
         path = resolve_path(rt, given, sub.who.owner, sub.who.admin)
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from None
     if local and (not os.path.isfile(path) or not os.access(path, os.R_OK)):
-        raise InvalidRequest(f"there is no file the service can read at path {given!r} in your input directories "
-                             f"({listed}); check the path and that the file is readable by the service")
+        raise InvalidRequest(
+            f"there is no file the service can read at path {given!r} in your input directories "
+            f"({listed}); check the path and that the file is readable by the service"
+        )
     return path
 
 
@@ -233,8 +245,15 @@ def earlier_job(rt: Runtime, who: Principal, job_id: str) -> Job:
     return job
 
 
-def admit(rt: Runtime, sub: Submission, *, namespace: str | None = None, queue: bool = True,
-          quota: bool = True, local: bool = True) -> Admission:
+def admit(
+    rt: Runtime,
+    sub: Submission,
+    *,
+    namespace: str | None = None,
+    queue: bool = True,
+    quota: bool = True,
+    local: bool = True,
+) -> Admission:
     """Check `sub` against every rule, in the order that refuses cheapest first; an upload is
     measured by its header. Returns the Admission (with `earlier` set when the idempotency
     key names a job made before: nothing more was checked, nothing is to be made).
@@ -257,8 +276,9 @@ def admit(rt: Runtime, sub: Submission, *, namespace: str | None = None, queue: 
     fingerprint = _fingerprint(sub, options, url or path or (sub.rerun_of.id if sub.rerun_of else None))
     earlier = idempotent_hit(rt, sub.who, key, fingerprint)
     if earlier is not None:
-        return Admission(sub, options, None, idempotency_key=key, fingerprint=fingerprint,
-                         earlier=earlier_job(rt, sub.who, earlier))
+        return Admission(
+            sub, options, None, idempotency_key=key, fingerprint=fingerprint, earlier=earlier_job(rt, sub.who, earlier)
+        )
     seconds, fmt = None, None
     limit = rt.settings.audio_limit(sub.who.tier)
     if sub.upload is not None:
@@ -270,8 +290,10 @@ def admit(rt: Runtime, sub: Submission, *, namespace: str | None = None, queue: 
             with open_caller_file(path) as fh:
                 info = audio_io.probe(fh, max_seconds=limit)
         except OSError as exc:
-            raise InvalidRequest(f"the file at path {path!r} could not be read ({exc.strerror or exc}); check that "
-                                 "it is readable by the service") from None
+            raise InvalidRequest(
+                f"the file at path {path!r} could not be read ({exc.strerror or exc}); check that "
+                "it is readable by the service"
+            ) from None
         seconds, fmt = info.duration, info.format
     elif path is not None:  # measured here where it can be; what it holds is for the workers to say
         seconds = _length_if_readable(path, limit)
@@ -315,6 +337,21 @@ def keeps_result(job: Job | None) -> bool:
     return job is not None and job.origin in KEEPS_RESULT
 
 
-__all__ = ["Submission", "Admission", "admit", "check_before_body", "check_share", "scoped_key", "owner_token",
-           "owner_from_token", "principal_of_key_id", "keeps_result", "DOORS", "input_dirs_of", "resolve_path",
-           "idempotent_hit", "earlier_job", "seen"]
+__all__ = [
+    "DOORS",
+    "Admission",
+    "Submission",
+    "admit",
+    "check_before_body",
+    "check_share",
+    "earlier_job",
+    "idempotent_hit",
+    "input_dirs_of",
+    "keeps_result",
+    "owner_from_token",
+    "owner_token",
+    "principal_of_key_id",
+    "resolve_path",
+    "scoped_key",
+    "seen",
+]

@@ -5,6 +5,7 @@ windows to the process's batcher and waits; the batcher's single thread feeds th
 Celery enforces time limits only in the prefork and gevent pools, so the wait here has
 its own deadline, scaled by the job's audio duration.
 """
+
 from __future__ import annotations
 
 import logging
@@ -22,10 +23,14 @@ from models.jobs.throughput import metered
 from models.pipeline.messages import Prepared
 from models.speech.audio import SAMPLE_RATE
 from models.speech.batching import Batcher
-from models.speech.engines import Transcript, batch_size, parallel_batches
+from models.speech.engines import batch_size, parallel_batches
+from models.speech.segments import Segment, Transcript
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from models.runtime import Runtime
+    from models.speech.windows import Window
 
 log = logging.getLogger(__name__)
 
@@ -35,24 +40,33 @@ def build_batcher(rt: Runtime, model: str | None = None) -> Batcher:
     on the first batch."""
     settings = rt.settings
 
-    def run_batch(key, payloads):
-        # The engine is the one the windows' jobs began on (a hot swap: models.speech.swaps).
+    def run_batch(key: Any, payloads: list[Any]) -> Any:
+        # The engine is the one the windows' jobs began on (a hot swap: models.registry.swaps).
         language, task, words, prompt, temperature, engine = key
         # Passed only when asked for: an engine without them still serves the rest.
         extra = {k: v for k, v in (("prompt", prompt), ("temperature", temperature)) if v}
-        return engine.transcribe_batch([p[0] for p in payloads], [p[1] for p in payloads], language,
-                                                     task, word_timestamps=words, **extra)
+        return engine.transcribe_batch(
+            [p[0] for p in payloads], [p[1] for p in payloads], language, task, word_timestamps=words, **extra
+        )
 
-    run_batch = metered(run_batch, model or settings.default_model, parallel_batches(settings), batch_size(settings), SAMPLE_RATE)
-    return Batcher(run_batch, max_batch=batch_size(settings), max_wait=settings.batch_wait_ms / 1000,
-                   on_batch=observe_batch, parallel=parallel_batches(settings))
+    measured = metered(
+        run_batch, model or settings.default_model, parallel_batches(settings), batch_size(settings), SAMPLE_RATE
+    )
+    return Batcher(
+        measured,
+        max_batch=batch_size(settings),
+        max_wait=settings.batch_wait_ms / 1000,
+        on_batch=observe_batch,
+        parallel=parallel_batches(settings),
+    )
 
 
 def batcher_stats(rt: Runtime) -> dict[str, Any]:
     """The batchers' figures (one batcher per model this process serves), taken together."""
     batchers = rt.built("batcher")
     if len(batchers) == 1:
-        return batchers[0].stats()
+        stats: dict[str, Any] = batchers[0].stats()
+        return stats
     out: dict[str, Any] = {"batches": 0, "windows": 0, "pending": 0, "recent_sizes": [], "running_jobs": []}
     for batcher in batchers:
         stats = batcher.stats()
@@ -66,8 +80,9 @@ _running: dict[str, threading.Event] = {}
 _running_lock = threading.Lock()
 
 
-def infer_job(rt: Runtime, prepared: Prepared, batcher: Batcher, worker: str | None = None,
-              worker_id: str | None = None) -> dict:
+def infer_job(
+    rt: Runtime, prepared: Prepared, batcher: Batcher, worker: str | None = None, worker_id: str | None = None
+) -> dict[str, Any] | None:
     """Transcribe a prepared job through the batcher and store its transcript, once.
 
     Progress is recorded window by window; a cancel takes effect at the next window
@@ -97,8 +112,9 @@ def infer_job(rt: Runtime, prepared: Prepared, batcher: Batcher, worker: str | N
             _running.pop(job_id).set()
 
 
-def _infer(rt: Runtime, prepared: Prepared, batcher: Batcher, worker: str | None,
-           worker_id: str | None) -> dict:
+def _infer(
+    rt: Runtime, prepared: Prepared, batcher: Batcher, worker: str | None, worker_id: str | None
+) -> dict[str, Any] | None:
     job_id = prepared.job_id
     claim = take_claim(rt, job_id, holder_id(), rt.settings.claim_lease_seconds)
     try:
@@ -112,11 +128,11 @@ def _infer(rt: Runtime, prepared: Prepared, batcher: Batcher, worker: str | None
         release_claim(rt, claim)
 
 
-def _transcribe(rt: Runtime, prepared: Prepared, batcher: Batcher, claim: Claim) -> dict:
+def _transcribe(rt: Runtime, prepared: Prepared, batcher: Batcher, claim: Claim) -> dict[str, Any] | None:
     job_id = prepared.job_id
     duration = prepared.duration
     limit = rt.settings.time_limit(duration)
-    futures = []
+    futures: list[Any] = []
     try:
         samples = rt.storage.load_samples(prepared.samples_ref)
     except FileNotFoundError as exc:
@@ -127,30 +143,38 @@ def _transcribe(rt: Runtime, prepared: Prepared, batcher: Batcher, claim: Claim)
     try:
         languages = window_languages(engine, [c[0] for c in chunks], prepared.language)
         language = _main_language(languages, windows) or "en"
-        futures = [None] * len(chunks)
+        futures = [None] * len(chunks)  # each filled below: a Future per window
         for lang in dict.fromkeys(languages):  # windows share a batch only when decoded the same way
             mine = [n for n, found in enumerate(languages) if found == lang]
-            submitted = batcher.submit((lang,) + prepared.decoding + (engine,), [chunks[n] for n in mine],
-                                       priority=prepared.priority, job_id=job_id)
-            for n, future in zip(mine, submitted):
+            submitted = batcher.submit(
+                (lang, *prepared.decoding, engine), [chunks[n] for n in mine], priority=prepared.priority, job_id=job_id
+            )
+            for n, future in zip(mine, submitted, strict=True):
                 futures[n] = future
         detected = prepared.language is None and getattr(engine, "multilingual", False)
         deadline = time.monotonic() + limit
-        segments = []
+        segments: list[Segment] = []
         for n, fut in enumerate(futures):
             found = fut.result(timeout=max(0.0, deadline - time.monotonic()))
             segments.extend([replace(s, language=languages[n]) for s in found] if detected else found)
             done_seconds = windows[n].end / SAMPLE_RATE
             if claim.lost.is_set():  # taken over: what is left of this run would be discarded
-                log.warning("job %s: this run's claim (token %d, %s) was taken over after its lease lapsed; it stops "
-                            "here and its transcript is discarded, not stored", job_id, claim.token, claim.holder)
+                log.warning(
+                    "job %s: this run's claim (token %d, %s) was taken over after its lease lapsed; it stops "
+                    "here and its transcript is discarded, not stored",
+                    job_id,
+                    claim.token,
+                    claim.holder,
+                )
                 raise ClaimLost(f"job {job_id}: the claim was taken over by another worker; this run stops")
             if record_progress(rt, job_id, done_seconds) and n + 1 < len(futures):
-                batcher.cancel(futures[n + 1:])
+                batcher.cancel(futures[n + 1 :])
                 partial = Transcript.from_segments(segments, language, duration)
                 result = cancel_running(rt, job_id, dict(partial.to_dict(), model=made_by(rt, prepared, engine)), claim)
                 rt.storage.delete(prepared.samples_ref)
-                log.info("job %s: cancelled after %.1f of %.1f s; partial transcript kept", job_id, done_seconds, duration)
+                log.info(
+                    "job %s: cancelled after %.1f of %.1f s; partial transcript kept", job_id, done_seconds, duration
+                )
                 return result
     except FutureTimeout:
         batcher.cancel(futures)
@@ -168,7 +192,7 @@ def _transcribe(rt: Runtime, prepared: Prepared, batcher: Batcher, claim: Claim)
     return result
 
 
-def window_languages(engine, chunks: list, asked: str | None) -> list[str]:
+def window_languages(engine: Any, chunks: Sequence[Any], asked: str | None) -> list[str]:
     """The language of each window: the one asked for; else, on a multilingual model, the one
     the model hears in that window (a recording may change language); else English."""
     if asked or not getattr(engine, "multilingual", False):
@@ -176,18 +200,25 @@ def window_languages(engine, chunks: list, asked: str | None) -> list[str]:
     return [engine.language_of(chunk, None) for chunk in chunks]
 
 
-def _main_language(languages: list[str], windows) -> str | None:
+def _main_language(languages: list[str], windows: Sequence[Window]) -> str | None:
     """The language of the most speech, for the transcript's `language`."""
     seconds: dict[str, float] = {}
-    for lang, window in zip(languages, windows):
+    for lang, window in zip(languages, windows, strict=True):
         seconds[lang] = seconds.get(lang, 0.0) + window.seconds
     return max(seconds, key=seconds.__getitem__) if seconds else None
 
 
-def made_by(rt: Runtime, prepared: Prepared, engine) -> dict[str, Any]:
+def made_by(rt: Runtime, prepared: Prepared, engine: Any) -> dict[str, Any]:
     """What a result records of the model that made it: name, the version of the weights the
     engine loaded, engine, decoding."""
     spec = rt.settings.model(prepared.model)
-    return {"name": spec.name, "version": getattr(engine, "version", None), "engine": spec.engine,
-            "device": getattr(engine, "device", None), "compute_type": getattr(engine, "compute_type", None),
-            "beam_size": spec.beam_size, "task": prepared.task, "temperature": prepared.temperature}
+    return {
+        "name": spec.name,
+        "version": getattr(engine, "version", None),
+        "engine": spec.engine,
+        "device": getattr(engine, "device", None),
+        "compute_type": getattr(engine, "compute_type", None),
+        "beam_size": spec.beam_size,
+        "task": prepared.task,
+        "temperature": prepared.temperature,
+    }

@@ -2,11 +2,12 @@
 and publishing it through the runtime's broker. `submit` is what a way in calls: the door's
 `admit`, then `accept`. A refusal at any step leaves nothing stored and nothing queued.
 """
+
 from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from models.access import quotas
 from models.access.apikeys import Principal
@@ -19,7 +20,7 @@ from models.storage import clean_filename
 
 if TYPE_CHECKING:
     from models.jobs.batches import Batch
-    from models.runtime import Runtime
+    from models.runtime import Broker, Runtime
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +40,15 @@ def _filename(sub: Submission, admitted: Admission) -> str | None:
 def job_fields(admitted: Admission) -> dict[str, Any]:
     """A batch job's row fields (models.jobs.batches.create_batch) from its admission."""
     sub = admitted.submission
-    return {**admitted.options.fields(), "audio_url": admitted.audio_url, "filename": _filename(sub, admitted),
-            "duration": admitted.seconds, "audio_format": admitted.audio_format, "origin": sub.door,
-            **({"spooled": sub.upload.path} if sub.upload is not None else {})}
+    return {
+        **admitted.options.fields(),
+        "audio_url": admitted.audio_url,
+        "filename": _filename(sub, admitted),
+        "duration": admitted.seconds,
+        "audio_format": admitted.audio_format,
+        "origin": sub.door,
+        **({"spooled": sub.upload.path} if sub.upload is not None else {}),
+    }
 
 
 def record(rt: Runtime, admitted: Admission) -> Job:
@@ -53,12 +60,21 @@ def record(rt: Runtime, admitted: Admission) -> Job:
     if sub.rerun_of is not None and sub.rerun_of.audio_ref:
         spooled = copied = rt.storage.copy_to_spool(sub.rerun_of.audio_ref)
     try:
-        job = create_job(rt, spooled, admitted.options, filename=_filename(sub, admitted), duration=admitted.seconds,
-                         audio_format=admitted.audio_format, owner=admitted.owner, origin=sub.door,
-                         audio_url=admitted.audio_url or (
-                             sub.rerun_of.audio_url if sub.rerun_of is not None and copied is None else None),
-                         caller_file=admitted.path, rerun_of=sub.rerun_of.id if sub.rerun_of is not None else None,
-                         job_id=sub.job_id)
+        job = create_job(
+            rt,
+            spooled,
+            admitted.options,
+            filename=_filename(sub, admitted),
+            duration=admitted.seconds,
+            audio_format=admitted.audio_format,
+            owner=admitted.owner,
+            origin=sub.door,
+            audio_url=admitted.audio_url
+            or (sub.rerun_of.audio_url if sub.rerun_of is not None and copied is None else None),
+            caller_file=admitted.path,
+            rerun_of=sub.rerun_of.id if sub.rerun_of is not None else None,
+            job_id=sub.job_id,
+        )
     except BaseException:
         if copied is not None:
             copied.unlink(missing_ok=True)
@@ -114,15 +130,18 @@ def publish(rt: Runtime, job: Job) -> None:
     """Send the job's message (its id and audio reference only); where the broker is away,
     the job is withdrawn and BrokerUnavailable raised: nothing remains."""
     try:
-        rt.broker.publish_job(job)
+        cast("Broker", rt.broker).publish_job(job)  # None fails here too: the job is withdrawn
     except Exception as exc:
         log.error("job %s: publishing failed (%s); job withdrawn", job.id, exc)
         discard_job(rt, job.id)
-        raise BrokerUnavailable("the job queue is unreachable right now; nothing was stored, try again shortly") from exc
+        raise BrokerUnavailable(
+            "the job queue is unreachable right now; nothing was stored, try again shortly"
+        ) from exc
 
 
-def accept_batch(rt: Runtime, who: Principal, admitted: list[Admission], callback: str | None, key: str | None,
-                 fingerprint: str) -> tuple[Batch, bool]:
+def accept_batch(
+    rt: Runtime, who: Principal, admitted: list[Admission], callback: str | None, key: str | None, fingerprint: str
+) -> tuple[Batch, bool]:
     """A batch of admitted jobs: the queue budget and the key's share and quota with all of them
     counted, then its row and all its jobs (their audio moved into the store) in one
     transaction, then published. (The batch, True); with an idempotency key that named a
@@ -133,8 +152,12 @@ def accept_batch(rt: Runtime, who: Principal, admitted: list[Admission], callbac
     if earlier is not None:
         return _earlier_batch(rt, who, earlier), False
     priority = admitted[0].priority
-    check_share(rt, who, priority, [a.seconds if a.seconds is not None else rt.settings.unfetched_audio_seconds
-                                    for a in admitted])
+    check_share(
+        rt,
+        who,
+        priority,
+        [a.seconds if a.seconds is not None else rt.settings.unfetched_audio_seconds for a in admitted],
+    )
     batch, jobs = create_batch(rt, [job_fields(a) for a in admitted], owner=who.owner, callback_url=callback)
     for a in admitted:
         if a.submission.upload is not None:
@@ -172,7 +195,8 @@ def _publish_all(rt: Runtime, batch: Batch, jobs: list[Job], key: str | None) ->
                     idempotency.forget(rt, key)
                 raise
             log.error("batch %s: the broker failed after %d of %d jobs; the rest are FAILED", batch.id, n, len(jobs))
-            for rest in jobs[n + 1:]:
-                fail_job(rt, rest.id, "the job queue became unreachable while the batch was queued; submit this "
-                                      "audio again")
+            for rest in jobs[n + 1 :]:
+                fail_job(
+                    rt, rest.id, "the job queue became unreachable while the batch was queued; submit this audio again"
+                )
             return

@@ -11,10 +11,12 @@ field) keeps it; one they would misread raises it. A message without one comes f
 versioning and has the shape of version 1. A message newer than this worker understands is
 tried again (another worker, upgraded, may take it) until the attempts run out.
 """
+
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from models.errors import PermanentJobError, TransientJobError
 from models.speech.windows import Window
@@ -73,8 +75,10 @@ class Prepared:
         if not isinstance(schema, int) or isinstance(schema, bool) or schema < 1:
             raise MalformedMessage(f"the inference message's schema {schema!r} is not a version number")
         if schema > SCHEMA:
-            raise TransientJobError(f"the inference message has schema {schema}; this worker reads up to {SCHEMA}: "
-                                    "upgrade the inference workers")
+            raise TransientJobError(
+                f"the inference message has schema {schema}; this worker reads up to {SCHEMA}: "
+                "upgrade the inference workers"
+            )
 
         def field(name: str, kinds: tuple[type, ...], default: Any = ..., optional: bool = False) -> Any:
             item = value.get(name, default)
@@ -83,8 +87,9 @@ class Prepared:
             if item is None and optional:
                 return None
             if not isinstance(item, kinds) or (isinstance(item, bool) and bool not in kinds):
-                raise MalformedMessage(f"the inference message's {name!r} is {item!r}, not "
-                                       + " or ".join(k.__name__ for k in kinds))
+                raise MalformedMessage(
+                    f"the inference message's {name!r} is {item!r}, not " + " or ".join(k.__name__ for k in kinds)
+                )
             return item
 
         windows = field("windows", (list, tuple))
@@ -109,7 +114,7 @@ class Prepared:
         )
 
     @property
-    def decoding(self) -> tuple:
+    def decoding(self) -> tuple[str, bool, str | None, float]:
         """What windows must share to share a batch (with the language found for them)."""
         return (self.task, self.word_timestamps, self.prompt, self.temperature)
 

@@ -1,9 +1,11 @@
 """A job's options, checked the same at every door: the API's form and JSON, the OpenAI
 endpoint, re-runs and `transcribe.delay()`. A bad option raises InvalidRequest (a ValueError)
 whose message says what to send, before anything is stored or queued."""
+
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from config.celeryconfig import inference_queue
 from models.delivery.outbound import check_url
@@ -11,18 +13,28 @@ from models.errors import InvalidRequest, ModelNotServed
 from models.jobs.operations import check_options
 from models.jobs.record import JobOptions
 from models.jobs.workers import served_models
-from models.speech.catalog import check_language, multilingual, route_models
+from models.registry.catalog import check_language, multilingual, route_models
 
 if TYPE_CHECKING:
+    from config import Settings
     from models.runtime import Runtime
 
-FIELDS = ("language", "priority", "task", "callback_url", "word_timestamps", "prompt", "temperature", "model",
-          "collect")
+FIELDS = (
+    "language",
+    "priority",
+    "task",
+    "callback_url",
+    "word_timestamps",
+    "prompt",
+    "temperature",
+    "model",
+    "collect",
+)
 MAX_PROMPT = 1000
 TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off", "")
 
 
-def _text(form: Mapping, name: str) -> str | None:
+def _text(form: Mapping[str, Any], name: str) -> str | None:
     value = form.get(name)
     if value is None or isinstance(value, bool):
         return value if value is None else str(value).lower()
@@ -31,7 +43,7 @@ def _text(form: Mapping, name: str) -> str | None:
     return value
 
 
-def parse_options(form: Mapping, settings, default_priority: str = "normal") -> JobOptions:
+def parse_options(form: Mapping[str, Any], settings: Settings, default_priority: str = "normal") -> JobOptions:
     language = (_text(form, "language") or "").strip().lower() or None
     if language == "auto":
         language = None
@@ -43,22 +55,27 @@ def parse_options(form: Mapping, settings, default_priority: str = "normal") -> 
     for spec in route_models(settings, model):
         check_language(settings, language, spec.name)
         if task == "translate" and not multilingual(settings, spec.name):
-            raise InvalidRequest(f"task 'translate' needs a multilingual model; {spec.name!r}"
-                                 f"{f' (a variant of {model!r})' if model and model != spec.name else ''} is English-only "
-                                 "(GET /v1/models lists the models)")
+            variant = f" (a variant of {model!r})" if model and model != spec.name else ""
+            raise InvalidRequest(
+                f"task 'translate' needs a multilingual model; {spec.name!r}{variant} is "
+                "English-only (GET /v1/models lists the models)"
+            )
     words = (_text(form, "word_timestamps") or "").strip().lower()
     if words not in TRUE + FALSE:
         raise InvalidRequest(f"word_timestamps must be true or false, not {words!r}")
     collect = (_text(form, "collect") or "").strip().lower()
     if collect not in TRUE + FALSE:
-        raise InvalidRequest(f"collect must be true (keep this job's audio and transcript as training data) or "
-                             f"false, not {collect!r}")
+        raise InvalidRequest(
+            f"collect must be true (keep this job's audio and transcript as training data) or false, not {collect!r}"
+        )
     callback_url = (_text(form, "callback_url") or "").strip() or None
     if callback_url is not None:
         callback_url = check_url(callback_url, settings, "callback_url")  # public addresses only
     prompt = (_text(form, "prompt") or "").strip() or None
     if prompt is not None and len(prompt) > MAX_PROMPT:
-        raise InvalidRequest(f"prompt is {len(prompt)} characters; keep it to {MAX_PROMPT} (Whisper reads its last 224 tokens)")
+        raise InvalidRequest(
+            f"prompt is {len(prompt)} characters; keep it to {MAX_PROMPT} (Whisper reads its last 224 tokens)"
+        )
     raw_temperature = form.get("temperature")
     temperature = None
     if raw_temperature not in (None, ""):
@@ -68,9 +85,17 @@ def parse_options(form: Mapping, settings, default_priority: str = "normal") -> 
             temperature = -1.0
         if not 0.0 <= temperature <= 1.0:
             raise InvalidRequest(f"temperature must be a number from 0 to 1, not {raw_temperature!r}")
-    return JobOptions(language=language, priority=priority, task=task, callback_url=callback_url,
-                      word_timestamps=words in TRUE, prompt=prompt, temperature=temperature or None, model=model,
-                      collect=collect in TRUE)
+    return JobOptions(
+        language=language,
+        priority=priority,
+        task=task,
+        callback_url=callback_url,
+        word_timestamps=words in TRUE,
+        prompt=prompt,
+        temperature=temperature or None,
+        model=model,
+        collect=collect in TRUE,
+    )
 
 
 def check_served(rt: Runtime, model: str | None) -> None:
@@ -80,9 +105,9 @@ def check_served(rt: Runtime, model: str | None) -> None:
     unserved = [name for name in unserved if name not in served_models(rt)] if unserved else []
     if unserved:
         name = unserved[0]
-        raise ModelNotServed(f"no inference worker serves the model {name!r}"
-                             f"{f' (a variant of {model!r})' if model and model != name else ''} now; an operator "
-                             f"starts one with `celery -A tasks.worker worker -Q {inference_queue(rt.settings, name)}` "
-                             "(/readyz lists the models served)")
-
-
+        raise ModelNotServed(
+            f"no inference worker serves the model {name!r}"
+            f"{f' (a variant of {model!r})' if model and model != name else ''} now; an operator "
+            f"starts one with `celery -A tasks.worker worker -Q {inference_queue(rt.settings, name)}` "
+            "(/readyz lists the models served)"
+        )

@@ -1,12 +1,13 @@
 """Preparing a job in the preparation pool: claim it (once, whatever the broker delivers
 twice), fetch its audio if it came by URL, decode it once, find its windows, and hand the
 samples over to inference."""
+
 from __future__ import annotations
 
 import logging
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -14,7 +15,6 @@ from sqlalchemy.exc import IntegrityError
 from models.access import quotas
 from models.access.admission import Backlog, QueueFull, check_queue
 from models.access.apikeys import Principal
-from models.speech import audio as audio_io
 from models.errors import (
     AttemptsExhausted,
     AudioTooLong,
@@ -31,11 +31,14 @@ from models.jobs.record import Job, JobStatus, Stage, utcnow
 from models.jobs.workers import served_models
 from models.pipeline.messages import Finished, Prepared
 from models.pipeline.options import FIELDS
-from models.speech.catalog import check_language
-from models.speech.windows import split_windows
+from models.registry.catalog import check_language
 from models.security.sealed import open_stored
+from models.speech import audio as audio_io
+from models.speech.windows import split_windows
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from models.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -43,8 +46,9 @@ log = logging.getLogger(__name__)
 LENGTH_SLACK = 1.0  # seconds a decode may run past its header's length before the header is taken to have lied
 
 
-def _claim(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any], worker: str | None,
-           worker_id: str | None) -> Job | None:
+def _claim(
+    rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any], worker: str | None, worker_id: str | None
+) -> Job | None:
     """Begin an attempt: mark the job PROCESSING and count it.
 
     A message naming a job this service does not know (transcribe.delay(), or a raw producer)
@@ -108,8 +112,10 @@ def _message_principal(rt: Runtime, job_id: str, options: dict[str, Any]) -> tup
         return authenticate(rt, key), "raw"
     if owner is not None:
         if token is None:
-            raise InvalidRequest("a message names its owner with api_key (the key itself), never with a bare key id; "
-                                 "transcribe.delay(api_key=...) does this for you")
+            raise InvalidRequest(
+                "a message names its owner with api_key (the key itself), never with a bare key id; "
+                "transcribe.delay(api_key=...) does this for you"
+            )
         if door.owner_from_token(job_id, token) != owner:
             raise InvalidRequest("owner_token was issued for another owner; submit with transcribe.delay(api_key=...)")
         return door.principal_of_key_id(rt, owner, "this job's owner"), "delay"
@@ -130,8 +136,9 @@ def _admit_message(rt: Runtime, job_id: str, audio_ref: Any, options: dict[str, 
         who, origin = _message_principal(rt, job_id, options)
         owner = who.owner  # a refusal from here on is shown to the key that sent it
         # local=False: a file shared storage has not shown this host yet is retried by prepare_job.
-        admitted = door.admit(rt, door.Submission(who, origin, fields=fields, path=audio_ref, job_id=job_id),
-                              queue=False, local=False)
+        admitted = door.admit(
+            rt, door.Submission(who, origin, fields=fields, path=audio_ref, job_id=job_id), queue=False, local=False
+        )
         intake.record(rt, admitted)
         return
     except IntegrityError:  # another delivery of the same message made it meanwhile
@@ -142,10 +149,26 @@ def _admit_message(rt: Runtime, job_id: str, audio_ref: Any, options: dict[str, 
         if session.get(Job, job_id) is None:
             model, route, shadow = rt.settings.choose(None, job_id)
             ref = str(audio_ref)[:4096]
-            session.add(Job(id=job_id, status=JobStatus.FAILED.value, error=refusal, finished_at=utcnow(),
-                            task="transcribe", priority="normal", model=model, route=route, shadow=shadow,
-                            audio_ref=ref, audio_owned=False, filename=Path(ref).name[:255] or None, attempts=0,
-                            created_at=utcnow(), origin="raw", owner=owner))
+            session.add(
+                Job(
+                    id=job_id,
+                    status=JobStatus.FAILED.value,
+                    error=refusal,
+                    finished_at=utcnow(),
+                    task="transcribe",
+                    priority="normal",
+                    model=model,
+                    route=route,
+                    shadow=shadow,
+                    audio_ref=ref,
+                    audio_owned=False,
+                    filename=Path(ref).name[:255] or None,
+                    attempts=0,
+                    created_at=utcnow(),
+                    origin="raw",
+                    owner=owner,
+                )
+            )
     log.warning("job %s: refused: %s", job_id, refusal)
     raise PermanentJobError(refusal)
 
@@ -159,8 +182,14 @@ def _tier(rt: Runtime, owner: str | None) -> str | None:
         return session.scalar(select(ApiKey.tier).where(ApiKey.id == owner))
 
 
-def prepare_job(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any] | None = None,
-                worker: str | None = None, worker_id: str | None = None) -> Prepared | Finished:
+def prepare_job(
+    rt: Runtime,
+    job_id: str,
+    audio_ref: str,
+    options: dict[str, Any] | None = None,
+    worker: str | None = None,
+    worker_id: str | None = None,
+) -> Prepared | Finished:
     """Decode, resample to 16 kHz mono, measure and split into windows; store the samples.
 
     Returns the inference pool's message (models.pipeline.messages) — references and sample
@@ -207,10 +236,21 @@ def prepare_job(rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any
     shadow = job.shadow if job.shadow and job.shadow in served_models(rt) else None
     shadow_ref = rt.storage.save_samples(f"{job_id}.shadow", samples) if shadow else None
     log.info("job %s prepared: %.1f s of audio in %d windows", job_id, duration, len(windows))
-    return Prepared(job_id, ref, round(duration, 3), tuple(windows), language=job.language, task=job.task,
-                    priority=job.priority, word_timestamps=bool(job.word_timestamps), prompt=job.prompt or None,
-                    temperature=float(job.temperature or 0.0), model=job.model or rt.settings.default_model,
-                    shadow=shadow, shadow_ref=shadow_ref)
+    return Prepared(
+        job_id,
+        ref,
+        round(duration, 3),
+        tuple(windows),
+        language=job.language,
+        task=job.task,
+        priority=job.priority,
+        word_timestamps=bool(job.word_timestamps),
+        prompt=job.prompt or None,
+        temperature=float(job.temperature or 0.0),
+        model=job.model or rt.settings.default_model,
+        shadow=shadow,
+        shadow_ref=shadow_ref,
+    )
 
 
 def check_decoded(rt: Runtime, job: Job, seconds: float) -> None:
@@ -224,11 +264,14 @@ def check_decoded(rt: Runtime, job: Job, seconds: float) -> None:
         try:
             check_queue(rt, job.priority, owner=job.owner, ahead=Backlog(0, seconds - claimed))
         except QueueFull as exc:
-            raise QueueFull(f"the audio decodes to {seconds:.1f} s, not the {claimed:.1f} s its header claimed, and "
-                            f"at that length it is past this API key's share of the queue: {exc}", exc.retry_after)
+            raise QueueFull(
+                f"the audio decodes to {seconds:.1f} s, not the {claimed:.1f} s its header claimed, and "
+                f"at that length it is past this API key's share of the queue: {exc}",
+                exc.retry_after,
+            ) from exc
 
 
-def _decode_stored(rt: Runtime, ref: str, audio_format: str | None, max_seconds: float | None = None):
+def _decode_stored(rt: Runtime, ref: str, audio_format: str | None, max_seconds: float | None = None) -> np.ndarray:
     """The stored audio's samples (decrypted as they are read), its container pinned as the
     door found it, at most `max_seconds` of it (the job's tier's limit; else
     WHISPERQ_MAX_AUDIO_SECONDS). A key this worker lacks may be
@@ -243,10 +286,13 @@ def _decode_stored(rt: Runtime, ref: str, audio_format: str | None, max_seconds:
     except DecryptionError as exc:
         log.error("%s", exc)  # for the operator: which file, which key, which chunk
         if exc.missing_key:
-            raise TransientJobError(f"the stored audio is encrypted with key id {exc.key_id!r}, which this worker "
-                                    "does not have; add it to WHISPERQ_ENCRYPTION_KEYS") from None
-        raise PermanentJobError("the stored audio failed decryption (it was altered or damaged); "
-                                "submit the audio again") from None
+            raise TransientJobError(
+                f"the stored audio is encrypted with key id {exc.key_id!r}, which this worker "
+                "does not have; add it to WHISPERQ_ENCRYPTION_KEYS"
+            ) from None
+        raise PermanentJobError(
+            "the stored audio failed decryption (it was altered or damaged); submit the audio again"
+        ) from None
 
 
 def _fetch(rt: Runtime, job: Job) -> str:
@@ -257,11 +303,12 @@ def _fetch(rt: Runtime, job: Job) -> str:
 
     tmp = rt.storage.tmp_dir / f"fetch-{job.id}"
     try:
-        fetch_audio(job.audio_url, tmp, rt.settings, create=rt.storage.writer)  # written encrypted
+        url = cast(str, job.audio_url)  # a job by URL
+        fetch_audio(url, tmp, rt.settings, create=rt.storage.writer)  # written encrypted
         with open_stored(tmp, what="the fetched audio") as fh:
             info = audio_io.probe(fh, max_seconds=rt.settings.audio_limit(_tier(rt, job.owner)))
         quotas.check_measured(rt, job, info.duration)
-        ref = rt.storage.adopt(tmp, job.id)
+        ref = rt.storage.store_audio(tmp, job.id)
     except (UnsupportedAudio, AudioTooLong) as exc:
         raise PermanentJobError(f"the audio at audio_url: {exc}") from exc
     except quotas.QuotaExceeded as exc:
@@ -269,7 +316,7 @@ def _fetch(rt: Runtime, job: Job) -> str:
     finally:
         tmp.unlink(missing_ok=True)
     with rt.db.session() as session:
-        stored = session.get(Job, job.id)
+        stored = cast(Job, session.get(Job, job.id))  # the job being prepared
         stored.audio_ref, stored.audio_duration, stored.audio_format = ref, round(info.duration, 3), info.format
     job.audio_format = info.format  # pinned for the decode that follows
     job.audio_duration = round(info.duration, 3)  # measured: the decode is not checked against the quota again

@@ -17,6 +17,7 @@ written before encryption existed; set it, run ``whisperq encryption rotate``, t
 Each master key is split with HKDF into a value key and per-file keys, so no two uses share
 a key and nonce.
 """
+
 from __future__ import annotations
 
 import base64
@@ -26,12 +27,16 @@ import secrets
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from config.keys import KEY_BYTES, KEY_ID, parse_keys  # noqa: F401 - parse_keys is part of this API
+from config.keys import KEY_BYTES, KEY_ID, parse_keys  # parse_keys is also part of this API
+
+if TYPE_CHECKING:
+    from config import Settings
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +63,8 @@ class PlaintextRefused(DecryptionError):
         super().__init__(
             f"{what} is plaintext where sealed data belongs, and is refused. If it was written before "
             "encryption, set WHISPERQ_ALLOW_PLAINTEXT_ROWS=1, run `whisperq encryption rotate` (it seals it), "
-            "then unset WHISPERQ_ALLOW_PLAINTEXT_ROWS")
+            "then unset WHISPERQ_ALLOW_PLAINTEXT_ROWS"
+        )
 
 
 def new_key_line(key_id: str | None = None) -> str:
@@ -102,13 +108,15 @@ class Keyring:
         raise DecryptionError(
             f"{what} is encrypted with key id {key_id!r}, which is not configured ({self.source} has "
             f"{', '.join(self.ids)}); add that key after the active one in WHISPERQ_ENCRYPTION_KEYS",
-            key_id=key_id, missing_key=True)
+            key_id=key_id,
+            missing_key=True,
+        )
 
     def file_key(self, key_id: str, salt: bytes, what: str) -> bytes:
         return _derive(self.key(key_id, what), b"whisperq file v1", salt)
 
     def value_cipher(self, key_id: str, what: str = "a stored transcript") -> AESGCM:
-        cache = self.__dict__.setdefault("_value_ciphers", {})
+        cache: dict[str, AESGCM] = self.__dict__.setdefault("_value_ciphers", {})
         if key_id not in cache:
             cache[key_id] = AESGCM(_derive(self.key(key_id, what), b"whisperq value v1"))
         return cache[key_id]
@@ -119,7 +127,7 @@ _lock = threading.Lock()
 _warned: set[str] = set()
 
 
-def keyring_for(settings) -> Keyring:
+def keyring_for(settings: Settings) -> Keyring:
     """The settings' keys, or else the key generated once into the data dir."""
     allow_plaintext = bool(getattr(settings, "allow_plaintext_rows", False))
     if settings.encryption_keys:
@@ -130,8 +138,11 @@ def keyring_for(settings) -> Keyring:
     generated_secret(path, lambda: new_key_line("local-" + secrets.token_hex(4)))
     if str(path) not in _warned:
         _warned.add(str(path))
-        log.warning("WHISPERQ_ENCRYPTION_KEYS is not set: audio and transcripts are encrypted with a key generated "
-                    "into %s, beside the data; in production set WHISPERQ_ENCRYPTION_KEYS from a secret store", path)
+        log.warning(
+            "WHISPERQ_ENCRYPTION_KEYS is not set: audio and transcripts are encrypted with a key generated "
+            "into %s, beside the data; in production set WHISPERQ_ENCRYPTION_KEYS from a secret store",
+            path,
+        )
     try:
         return Keyring(tuple(parse_keys(path.read_text().strip())), source=str(path), allow_plaintext=allow_plaintext)
     except ValueError as exc:
@@ -169,14 +180,14 @@ def _bound_aad(key_id: str, place: str) -> bytes:
     return f"{BOUND_PREFIX}{key_id}:{place}".encode()
 
 
-def value_key_id(value) -> str | None:
+def value_key_id(value: object) -> str | None:
     """The key id of an encrypted value; None for a value stored before encryption."""
     if isinstance(value, str) and value.startswith((VALUE_PREFIX, BOUND_PREFIX)):
-        return value[len(VALUE_PREFIX):].split(":", 1)[0]
+        return value[len(VALUE_PREFIX) :].split(":", 1)[0]
     return None
 
 
-def value_is_bound(value) -> bool:
+def value_is_bound(value: object) -> bool:
     """Whether an encrypted value is bound to its place (False for plain and ``wqe1`` values)."""
     return isinstance(value, str) and value.startswith(BOUND_PREFIX)
 
@@ -196,15 +207,17 @@ def decrypt_value(value: str, keyring: Keyring | None = None, place: str | None 
         raise ValueError("a bound value needs the place it was stored at to be decrypted")
     try:
         blob = base64.b64decode(value.split(":", 2)[2], validate=True)
-        aad = _bound_aad(key_id, place) if bound else f"{VALUE_PREFIX}{key_id}".encode()
+        aad = _bound_aad(key_id, cast(str, place)) if bound else f"{VALUE_PREFIX}{key_id}".encode()  # checked above
         return keyring.value_cipher(key_id).decrypt(blob[:12], blob[12:], aad).decode("utf-8")
     except DecryptionError:
         raise
     except Exception:
         where = f" at {place.split(':', 1)[0]} of row {place.split(':', 1)[-1]}" if place else ""
-        raise DecryptionError(f"a stored value{where} under key id {key_id!r} failed authentication (it was altered, "
-                              "copied from another row or column, or belongs to another key with the same id)",
-                              key_id=key_id) from None
+        raise DecryptionError(
+            f"a stored value{where} under key id {key_id!r} failed authentication (it was altered, "
+            "copied from another row or column, or belongs to another key with the same id)",
+            key_id=key_id,
+        ) from None
 
 
 class SealedAttribute:
@@ -220,15 +233,15 @@ class SealedAttribute:
     def __init__(self, raw: str, place: str, as_json: bool = False):
         self.raw, self.place, self.as_json = raw, place, as_json
 
-    def __set_name__(self, owner, name: str) -> None:
+    def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
 
-    def _place(self, obj) -> str:
+    def _place(self, obj: Any) -> str:
         if getattr(obj, "id", None) is None:
             raise ValueError(f"set the row's id before {self.name}: the value is sealed to its row")
         return f"{self.place}:{obj.id}"
 
-    def __get__(self, obj, owner=None):
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
         if obj is None:
             return self
         token = getattr(obj, self.raw)
@@ -246,7 +259,7 @@ class SealedAttribute:
         cache[self.name] = (token, value)
         return value
 
-    def __set__(self, obj, value) -> None:
+    def __set__(self, obj: Any, value: Any) -> None:
         if value is None:
             token = None
         else:
@@ -257,7 +270,17 @@ class SealedAttribute:
 
 
 __all__ = [
-    "parse_keys", "new_key_line", "Keyring", "keyring_for", "set_keyring", "current_keyring", "DecryptionError",
+    "DecryptionError",
+    "Keyring",
     "PlaintextRefused",
-    "decrypt_value", "seal_value", "value_key_id", "value_is_bound", "SealedAttribute",
+    "SealedAttribute",
+    "current_keyring",
+    "decrypt_value",
+    "keyring_for",
+    "new_key_line",
+    "parse_keys",
+    "seal_value",
+    "set_keyring",
+    "value_is_bound",
+    "value_key_id",
 ]

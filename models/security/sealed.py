@@ -12,14 +12,16 @@ or splicing two files, fails authentication. The plaintext size follows from the
 which is what makes seeking possible without reading the whole file (PyAV seeks, e.g. to
 an MP4's index at the end).
 """
+
 from __future__ import annotations
 
 import io
 import os
 import secrets
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
+from typing import IO, Any
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -38,10 +40,10 @@ def _nonce(prefix: bytes, index: int, last: bool) -> bytes:
     return prefix + index.to_bytes(4, "big") + (b"\x01" if last else b"\x00")
 
 
-def _read_header(fh, what: str) -> tuple[str, bytes, bytes, bytes] | None:
+def _read_header(fh: IO[bytes], what: str) -> tuple[str, bytes, bytes, bytes] | None:
     """(key id, salt, prefix, header bytes), or None for a file that is not encrypted."""
     start = fh.read(len(MAGIC) + 1)
-    if start[:len(MAGIC)] != MAGIC:
+    if start[: len(MAGIC)] != MAGIC:
         return None
     if len(start) <= len(MAGIC) or not 1 <= start[-1] <= 32:
         raise DecryptionError(f"{what} has a damaged encryption header")
@@ -49,10 +51,10 @@ def _read_header(fh, what: str) -> tuple[str, bytes, bytes, bytes] | None:
     if len(rest) != start[-1] + SALT_BYTES + PREFIX_BYTES:
         raise DecryptionError(f"{what} is truncated inside its encryption header")
     try:
-        key_id = rest[:start[-1]].decode("ascii")
+        key_id = rest[: start[-1]].decode("ascii")
     except UnicodeDecodeError:
         raise DecryptionError(f"{what} has a damaged encryption header") from None
-    salt = rest[start[-1]:start[-1] + SALT_BYTES]
+    salt = rest[start[-1] : start[-1] + SALT_BYTES]
     return key_id, salt, rest[-PREFIX_BYTES:], start + rest
 
 
@@ -73,8 +75,9 @@ class EncryptedWriter:
     `path`; close() renames it into place (`commit`, os.replace by default), an error inside
     ``with`` or abort() removes it: a reader never sees half a file."""
 
-    def __init__(self, path: str | Path, keyring: Keyring | None = None,
-                 commit: Callable[[Path, Path], object] | None = None):
+    def __init__(
+        self, path: str | Path, keyring: Keyring | None = None, commit: Callable[[Path, Path], object] | None = None
+    ):
         keyring = keyring or current_keyring()
         self.path = Path(path)
         self.key_id = keyring.active
@@ -105,7 +108,7 @@ class EncryptedWriter:
     def flush(self) -> None:
         pass
 
-    def write(self, data) -> int:
+    def write(self, data: bytes) -> int:
         if self.closed:
             raise ValueError("write to a closed EncryptedWriter")
         view = memoryview(data).cast("B")
@@ -115,16 +118,16 @@ class EncryptedWriter:
                 self._seal(self._buf, last=False)
                 self._buf = bytearray()
             if not self._buf and n - pos > CHUNK_BYTES:
-                self._seal(view[pos:pos + CHUNK_BYTES], last=False)
+                self._seal(view[pos : pos + CHUNK_BYTES], last=False)
                 pos += CHUNK_BYTES
                 continue
             take = min(CHUNK_BYTES - len(self._buf), n - pos)
-            self._buf += view[pos:pos + take]
+            self._buf += view[pos : pos + take]
             pos += take
         self.size += n
         return n
 
-    def _seal(self, chunk, last: bool) -> None:
+    def _seal(self, chunk: bytes | bytearray | memoryview, last: bool) -> None:
         self._fh.write(self._aead.encrypt(_nonce(self._prefix, self._index, last), bytes(chunk), self._header))
         self._index += 1
 
@@ -150,10 +153,10 @@ class EncryptedWriter:
         finally:
             self.temp_path.unlink(missing_ok=True)
 
-    def __enter__(self) -> "EncryptedWriter":
+    def __enter__(self) -> EncryptedWriter:
         return self
 
-    def __exit__(self, exc_type, *_exc) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *_exc: object) -> None:
         if exc_type is None:
             self.close()
         else:
@@ -169,7 +172,7 @@ class FileSource:
 
     def __init__(self, path: str | Path):
         self.name = str(path)
-        self._fh = open(path, "rb")
+        self._fh = open(path, "rb")  # noqa: SIM115 - held for the object's life; close() closes it
         self.size = os.fstat(self._fh.fileno()).st_size
 
     def read_at(self, offset: int, length: int) -> bytes:
@@ -193,7 +196,7 @@ class DecryptedFile(io.RawIOBase):
     `path` is a local file, or a source with `name`, `size`, `read_at(offset, length)` and
     `close()` (a large object in the database: models.storage.postgres)."""
 
-    def __init__(self, path, keyring: Keyring | None = None, what: str | None = None):
+    def __init__(self, path: Any, keyring: Keyring | None = None, what: str | None = None):
         super().__init__()
         self._src = path if hasattr(path, "read_at") else FileSource(path)
         self.name, self.mode = self._src.name, "rb"
@@ -232,7 +235,9 @@ class DecryptedFile(io.RawIOBase):
         except InvalidTag:
             raise DecryptionError(
                 f"{self._what} failed authentication at chunk {index}: it was altered, truncated or reordered "
-                f"(or key {self.key_id!r} is not the key it was written with)", key_id=self.key_id) from None
+                f"(or key {self.key_id!r} is not the key it was written with)",
+                key_id=self.key_id,
+            ) from None
         self._cached = (index, plain)
         return plain
 
@@ -242,13 +247,13 @@ class DecryptedFile(io.RawIOBase):
     def seekable(self) -> bool:
         return True
 
-    def readinto(self, buffer) -> int:
+    def readinto(self, buffer: Any) -> int:
         if self._pos >= self.size:
             return 0
         index, offset = divmod(self._pos, CHUNK_BYTES)
         chunk = memoryview(self._chunk(index))
         n = min(len(buffer), len(chunk) - offset)
-        buffer[:n] = chunk[offset:offset + n]
+        buffer[:n] = chunk[offset : offset + n]
         self._pos += n
         return n
 
@@ -278,12 +283,12 @@ class DecryptedFile(io.RawIOBase):
         super().close()
 
 
-def open_decrypted(path, keyring: Keyring | None = None, what: str | None = None) -> io.BufferedReader:
+def open_decrypted(path: Any, keyring: Keyring | None = None, what: str | None = None) -> io.BufferedReader:
     """A readable, seekable binary file of the plaintext (DecryptionError if it cannot be)."""
     return io.BufferedReader(DecryptedFile(path, keyring, what), buffer_size=CHUNK_BYTES)
 
 
-def open_stored(path: str | Path, keyring: Keyring | None = None, what: str | None = None):
+def open_stored(path: str | Path, keyring: Keyring | None = None, what: str | None = None) -> io.BufferedReader:
     """A stored file's plaintext: decrypted; a plain file (written before encryption) only
     where WHISPERQ_ALLOW_PLAINTEXT_ROWS allows it, else PlaintextRefused."""
     if is_encrypted(path):

@@ -14,6 +14,7 @@ windows are in the model now, and a batch is recorded (`stats()`, the log line n
 jobs) before its windows' results are handed out, so whoever has a result can already see
 the batch that made it.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -21,14 +22,14 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any
 
 from config.priorities import Priority
 
 log = logging.getLogger(__name__)
-
 
 
 @dataclass(order=True)
@@ -39,7 +40,7 @@ class _Item:
     payload: Any = field(compare=False)
     job_id: str = field(compare=False)
     enqueued: float = field(compare=False)
-    future: Future = field(compare=False)
+    future: Future[Any] = field(compare=False)
 
 
 @dataclass
@@ -56,9 +57,15 @@ class BatchRecord:
 class Batcher:
     """`run_batch(key, payloads) -> results` is called from one thread, one batch at a time."""
 
-    def __init__(self, run_batch: Callable[[Hashable, list[Any]], Sequence[Any]], max_batch: int = 8,
-                 max_wait: float = 0.05, history: int = 1000,
-                 on_batch: Callable[[BatchRecord], None] | None = None, parallel: int = 1):
+    def __init__(
+        self,
+        run_batch: Callable[[Hashable, list[Any]], Sequence[Any]],
+        max_batch: int = 8,
+        max_wait: float = 0.05,
+        history: int = 1000,
+        on_batch: Callable[[BatchRecord], None] | None = None,
+        parallel: int = 1,
+    ):
         if max_batch < 1 or parallel < 1:
             raise ValueError("max_batch and parallel must be at least 1")
         self.run_batch = run_batch
@@ -75,12 +82,15 @@ class Batcher:
         self.windows = 0
         self._count_lock = threading.Lock()
         self._running: dict[int, list[str]] = {}  # batch -> its job ids, while the model runs it
-        self._threads = [threading.Thread(target=self._loop, name=f"whisperq-batcher-{n}", daemon=True)
-                         for n in range(parallel)]
+        self._threads = [
+            threading.Thread(target=self._loop, name=f"whisperq-batcher-{n}", daemon=True) for n in range(parallel)
+        ]
         for thread in self._threads:
             thread.start()
 
-    def submit(self, key: Hashable, payloads: Sequence[Any], priority: str = "normal", job_id: str = "") -> list[Future]:
+    def submit(
+        self, key: Hashable, payloads: Sequence[Any], priority: str = "normal", job_id: str = ""
+    ) -> list[Future[Any]]:
         rank = Priority.rank_of(priority)
         now = time.monotonic()
         futures = []
@@ -88,13 +98,13 @@ class Batcher:
             if self._closed:
                 raise RuntimeError("the batcher is shut down")
             for payload in payloads:
-                fut: Future = Future()
+                fut: Future[Any] = Future()
                 self._pending.append(_Item(rank, next(self._seq), key, payload, job_id, now, fut))
                 futures.append(fut)
             self._cond.notify_all()
         return futures
 
-    def cancel(self, futures: Sequence[Future]) -> int:
+    def cancel(self, futures: Sequence[Future[Any]]) -> int:
         """Withdraw windows that have not been batched yet (a job that timed out or stopped)."""
         wanted = {id(f) for f in futures}
         with self._cond:
@@ -190,7 +200,7 @@ class Batcher:
                     self._run_one(item)
             return
         self._record(batch, wait_ms, (time.monotonic() - started) * 1000, ready)
-        for item, result in zip(batch, results):
+        for item, result in zip(batch, results, strict=True):
             item.future.set_result(result)
 
     def _run_one(self, item: _Item) -> None:
@@ -225,5 +235,11 @@ class Batcher:
                 self.on_batch(record)
             except Exception:
                 log.warning("batch record not passed on", exc_info=True)
-        log.info("batch: %d windows from %d jobs (%s), waited %.0f ms, ran %.0f ms", len(batch), jobs,
-                 ", ".join(sorted({i.job_id for i in batch if i.job_id})), wait_ms, run_ms)
+        log.info(
+            "batch: %d windows from %d jobs (%s), waited %.0f ms, ran %.0f ms",
+            len(batch),
+            jobs,
+            ", ".join(sorted({i.job_id for i in batch if i.job_id})),
+            wait_ms,
+            run_ms,
+        )

@@ -52,6 +52,7 @@ rows. The cross-attention heads that align words (``config.json``'s ``alignment_
 are kept in the checkpoint as ``alignment_heads``: openai-whisper ignores the key, this
 service's engine applies it.
 """
+
 from __future__ import annotations
 
 import json
@@ -74,12 +75,12 @@ class ConversionError(ValueError):
     """The source is not a CTranslate2 Whisper model this converter can read; says why."""
 
 
-def read_model_bin(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str], dict[str, Any]]:
+def read_model_bin(path: str | os.PathLike[str]) -> tuple[dict[str, np.ndarray], dict[str, str], dict[str, Any]]:
     """Variables (raw dtypes, bfloat16 as uint16), aliases, and a header {version, spec, revision}."""
     data = Path(path).read_bytes()
     pos = 0
 
-    def take(fmt: str):
+    def take(fmt: str) -> Any:
         nonlocal pos
         values = struct.unpack_from("<" + fmt, data, pos)
         pos += struct.calcsize("<" + fmt)
@@ -88,15 +89,17 @@ def read_model_bin(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict
     def string() -> str:
         nonlocal pos
         size = take("H")
-        text = data[pos:pos + size - 1].decode("utf-8")
+        text = data[pos : pos + size - 1].decode("utf-8")
         pos += size
         return text
 
     version = take("I")
     if version != BINARY_VERSION:
-        raise ConversionError(f"{path}: CTranslate2 binary version {version}; this converter reads version "
-                              f"{BINARY_VERSION} (CTranslate2 3.x and 4.x): convert the model again with a current "
-                              "ct2-transformers-converter")
+        raise ConversionError(
+            f"{path}: CTranslate2 binary version {version}; this converter reads version "
+            f"{BINARY_VERSION} (CTranslate2 3.x and 4.x): convert the model again with a current "
+            "ct2-transformers-converter"
+        )
     spec, revision = string(), take("I")
     variables: dict[str, np.ndarray] = {}
     for _ in range(take("I")):
@@ -105,8 +108,9 @@ def read_model_bin(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict
         shape = tuple(take("I") for _ in range(rank))
         dtype, size = DTYPES[take("B")], take("I")
         stored = np.uint16 if dtype == "bfloat16" else np.dtype(dtype)  # numpy has no bfloat16
-        variables[name] = np.frombuffer(data, dtype=stored, count=size // np.dtype(stored).itemsize,
-                                        offset=pos).reshape(shape)
+        variables[name] = np.frombuffer(
+            data, dtype=stored, count=size // np.dtype(stored).itemsize, offset=pos
+        ).reshape(shape)
         pos += size
     aliases = {}
     for _ in range(take("I")):
@@ -115,7 +119,7 @@ def read_model_bin(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict
     return variables, aliases, {"version": version, "spec": spec, "revision": revision}
 
 
-def weight_dtype(model_dir: str | os.PathLike) -> str:
+def weight_dtype(model_dir: str | os.PathLike[str]) -> str:
     """The stored type of the model's weight matrices (what `ct2-*-converter --quantization` chose)."""
     variables, _aliases, _header = read_model_bin(Path(model_dir) / "model.bin")
     return _dtype_name(variables["encoder/conv1/weight"])
@@ -166,7 +170,9 @@ def _heads(variables: dict[str, np.ndarray], config: dict[str, Any], side: str, 
     return state // 64  # every Whisper size has 64-wide heads
 
 
-def _pairs(prefix: str, ct2: str, variables: dict[str, np.ndarray], out: dict[str, np.ndarray], bias: bool = True) -> None:
+def _pairs(
+    prefix: str, ct2: str, variables: dict[str, np.ndarray], out: dict[str, np.ndarray], bias: bool = True
+) -> None:
     out[f"{prefix}.weight"] = variables[f"{ct2}/weight"]
     if bias:
         out[f"{prefix}.bias"] = variables[f"{ct2}/bias"]
@@ -177,11 +183,13 @@ def _norm(prefix: str, ct2: str, variables: dict[str, np.ndarray], out: dict[str
     out[f"{prefix}.bias"] = variables[f"{ct2}/beta"]
 
 
-def _split(prefix: str, names: tuple[str, ...], ct2: str, variables: dict[str, np.ndarray], out: dict[str, np.ndarray]) -> None:
+def _split(
+    prefix: str, names: tuple[str, ...], ct2: str, variables: dict[str, np.ndarray], out: dict[str, np.ndarray]
+) -> None:
     """A fused projection (rows q|k|v, or k|v) into openai-whisper's separate Linear layers."""
     weights = np.split(variables[f"{ct2}/weight"], len(names), axis=0)
     biases = np.split(variables[f"{ct2}/bias"], len(names), axis=0)
-    for name, weight, bias in zip(names, weights, biases):
+    for name, weight, bias in zip(names, weights, biases, strict=True):
         out[f"{prefix}.{name}.weight"] = weight
         if name == "key":
             if np.abs(bias).max(initial=0.0) > 1e-6:
@@ -190,7 +198,7 @@ def _split(prefix: str, names: tuple[str, ...], ct2: str, variables: dict[str, n
             out[f"{prefix}.{name}.bias"] = bias
 
 
-def state_dict(model_dir: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, int], list[list[int]]]:
+def state_dict(model_dir: str | os.PathLike[str]) -> tuple[dict[str, np.ndarray], dict[str, int], list[list[int]]]:
     """openai-whisper's state dict (float32 arrays), its dims, and the alignment heads."""
     model_dir = Path(model_dir)
     if not (model_dir / "model.bin").is_file():
@@ -247,7 +255,7 @@ def state_dict(model_dir: str | os.PathLike) -> tuple[dict[str, np.ndarray], dic
     return sd, dims, heads
 
 
-def convert(src_dir: str | os.PathLike, dest: str | os.PathLike, half: bool | None = None) -> dict[str, int]:
+def convert(src_dir: str | os.PathLike[str], dest: str | os.PathLike[str], half: bool | None = None) -> dict[str, int]:
     """Write the checkpoint to `dest` atomically (a temporary file renamed into place); returns dims.
 
     `half`: store float16 (the size of openai's own checkpoints). The default stores
@@ -261,7 +269,9 @@ def convert(src_dir: str | os.PathLike, dest: str | os.PathLike, half: bool | No
     dtype = torch.float16 if half else torch.float32
     checkpoint = {
         "dims": dims,
-        "model_state_dict": {name: torch.from_numpy(np.ascontiguousarray(value)).to(dtype) for name, value in sd.items()},
+        "model_state_dict": {
+            name: torch.from_numpy(np.ascontiguousarray(value)).to(dtype) for name, value in sd.items()
+        },
         "alignment_heads": heads,
         "converted_from": {"path": str(Path(src_dir).resolve()), "ctranslate2_dtype": weight_dtype(src_dir)},
     }
@@ -283,13 +293,13 @@ def convert(src_dir: str | os.PathLike, dest: str | os.PathLike, half: bool | No
 class _Skip:
     """Stands for every torch object in a checkpoint's pickle: called with anything, holds nothing."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: object, **kwargs: object) -> None:
         pass
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: object, **kwargs: object) -> _Skip:
         return _Skip()
 
-    def __setstate__(self, state):
+    def __setstate__(self, state: object) -> None:
         pass
 
 
@@ -297,7 +307,7 @@ class _DimsUnpickler(pickle.Unpickler):
     """Reads a checkpoint's plain data (dims) without torch: tensors become placeholders,
     and no class outside torch and collections.OrderedDict is ever loaded."""
 
-    def find_class(self, module: str, name: str):
+    def find_class(self, module: str, name: str) -> type[object]:
         if module == "collections" and name == "OrderedDict":
             from collections import OrderedDict
 
@@ -306,11 +316,11 @@ class _DimsUnpickler(pickle.Unpickler):
             return _Skip
         raise pickle.UnpicklingError(f"a checkpoint should hold no {module}.{name}")
 
-    def persistent_load(self, pid):
+    def persistent_load(self, pid: object) -> None:
         return None
 
 
-def checkpoint_dims(path: str | os.PathLike) -> dict[str, int]:
+def checkpoint_dims(path: str | os.PathLike[str]) -> dict[str, int]:
     """A checkpoint's `dims`, read in the web process without torch or the weights."""
     with zipfile.ZipFile(path) as archive:
         name = next((n for n in archive.namelist() if n.endswith("/data.pkl") or n == "data.pkl"), None)

@@ -3,14 +3,16 @@
 Never load a model at import time or in the web process: CUDA cannot be initialised in a
 forked child whose parent touched it, and the web process has no use for the weights.
 """
+
 from __future__ import annotations
 
 import logging
-import os
 import math
+import os
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from models import compat
 from models.speech.audio import SAMPLE_RATE
@@ -20,7 +22,6 @@ if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
 
     from config import Settings
-
     from models.speech.windows import TimeMap
 
 log = logging.getLogger(__name__)
@@ -34,21 +35,26 @@ class SpeechEngine(Protocol):
 
     name: str
     device: str
-    # Set by models.speech.loader: the served model's name and its weights' version.
+    # Set by models.registry.loader: the served model's name and its weights' version.
     model_name: str | None
     version: str | None
 
-    def language_of(self, chunk: "np.ndarray", language: str | None) -> str:
-        ...
+    def language_of(self, chunk: np.ndarray, language: str | None) -> str: ...
 
     def transcribe_batch(
-        self, chunks: Sequence["np.ndarray"], offsets: Sequence["float | TimeMap"], language: str, task: str = "transcribe",
-        word_timestamps: bool = False, prompt: str | None = None, temperature: float = 0.0,
-    ) -> list[list[Segment]]:
-        ...
+        self,
+        chunks: Sequence[np.ndarray],
+        offsets: Sequence[float | TimeMap],
+        language: str,
+        task: str = "transcribe",
+        word_timestamps: bool = False,
+        prompt: str | None = None,
+        temperature: float = 0.0,
+    ) -> list[list[Segment]]: ...
 
-    def transcribe(self, audio: "np.ndarray", language: str | None = None, task: str = "transcribe", batch_size: int = 1) -> Transcript:
-        ...
+    def transcribe(
+        self, audio: np.ndarray, language: str | None = None, task: str = "transcribe", batch_size: int = 1
+    ) -> Transcript: ...
 
 
 def bundled_model_path() -> str:
@@ -98,23 +104,31 @@ class FasterWhisperEngine:
 
     name = "faster-whisper"
 
-    def __init__(self, path: str, device: str = "auto", compute_type: str = "auto", cpu_threads: int = 0, beam_size: int = 5,
-                 workers: int = 1):
+    def __init__(
+        self,
+        path: str,
+        device: str = "auto",
+        compute_type: str = "auto",
+        cpu_threads: int = 0,
+        beam_size: int = 5,
+        workers: int = 1,
+    ):
         from faster_whisper import BatchedInferencePipeline, WhisperModel
 
         self.path = path
         self.device, self.compute_type = resolve_device(device, compute_type)
         self.beam_size = beam_size
         # `workers` batches may run at once, from as many threads (CTranslate2's inter_threads).
-        self.model = WhisperModel(path, device=self.device, compute_type=self.compute_type, cpu_threads=cpu_threads,
-                                  num_workers=workers)
+        self.model = WhisperModel(
+            path, device=self.device, compute_type=self.compute_type, cpu_threads=cpu_threads, num_workers=workers
+        )
         self.pipeline = BatchedInferencePipeline(self.model)
         self.multilingual = self.model.model.is_multilingual
         self.model_name: str | None = None
-        self.version: str | None = None  # models.speech.loader sets both
+        self.version: str | None = None  # models.registry.loader sets both
         self._tokenizers: dict[tuple[str, str], Any] = {}
 
-    def _tokenizer(self, language: str, task: str):
+    def _tokenizer(self, language: str, task: str) -> Any:
         from faster_whisper.tokenizer import Tokenizer
 
         key = (language, task)
@@ -122,25 +136,37 @@ class FasterWhisperEngine:
             self._tokenizers[key] = Tokenizer(self.model.hf_tokenizer, self.multilingual, task=task, language=language)
         return self._tokenizers[key]
 
-    def _options(self, tokenizer, prompt: str | None = None, temperature: float = 0.0):
+    def _options(self, tokenizer: Any, prompt: str | None = None, temperature: float = 0.0) -> Any:
         """faster-whisper's batched pipeline's decoding options: text without timestamp tokens
         (models.speech.segments says why); beam size from the settings, prompt and temperature per job."""
-        return compat.faster_whisper_options(tokenizer, beam_size=self.beam_size, prompt=prompt, temperature=temperature,
-                                             prepend_punctuations=PREPEND_PUNCTUATIONS,
-                                             append_punctuations=APPEND_PUNCTUATIONS)
+        return compat.faster_whisper_options(
+            tokenizer,
+            beam_size=self.beam_size,
+            prompt=prompt,
+            temperature=temperature,
+            prepend_punctuations=PREPEND_PUNCTUATIONS,
+            append_punctuations=APPEND_PUNCTUATIONS,
+        )
 
-    def language_of(self, chunk: "np.ndarray", language: str | None) -> str:
+    def language_of(self, chunk: np.ndarray, language: str | None) -> str:
         """The language to decode a job in: the requested one, else detected on its first window."""
         if not self.multilingual:
             return "en"
         if language:
             return language
+        detected: str
         detected, _prob, _all = self.model.detect_language(chunk)
         return detected
 
     def transcribe_batch(
-        self, chunks: Sequence["np.ndarray"], offsets: Sequence["float | TimeMap"], language: str, task: str = "transcribe",
-        word_timestamps: bool = False, prompt: str | None = None, temperature: float = 0.0,
+        self,
+        chunks: Sequence[np.ndarray],
+        offsets: Sequence[float | TimeMap],
+        language: str,
+        task: str = "transcribe",
+        word_timestamps: bool = False,
+        prompt: str | None = None,
+        temperature: float = 0.0,
     ) -> list[list[Segment]]:
         """One inference call over several windows; segments per window, in the recording's
         time (each window's offset, or its TimeMap when it is stretches of speech packed together).
@@ -158,21 +184,32 @@ class FasterWhisperEngine:
         tokenizer = self._tokenizer(language, task)
         features = np.stack([pad_or_trim(self.model.feature_extractor(c)[..., :-1]) for c in chunks])
         encoder_output, outputs = compat.faster_whisper_decode(
-            self.pipeline, features, tokenizer, self._options(tokenizer, prompt, temperature))
+            self.pipeline, features, tokenizer, self._options(tokenizer, prompt, temperature)
+        )
         texts = [[t for t in out["tokens"] if t < tokenizer.eot] for out in outputs]
         hop = self.model.feature_extractor.hop_length
         frames = [min(features.shape[-1], math.ceil(len(c) / hop)) for c in chunks]
-        alignments = compat.faster_whisper_align(self.model, tokenizer, texts, encoder_output, frames) if any(texts) else []
+        alignments = (
+            compat.faster_whisper_align(self.model, tokenizer, texts, encoder_output, frames) if any(texts) else []
+        )
         result = []
-        for n, (chunk, offset, tokens) in enumerate(zip(chunks, offsets, texts)):
+        for n, (chunk, offset, tokens) in enumerate(zip(chunks, offsets, texts, strict=True)):
             aligned = list(alignments[n]) if tokens and n < len(alignments) else []
             merge_punctuations(aligned, PREPEND_PUNCTUATIONS, APPEND_PUNCTUATIONS)
-            result.append(window_segments(
-                tokenizer.decode(tokens), [(w["word"], w["start"], w["end"], w["probability"]) for w in aligned],
-                offset, len(chunk) / SAMPLE_RATE, word_timestamps))
+            result.append(
+                window_segments(
+                    tokenizer.decode(tokens),
+                    [(w["word"], w["start"], w["end"], w["probability"]) for w in aligned],
+                    offset,
+                    len(chunk) / SAMPLE_RATE,
+                    word_timestamps,
+                )
+            )
         return result
 
-    def transcribe(self, audio: "np.ndarray", language: str | None = None, task: str = "transcribe", batch_size: int = 1) -> Transcript:
+    def transcribe(
+        self, audio: np.ndarray, language: str | None = None, task: str = "transcribe", batch_size: int = 1
+    ) -> Transcript:
         """A whole recording in this process, `batch_size` windows per call."""
         from models.speech.windows import split_windows
 
@@ -180,12 +217,12 @@ class FasterWhisperEngine:
         segments: list[Segment] = []
         lang = self.language_of(windows[0].samples(audio), language) if windows else (language or "en")
         for i in range(0, len(windows), batch_size):
-            group = windows[i:i + batch_size]
-            for segs in self.transcribe_batch([w.samples(audio) for w in group], [w.time_map() for w in group], lang, task):
+            group = windows[i : i + batch_size]
+            for segs in self.transcribe_batch(
+                [w.samples(audio) for w in group], [w.time_map() for w in group], lang, task
+            ):
                 segments.extend(segs)
         return Transcript.from_segments(segments, lang, len(audio) / SAMPLE_RATE)
-
-
 
 
 def usable_cores() -> int:
@@ -204,7 +241,7 @@ def usable_cores() -> int:
     return max(1, cores)
 
 
-def engine_threads(settings: "Settings") -> int:
+def engine_threads(settings: Settings) -> int:
     """CPU threads per running batch: WHISPERQ_CPU_THREADS, else one for faster-whisper
     (batches run side by side, one per core: on a 2-core CPU two one-thread batches of 2
     windows do 38.2 audio-s/s where one batch on both cores does 25.1, `make bench`) and
@@ -214,7 +251,7 @@ def engine_threads(settings: "Settings") -> int:
     return usable_cores() if settings.engine == "openai-whisper" else 1
 
 
-def parallel_batches(settings: "Settings") -> int:
+def parallel_batches(settings: Settings) -> int:
     """How many batches run at once in an inference process: on a CPU, the usable cores
     divided by the threads of one batch (CTranslate2's workers); on a GPU, and for
     openai-whisper, one."""
@@ -231,14 +268,14 @@ def parallel_batches(settings: "Settings") -> int:
 BATCH_SIZE = {"cpu": 2, "cuda": 16}
 
 
-def batch_size(settings: "Settings") -> int:
+def batch_size(settings: Settings) -> int:
     """WHISPERQ_BATCH_SIZE, or the device's default (BATCH_SIZE)."""
     if settings.batch_size:
         return settings.batch_size
     return BATCH_SIZE[resolve_device(settings.device, settings.compute_type)[0]]
 
 
-def slots_needed(settings: "Settings") -> int:
+def slots_needed(settings: Settings) -> int:
     """Jobs an inference process must hold so that the model never waits: a full batch for
     each of its parallel batches, and one more forming."""
     return (parallel_batches(settings) + 1) * batch_size(settings)

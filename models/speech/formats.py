@@ -1,8 +1,10 @@
 """Transcript exports: plain text, JSON, SubRip (SRT) and WebVTT."""
+
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 FORMATS = ("txt", "json", "srt", "vtt")
 MIME_TYPES = {
@@ -14,14 +16,14 @@ MIME_TYPES = {
 
 
 def _clock(seconds: float, sep: str) -> str:
-    millis = max(0, int(round(seconds * 1000)))
+    millis = max(0, round(seconds * 1000))
     hours, millis = divmod(millis, 3_600_000)
     minutes, millis = divmod(millis, 60_000)
     secs, millis = divmod(millis, 1000)
     return f"{hours:02d}:{minutes:02d}:{secs:02d}{sep}{millis:03d}"
 
 
-def _cues(result: dict[str, Any]):
+def _cues(result: dict[str, Any]) -> Iterator[tuple[float, float, str]]:
     for seg in result.get("segments") or []:
         text = " ".join(str(seg.get("text", "")).split())
         if text:

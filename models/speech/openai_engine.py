@@ -9,30 +9,37 @@ faster-whisper engine decodes them (text without timestamp tokens, words aligned
 cross-attention, segments cut by models.speech.segments), so both engines give the same segments
 for the same text.
 """
+
 from __future__ import annotations
 
 import hashlib
 import logging
 import math
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from models import compat
 from models.speech.audio import SAMPLE_RATE
+from models.speech.engines import (
+    APPEND_PUNCTUATIONS,
+    PREPEND_PUNCTUATIONS,
+    FasterWhisperEngine,
+    bundled_model_path,
+    engine_threads,
+)
 from models.speech.segments import Segment, window_segments
-from models.speech.engines import (APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, FasterWhisperEngine, bundled_model_path,
-                                   engine_threads)
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
 
     from config import Settings
     from config.registry import ModelSpec
-
     from models.speech.windows import TimeMap
 
 log = logging.getLogger(__name__)
+
 
 def resolve_torch_device(device: str) -> str:
     """`auto` means CUDA where PyTorch sees a GPU, else CPU."""
@@ -43,12 +50,10 @@ def resolve_torch_device(device: str) -> str:
     return device
 
 
-def checkpoint_path(settings: "Settings", spec: "ModelSpec | None" = None) -> str:
-    """The checkpoint to load: the model's weights when they are a file, else its CTranslate2
-    directory (the bundled tiny.en by default) converted once into the data dir."""
-    from models.speech.catalog import weights_path
-
-    source = weights_path(spec or settings.model(), settings.data_dir)
+def checkpoint_path(settings: Settings, source: str) -> str:
+    """The checkpoint to load for a model's weights `source` (models.registry.catalog.weights_path
+    names them): the weights when they are a file, else the CTranslate2 directory (such as the
+    bundled tiny.en) converted once into the data dir."""
     if Path(source).is_file():
         return source
     if source == bundled_model_path():
@@ -75,8 +80,14 @@ class OpenAIWhisperEngine:
 
     name = "openai-whisper"
 
-    def __init__(self, checkpoint: str, device: str = "auto", compute_type: str = "auto", cpu_threads: int = 0,
-                 beam_size: int = 5):
+    def __init__(
+        self,
+        checkpoint: str,
+        device: str = "auto",
+        compute_type: str = "auto",
+        cpu_threads: int = 0,
+        beam_size: int = 5,
+    ):
         import torch
         import whisper
         from whisper.model import ModelDimensions, Whisper
@@ -102,44 +113,51 @@ class OpenAIWhisperEngine:
         self.model = model.to(self.device).eval()
         self.multilingual = model.is_multilingual
         self.model_name: str | None = None
-        self.version: str | None = None  # models.speech.loader sets both
+        self.version: str | None = None  # models.registry.loader sets both
         self._lock = threading.Lock()
         self._tokenizers: dict[tuple[str, str], Any] = {}
 
-    def _tokenizer(self, language: str, task: str):
+    def _tokenizer(self, language: str, task: str) -> Any:
         from whisper.tokenizer import get_tokenizer
 
         key = (language, task)
         if key not in self._tokenizers:
-            self._tokenizers[key] = get_tokenizer(self.multilingual, num_languages=self.model.num_languages,
-                                                  language=language, task=task)
+            self._tokenizers[key] = get_tokenizer(
+                self.multilingual, num_languages=self.model.num_languages, language=language, task=task
+            )
         return self._tokenizers[key]
 
-    def _mel(self, chunk: "np.ndarray"):
+    def _mel(self, chunk: np.ndarray) -> Any:
         """The window's log-mel over 30 s, as whisper.transcribe makes it (audio padded with silence)."""
+        import numpy as np
         import torch
         from whisper.audio import N_FRAMES, N_SAMPLES, log_mel_spectrogram, pad_or_trim
-
-        import numpy as np
 
         samples = torch.from_numpy(np.ascontiguousarray(chunk[:N_SAMPLES], dtype=np.float32))
         mel = log_mel_spectrogram(samples, self.model.dims.n_mels, padding=N_SAMPLES, device=self.device)
         return pad_or_trim(mel[:, :N_FRAMES], N_FRAMES).to(torch.float16 if self.fp16 else torch.float32)
 
-    def language_of(self, chunk: "np.ndarray", language: str | None) -> str:
+    def language_of(self, chunk: np.ndarray, language: str | None) -> str:
         """The language to decode a job in: the requested one, else detected on its first window."""
         if not self.multilingual:
             return "en"
         if language:
             return language
         mel = self._mel(chunk)
+        probs: dict[str, float]  # one window: one language -> probability mapping
         with self._lock:
             _tokens, probs = self.model.detect_language(mel)
-        return max(probs, key=probs.get)
+        return max(probs, key=probs.__getitem__)
 
     def transcribe_batch(
-        self, chunks: Sequence["np.ndarray"], offsets: Sequence["float | TimeMap"], language: str, task: str = "transcribe",
-        word_timestamps: bool = False, prompt: str | None = None, temperature: float = 0.0,
+        self,
+        chunks: Sequence[np.ndarray],
+        offsets: Sequence[float | TimeMap],
+        language: str,
+        task: str = "transcribe",
+        word_timestamps: bool = False,
+        prompt: str | None = None,
+        temperature: float = 0.0,
     ) -> list[list[Segment]]:
         """One `whisper.decode` call over several windows, text without timestamp tokens
         (models.speech.segments says why); then each window's words aligned (whisper.timing) and
@@ -152,21 +170,30 @@ class OpenAIWhisperEngine:
         tokenizer = self._tokenizer(language, task)
         mels = [self._mel(c) for c in chunks]
         options = whisper.DecodingOptions(
-            task=task, language=language if self.multilingual else "en", temperature=temperature,
-            beam_size=self.beam_size if temperature == 0 else None, prompt=prompt,
-            without_timestamps=True, fp16=self.fp16,
+            task=task,
+            language=language if self.multilingual else "en",
+            temperature=temperature,
+            beam_size=self.beam_size if temperature == 0 else None,
+            prompt=prompt,
+            without_timestamps=True,
+            fp16=self.fp16,
         )
         out = []
         with self._lock, torch.no_grad():
             results = compat.openai_whisper_decoding_task(self.model, options).run(torch.stack(mels))
-            for chunk, offset, mel, result in zip(chunks, offsets, mels, results):
+            for chunk, offset, mel, result in zip(chunks, offsets, mels, results, strict=True):
                 tokens = [t for t in result.tokens if t < tokenizer.eot]
                 aligned = self._align(tokens, tokenizer, mel, len(chunk)) if tokens else []
-                out.append(window_segments(tokenizer.decode(tokens), aligned, offset, len(chunk) / SAMPLE_RATE,
-                                           word_timestamps))
+                out.append(
+                    window_segments(
+                        tokenizer.decode(tokens), aligned, offset, len(chunk) / SAMPLE_RATE, word_timestamps
+                    )
+                )
         return out
 
-    def _align(self, tokens: list[int], tokenizer, mel, samples: int) -> list[tuple[str, float, float, float]]:
+    def _align(
+        self, tokens: list[int], tokenizer: Any, mel: Any, samples: int
+    ) -> list[tuple[str, float, float, float]]:
         """Word times from the alignment heads' cross-attention (whisper.timing), window-relative."""
         from whisper.audio import HOP_LENGTH, N_FRAMES
         from whisper.timing import find_alignment, merge_punctuations
@@ -180,8 +207,8 @@ class OpenAIWhisperEngine:
     transcribe = FasterWhisperEngine.transcribe
 
 
-def load_engine(settings: "Settings", spec: "ModelSpec | None" = None) -> OpenAIWhisperEngine:
-    """The engine for a worker process, from the settings (called once per process, by models.speech.loader.load_engine)."""
+def load_engine(settings: Settings, spec: ModelSpec, source: str) -> OpenAIWhisperEngine:
+    """The engine of a served model whose weights are `source` (called by models.registry.loader.load_engine)."""
     try:
         import torch  # noqa: F401
         import whisper  # noqa: F401
@@ -190,6 +217,10 @@ def load_engine(settings: "Settings", spec: "ModelSpec | None" = None) -> OpenAI
             "WHISPERQ_ENGINE=openai-whisper needs PyTorch and openai-whisper: `pip install torch==2.13.0` "
             "(or the build for your GPU), then `pip install -e '.[openai-whisper]'`"
         ) from exc
-    spec = spec or settings.model()
-    return OpenAIWhisperEngine(checkpoint_path(settings, spec), device=settings.device, compute_type=spec.compute_type,
-                               cpu_threads=engine_threads(settings), beam_size=spec.beam_size)
+    return OpenAIWhisperEngine(
+        checkpoint_path(settings, source),
+        device=settings.device,
+        compute_type=spec.compute_type,
+        cpu_threads=engine_threads(settings),
+        beam_size=spec.beam_size,
+    )

@@ -9,10 +9,12 @@ decoded words (the same one that gives word timestamps), and segments are cut fr
 here, the way subtitle guidelines cut cues: at a sentence's end, at a pause, and before a
 cue grows past two lines or seven seconds.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from models.speech.windows import TimeMap
 
@@ -51,7 +53,7 @@ class Transcript:
     segments: tuple[Segment, ...] = field(default_factory=tuple)
 
     @classmethod
-    def from_segments(cls, segments: Sequence[Segment], language: str | None, duration: float) -> "Transcript":
+    def from_segments(cls, segments: Sequence[Segment], language: str | None, duration: float) -> Transcript:
         ordered = tuple(sorted(segments, key=lambda s: (s.start, s.end)))
         return cls(" ".join(s.text for s in ordered if s.text), language, round(duration, 3), ordered)
 
@@ -74,13 +76,14 @@ class TimedWord:
     probability: float
 
 
-def placed(where: "float | TimeMap") -> TimeMap:
+def placed(where: float | TimeMap) -> TimeMap:
     """A window's place in the recording: its TimeMap, or the offset of a contiguous window."""
     return where if isinstance(where, TimeMap) else TimeMap.at(where)
 
 
-def window_words(aligned: Iterable[tuple[str, float, float, float]], where: "float | TimeMap",
-                 duration: float) -> list[TimedWord]:
+def window_words(
+    aligned: Iterable[tuple[str, float, float, float]], where: float | TimeMap, duration: float
+) -> list[TimedWord]:
     """An alignment's (word, start, end, probability), times relative to a window of
     `duration` s, as words of the recording: kept inside the window, in order, placed
     where the window's audio lies in the recording.
@@ -89,8 +92,11 @@ def window_words(aligned: Iterable[tuple[str, float, float, float]], where: "flo
     a word that ends a sentence on into the pause after it; such words are cut to twice the
     window's median word length (at most 1.4 s), as faster-whisper and whisper do.
     """
-    words = [(w, min(max(0.0, float(s)), duration), min(max(0.0, float(e)), duration), float(p))
-             for w, s, e, p in aligned if w]
+    words = [
+        (w, min(max(0.0, float(s)), duration), min(max(0.0, float(e)), duration), float(p))
+        for w, s, e, p in aligned
+        if w
+    ]
     lengths = sorted(e - s for _, s, e, _ in words if e > s)
     longest = 2 * min(0.7, lengths[len(lengths) // 2]) if lengths else 1.4
     place = placed(where)
@@ -122,8 +128,15 @@ def cues(words: Sequence[TimedWord], with_words: bool = False) -> list[Segment]:
         del current[:upto]
         text = "".join(w.text for w in taken).strip()
         if text:
-            kept = tuple({"word": w.text.strip(), "start": w.start, "end": w.end, "probability": w.probability}
-                         for w in taken if w.text.strip()) if with_words else None
+            kept = (
+                tuple(
+                    {"word": w.text.strip(), "start": w.start, "end": w.end, "probability": w.probability}
+                    for w in taken
+                    if w.text.strip()
+                )
+                if with_words
+                else None
+            )
             out.append(Segment(taken[0].start, taken[-1].end, text, kept))
 
     for word in words:
@@ -147,7 +160,8 @@ def _break(words: Sequence[TimedWord]) -> int:
     if clause:
         return clause[-1] + 1
     total = sum(len(w.text) for w in words)
-    at, best, best_distance = 0, 1, total
+    at, best = 0, 1
+    best_distance: float = total
     for i, w in enumerate(words[:-1], start=1):
         at += len(w.text)
         if abs(total / 2 - at) < best_distance:
@@ -155,8 +169,13 @@ def _break(words: Sequence[TimedWord]) -> int:
     return best
 
 
-def window_segments(text: str, aligned: Sequence[tuple[str, float, float, float]], where: "float | TimeMap",
-                    duration: float, with_words: bool = False) -> list[Segment]:
+def window_segments(
+    text: str,
+    aligned: Sequence[tuple[str, float, float, float]],
+    where: float | TimeMap,
+    duration: float,
+    with_words: bool = False,
+) -> list[Segment]:
     """A decoded window as segments. Should the alignment give no words for text it has,
     the text is still kept, as one segment over the whole window."""
     segments = cues(window_words(aligned, where, duration), with_words)

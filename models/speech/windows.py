@@ -6,11 +6,13 @@ up to 30 s of speech whatever the pauses (fewer windows, so fewer model calls), 
 word alignment that times the transcript (models.speech.segments) never has to place words in a
 long silence. `TimeMap` takes times in a window back to times in the recording.
 """
+
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -27,7 +29,7 @@ class TimeMap:
     pieces: tuple[tuple[float, float], ...]
 
     @classmethod
-    def at(cls, offset: float) -> "TimeMap":
+    def at(cls, offset: float) -> TimeMap:
         """A window that is one stretch of the recording, starting at `offset` s."""
         return cls(((0.0, float(offset)),))
 
@@ -69,7 +71,7 @@ class Window:
 
     def samples(self, audio: np.ndarray) -> np.ndarray:
         if len(self.spans) == 1:
-            return audio[self.start:self.end]
+            return audio[self.start : self.end]
         return np.concatenate([audio[s:e] for s, e in self.spans])
 
     def time_map(self) -> TimeMap:
@@ -83,7 +85,7 @@ class Window:
         return [[s, e] for s, e in self.spans]
 
     @classmethod
-    def from_message(cls, value: Sequence) -> "Window":
+    def from_message(cls, value: Sequence[Any]) -> Window:
         """A window as the prepare step sends it: a list of [start, end] stretches; a bare
         [start, end] (what earlier versions sent) is one stretch."""
         if len(value) == 2 and all(isinstance(v, int) for v in value):
@@ -107,9 +109,7 @@ def split_windows(samples: np.ndarray, max_seconds: float = MAX_WINDOW_SECONDS) 
         return [Window(((0, len(samples)),))]
     from faster_whisper.vad import VadOptions, get_speech_timestamps
 
-    speech = get_speech_timestamps(
-        samples, VadOptions(max_speech_duration_s=max_seconds, min_silence_duration_ms=160)
-    )
+    speech = get_speech_timestamps(samples, VadOptions(max_speech_duration_s=max_seconds, min_silence_duration_ms=160))
     windows: list[Window] = []
     spans: list[tuple[int, int]] = []
     length = 0

@@ -5,20 +5,24 @@ A reference is a relative name the service chose: `audio/<id[:2]>/<id>` for a jo
 caller owns (`transcribe.delay("/path")`): read in place, as it is, and never deleted.
 Each host keeps its own tmp/ under its data dir for spools and fetches in progress.
 """
+
 from __future__ import annotations
 
 import os
 import shutil
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator
+from typing import IO, TYPE_CHECKING, BinaryIO
 
 from config import private_dir
-
 from models.security.sealed import EncryptedWriter
 
 if TYPE_CHECKING:
+    import numpy as np
+    from sqlalchemy.orm import Session
+
     from models.storage.spool import SealedSpool
 
 
@@ -59,8 +63,9 @@ class Storage:
             path.mkdir(parents=True, exist_ok=True)
         return path
 
-    def spool(self, stream: BinaryIO, limit: int | None = None,
-              too_large: Callable[[], BaseException] | None = None) -> SealedSpool:
+    def spool(
+        self, stream: IO[bytes], limit: int | None = None, too_large: Callable[[], BaseException] | None = None
+    ) -> SealedSpool:
         """Copy an upload, encrypted, to a temporary file on this host."""
         from models.storage.spool import SealedSpool
 
@@ -93,14 +98,14 @@ class Storage:
             return os.path.lexists(ref)  # a link there is refused when it is opened, not waited for
         return self._exists(ref)
 
-    def adopt(self, tmp: Path, job_id: str, session=None) -> str:
+    def store_audio(self, tmp: Path, job_id: str, session: Session | None = None) -> str:
         """Move a sealed local file into the store as the job's audio; returns its reference.
         Given the session that writes the job's row, a backend that can commits both at once."""
         ref = audio_ref(job_id)
         self.put(tmp, ref, session=session)
         return ref
 
-    def put(self, tmp: Path, ref: str, session=None) -> None:
+    def put(self, tmp: Path, ref: str, session: Session | None = None) -> None:
         """Move the sealed local file `tmp` into the store under `ref` (replacing one there)."""
         raise NotImplementedError
 
@@ -128,7 +133,7 @@ class Storage:
         raise NotImplementedError
 
     # -- shared ----------------------------------------------------------------------------
-    def save_samples(self, job_id: str, samples) -> str:
+    def save_samples(self, job_id: str, samples: np.ndarray) -> str:
         """Prepared audio (16 kHz mono) as 16-bit PCM in a .npy file; returns its reference."""
         import numpy as np
 
@@ -143,15 +148,16 @@ class Storage:
             tmp.unlink(missing_ok=True)
         return ref
 
-    def load_samples(self, ref: str):
+    def load_samples(self, ref: str) -> np.ndarray:
         import numpy as np
 
         with self.open(ref) as fh:
-            return np.load(fh).astype(np.float32) / 32768.0
+            samples: np.ndarray = np.load(fh).astype(np.float32) / 32768.0
+            return samples
 
     def copy_to_spool(self, ref: str) -> Path:
         """A stored (or caller's) file copied into this host's tmp folder, sealed anew, for
-        another job to adopt (a re-run): each job owns its audio, and deleting one leaves the other's."""
+        another job to store as its audio (a re-run): each job owns its audio, and deleting one leaves the other's."""
         tmp = self.tmp_dir / f"rerun-{uuid.uuid4().hex}"
         with self.open(ref) as src, self.writer(tmp) as out:
             shutil.copyfileobj(src, out, 1 << 20)

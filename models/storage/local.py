@@ -1,5 +1,6 @@
 """Files under the data directory: the default store, and the one a shared mount gives
 every host. A file is written beside its place and renamed in, so a reader never sees half."""
+
 from __future__ import annotations
 
 import ctypes
@@ -7,11 +8,15 @@ import errno
 import os
 import shutil
 import stat
+from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from models.security.sealed import EncryptedWriter, file_key_id, open_stored
 from models.storage.base import Storage, StoredFile
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 
 class LocalStorage(Storage):
@@ -27,7 +32,7 @@ class LocalStorage(Storage):
             raise ValueError(f"storage reference {ref!r} points outside the data directory")
         return path
 
-    def put(self, tmp: Path, ref: str, session=None) -> None:
+    def put(self, tmp: Path, ref: str, session: Session | None = None) -> None:
         dest = self.path(ref)
         dest.parent.mkdir(parents=True, exist_ok=True)
         os.replace(tmp, dest)
@@ -84,6 +89,7 @@ class _Gone(Exception):
 
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
+_renameat2: Any  # glibc's renameat2, or None
 try:
     _renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
 except (AttributeError, OSError):  # not Linux/glibc

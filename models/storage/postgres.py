@@ -6,17 +6,19 @@ row of `stored_objects` (reference -> oid). An upload's object is written in the
 that writes its job's row: both are there, or neither. Reads fetch 1 MiB blocks on demand,
 so a decoder seeks (an MP4's index at its end) without copying the whole file out.
 """
+
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
 
-from sqlalchemy import BigInteger, String, or_, select, text
+from sqlalchemy import BigInteger, Connection, String, or_, select, text
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
-from models.db import Base, UTCDateTime, utcnow
+from models.db import Base, Database, UTCDateTime, utcnow
 from models.security.sealed import CHUNK_BYTES, DecryptedFile, EncryptedWriter, header_key_id
 from models.storage.base import Storage, StoredFile
 
@@ -35,7 +37,7 @@ class StoredObject(Base):
 class LargeObjectSource:
     """A large object read at offsets (DecryptedFile's source), a block at a time."""
 
-    def __init__(self, db, oid: int, size: int, name: str):
+    def __init__(self, db: Database, oid: int, size: int, name: str):
         self.db, self.oid, self.size, self.name = db, oid, size, name
         self._block: tuple[int, bytes] = (-1, b"")
 
@@ -44,8 +46,11 @@ class LargeObjectSource:
 
         try:
             with self.db.engine.connect() as conn:
-                return bytes(conn.execute(text("SELECT lo_get(:oid, :start, :n)"),
-                                          {"oid": self.oid, "start": start, "n": CHUNK}).scalar_one())
+                return bytes(
+                    conn.execute(
+                        text("SELECT lo_get(:oid, :start, :n)"), {"oid": self.oid, "start": start, "n": CHUNK}
+                    ).scalar_one()
+                )
         except DBAPIError as exc:  # deleted while it was read
             raise FileNotFoundError(f"{self.name} is no longer in the database ({exc.orig})") from None
 
@@ -55,7 +60,7 @@ class LargeObjectSource:
             start = offset - offset % CHUNK
             if self._block[0] != start:
                 self._block = (start, self._fetch(start))
-            piece = self._block[1][offset - start:offset - start + length]
+            piece = self._block[1][offset - start : offset - start + length]
             if not piece:
                 break
             out += piece
@@ -69,7 +74,7 @@ class LargeObjectSource:
 class PostgresStorage(Storage):
     kind = "postgres"
 
-    def __init__(self, root: str | Path, db):
+    def __init__(self, root: str | Path, db: Database):
         super().__init__(root)
         self.db = db
 
@@ -85,10 +90,14 @@ class PostgresStorage(Storage):
         conn = session.connection()
         old = conn.execute(text("SELECT oid FROM stored_objects WHERE ref = :ref FOR UPDATE"), {"ref": ref}).scalar()
         oid, size = _upload(conn, tmp)
-        conn.execute(text("INSERT INTO stored_objects (ref, oid, size, created_at) VALUES (:ref, :oid, :size, :at) "
-                          "ON CONFLICT (ref) DO UPDATE SET oid = EXCLUDED.oid, size = EXCLUDED.size, "
-                          "created_at = EXCLUDED.created_at"),
-                     {"ref": ref, "oid": oid, "size": size, "at": utcnow()})
+        conn.execute(
+            text(
+                "INSERT INTO stored_objects (ref, oid, size, created_at) VALUES (:ref, :oid, :size, :at) "
+                "ON CONFLICT (ref) DO UPDATE SET oid = EXCLUDED.oid, size = EXCLUDED.size, "
+                "created_at = EXCLUDED.created_at"
+            ),
+            {"ref": ref, "oid": oid, "size": size, "at": utcnow()},
+        )
         if old is not None:
             conn.execute(text("SELECT lo_unlink(:oid)"), {"oid": old})
 
@@ -111,15 +120,20 @@ class PostgresStorage(Storage):
             return
         with self.db.session() as session:
             conn = session.connection()
-            for oid in conn.execute(text("DELETE FROM stored_objects WHERE ref = :ref RETURNING oid"),
-                                    {"ref": ref}).scalars().all():
+            for oid in (
+                conn.execute(text("DELETE FROM stored_objects WHERE ref = :ref RETURNING oid"), {"ref": ref})
+                .scalars()
+                .all()
+            ):
                 conn.execute(text("SELECT lo_unlink(:oid)"), {"oid": oid})
 
     def listing(self, folders: tuple[str, ...] = ("audio", "prepared"), parts: bool = False) -> Iterator[StoredFile]:
         # A large object is written in the transaction that names it: no parts are left.
-        query = (select(StoredObject.ref, StoredObject.created_at)
-                 .where(or_(*[StoredObject.ref.startswith(f"{folder}/") for folder in folders]))
-                 .order_by(StoredObject.ref))
+        query = (
+            select(StoredObject.ref, StoredObject.created_at)
+            .where(or_(*[StoredObject.ref.startswith(f"{folder}/") for folder in folders]))
+            .order_by(StoredObject.ref)
+        )
         with self.db.session() as session:
             rows = session.execute(query).all()
         for ref, created in rows:
@@ -146,13 +160,16 @@ class PostgresStorage(Storage):
                 return False
             with self.db.session() as session:
                 conn = session.connection()
-                now = conn.execute(text("SELECT oid FROM stored_objects WHERE ref = :ref FOR UPDATE"),
-                                   {"ref": ref}).scalar()
+                now = conn.execute(
+                    text("SELECT oid FROM stored_objects WHERE ref = :ref FOR UPDATE"), {"ref": ref}
+                ).scalar()
                 if now != row.oid:  # deleted, or written anew, meanwhile
                     return False
                 oid, size = _upload(conn, tmp)
-                conn.execute(text("UPDATE stored_objects SET oid = :oid, size = :size WHERE ref = :ref"),
-                             {"oid": oid, "size": size, "ref": ref})
+                conn.execute(
+                    text("UPDATE stored_objects SET oid = :oid, size = :size WHERE ref = :ref"),
+                    {"oid": oid, "size": size, "ref": ref},
+                )
                 conn.execute(text("SELECT lo_unlink(:oid)"), {"oid": row.oid})
             return True
         finally:
@@ -166,7 +183,7 @@ class PostgresStorage(Storage):
         return LargeObjectSource(self.db, row.oid, row.size, ref).read_at(0, row.size)
 
 
-def _upload(conn, tmp: Path) -> tuple[int, int]:
+def _upload(conn: Connection, tmp: Path) -> tuple[int, int]:
     """A new large object holding the file's bytes, sent in chunks: (oid, size)."""
     with open(tmp, "rb") as fh:
         first = fh.read(CHUNK)

@@ -1,5 +1,6 @@
 """What arrives before it is stored: an upload spooled and sealed as it comes in, the client's
 file name made safe, and a caller's own file (`transcribe.delay(path)`) checked."""
+
 from __future__ import annotations
 
 import errno
@@ -9,8 +10,9 @@ import os
 import stat
 import tempfile
 import unicodedata
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import Any, BinaryIO, cast
 
 from models.security.crypto import Keyring, current_keyring
 from models.security.sealed import EncryptedWriter, open_decrypted
@@ -44,8 +46,10 @@ def caller_file(ref: str, input_dirs: tuple[Path, ...], data_dir: Path, others: 
     mine = max((len(d.parts) for d in input_dirs if _within(d, real)), default=-1)
     theirs = max((len(d.parts) for d in others if _within(d, real)), default=-1)
     if mine < 0 or theirs > mine:
-        raise ValueError(f"{ref!r} is outside your input directories ({listed}); put the file there, or ask an "
-                         "operator to add its directory to WHISPERQ_INPUT_DIRS")
+        raise ValueError(
+            f"{ref!r} is outside your input directories ({listed}); put the file there, or ask an "
+            "operator to add its directory to WHISPERQ_INPUT_DIRS"
+        )
     store = Path(os.path.realpath(data_dir))
     if _within(store, real) and (store / "inbox") not in real.parents:
         raise ValueError(f"{ref!r} is in the service's own data directory; only its inbox/ may be read this way")
@@ -77,14 +81,19 @@ class SealedSpool:
     """An upload as it arrives: encrypted into `directory` while it is hashed (sha256 of
     the plaintext) and counted, refused with `too_large()` the moment it passes `limit`.
     Once seek() or read() is called it is complete, and reads back decrypted.
-    `discard()` removes every trace; `path` is the finished file (for `adopt`)."""
+    `discard()` removes every trace; `path` is the finished file (for `store_audio`)."""
 
-    def __init__(self, directory: str | Path, limit: int | None = None,
-                 too_large: Callable[[], BaseException] | None = None, keyring: Keyring | None = None):
+    def __init__(
+        self,
+        directory: str | Path,
+        limit: int | None = None,
+        too_large: Callable[[], BaseException] | None = None,
+        keyring: Keyring | None = None,
+    ):
         self._keyring = keyring or current_keyring()
         fd, name = tempfile.mkstemp(dir=directory, prefix="upload-")  # holds the name until the file replaces it
         os.close(fd)
-        self.path = Path(name)
+        self.path: Path | None = Path(name)  # None once released
         self.name = name
         self.limit, self._too_large = limit, too_large or (lambda: ValueError(f"the upload is over {limit} bytes"))
         self.sha256 = hashlib.sha256()
@@ -97,7 +106,7 @@ class SealedSpool:
             self.path.unlink(missing_ok=True)
             raise
 
-    def write(self, data) -> int:
+    def write(self, data: Any) -> int:
         if self._reader is not None or self._writer.closed:
             raise ValueError("the upload is complete; it cannot be written to")
         n = len(memoryview(data).cast("B"))
@@ -109,11 +118,15 @@ class SealedSpool:
         self.size += n
         return n
 
-    def finish(self) -> "SealedSpool":
+    def finish(self) -> SealedSpool:
         if self._reader is None:
             self._writer.close()
             self._reader = open_decrypted(self.path, self._keyring, "the upload")
         return self
+
+    def _finished(self) -> io.BufferedReader:
+        """The reader of the complete upload (finish() opens it)."""
+        return cast(io.BufferedReader, self.finish()._reader)
 
     def open(self) -> io.BufferedReader:
         """A new reader of the complete upload."""
@@ -130,28 +143,28 @@ class SealedSpool:
         return self._reader is None
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        return self.finish()._reader.seek(offset, whence)
+        return self._finished().seek(offset, whence)
 
     def tell(self) -> int:
         return self._reader.tell() if self._reader is not None else self.size
 
     def read(self, size: int = -1) -> bytes:
-        return self.finish()._reader.read(size)
+        return self._finished().read(size)
 
     def readline(self, size: int = -1) -> bytes:
-        return self.finish()._reader.readline(size)
+        return self._finished().readline(size)
 
-    def readinto(self, buffer) -> int:
-        return self.finish()._reader.readinto(buffer)
+    def readinto(self, buffer: Any) -> int:
+        return self._finished().readinto(buffer)
 
-    def __iter__(self):
-        return iter(self.finish()._reader)
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._finished())
 
     def flush(self) -> None:
         pass
 
     def close(self) -> None:
-        """Let go of open files (the file itself stays until discard() or adopt)."""
+        """Let go of open files (the file itself stays until discard() or store_audio())."""
         self.closed = True
         if self._reader is not None:
             self._reader.close()

@@ -1,4 +1,4 @@
-"""The MQTT bridge (`whisperq mqtt`, the Procfile's optional `mqtt` line; README "MQTT").
+"""The MQTT bridge (`whisperq mqtt`, the Procfile's optional `mqtt` line; docs/clients/mqtt.md).
 
 It subscribes to the request topic (QoS 1, a persistent session under a fixed client id, so
 requests sent while it is away wait for it at the broker) and submits each request through

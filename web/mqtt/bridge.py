@@ -27,6 +27,7 @@
   stops: the request being taken is finished, replies in flight get a few seconds, and what
   is not acknowledged stays with the broker (requests) or the database (replies) for next time.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,7 +41,7 @@ from collections import deque
 from flask import Flask
 
 from config.mqtt import MqttSettings
-from models.delivery.mqtt_replies import owe
+from models.delivery.mqtt_replies import record_request
 
 from .replies import Replier
 from .requests import MAX_PAYLOAD, Refused, read_request, too_large
@@ -71,9 +72,13 @@ class Bridge:
         self.deepest = 0  # the most requests the queue held at once
         self.waits, self.waited = 0, 0.0  # how often, and for how long, the network thread waited for room
         self.v5 = mq.protocol == "5"
-        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=mq.client_id,
-                                  protocol=mqtt.MQTTv5 if self.v5 else mqtt.MQTTv311,
-                                  clean_session=None if self.v5 else False, manual_ack=True)
+        self.client = mqtt.Client(
+            mqtt.CallbackAPIVersion.VERSION2,
+            client_id=mq.client_id,
+            protocol=mqtt.MQTTv5 if self.v5 else mqtt.MQTTv311,
+            clean_session=None if self.v5 else False,
+            manual_ack=True,
+        )
         if mq.username is not None:
             self.client.username_pw_set(mq.username, mq.password)
         if mq.tls:
@@ -88,13 +93,20 @@ class Bridge:
 
     def _connected(self, client, _userdata, flags, reason, _properties) -> None:
         if reason.is_failure:
-            log.error("the MQTT broker %s refused the connection: %s (check WHISPERQ_MQTT_URL's user and password)",
-                      self.mq.describe()["broker"], reason)
+            log.error(
+                "the MQTT broker %s refused the connection: %s (check WHISPERQ_MQTT_URL's user and password)",
+                self.mq.describe()["broker"],
+                reason,
+            )
             return
         self.generation += 1
         self.connected.set()
-        log.info("connected to %s as %s (session %s)", self.mq.describe()["broker"], self.mq.client_id,
-                 "resumed" if flags.session_present else "new")
+        log.info(
+            "connected to %s as %s (session %s)",
+            self.mq.describe()["broker"],
+            self.mq.client_id,
+            "resumed" if flags.session_present else "new",
+        )
         if self.v5:
             from paho.mqtt.subscribeoptions import SubscribeOptions
 
@@ -105,16 +117,23 @@ class Bridge:
 
     def _subscribed(self, _client, _userdata, _mid, reasons, _properties) -> None:
         if any(r.is_failure for r in reasons):
-            log.error("the MQTT broker refused the subscription to %s (%s); check its ACL for %s",
-                      self.mq.request_topic, ", ".join(str(r) for r in reasons), self.mq.client_id)
+            log.error(
+                "the MQTT broker refused the subscription to %s (%s); check its ACL for %s",
+                self.mq.request_topic,
+                ", ".join(str(r) for r in reasons),
+                self.mq.client_id,
+            )
         else:
             log.info("subscribed to %s; replies under %s/<client>", self.mq.request_topic, self.mq.reply_prefix)
 
     def _disconnected(self, _client, _userdata, _flags, reason, _properties) -> None:
         self.connected.clear()
         if getattr(reason, "value", None) == 0x8E:  # MQTT v5 "Session taken over"
-            log.error("another client connected with the client id %s and took this bridge's session: run exactly one "
-                      "bridge (or give each its own WHISPERQ_MQTT_CLIENT_ID and request topic)", self.mq.client_id)
+            log.error(
+                "another client connected with the client id %s and took this bridge's session: run exactly one "
+                "bridge (or give each its own WHISPERQ_MQTT_CLIENT_ID and request topic)",
+                self.mq.client_id,
+            )
         elif not self.stopping.is_set():
             log.warning("disconnected from the MQTT broker (%s); reconnecting", reason)
 
@@ -125,8 +144,11 @@ class Bridge:
                 refused = too_large(self.mq, message.topic, message.payload, message.properties, bool(message.retain))
             except Exception:  # a bug must not end paho's network thread (it raises what a callback raised)
                 log.exception("MQTT request on %s: reading its size failed", message.topic)
-                refused = Refused("too_large", f"the request is {len(message.payload)} bytes; the limit is "
-                                  f"{MAX_PAYLOAD // 1024} KiB", self.mq.reply_topic(self.mq.client_of(message.topic) or ""))
+                refused = Refused(
+                    "too_large",
+                    f"the request is {len(message.payload)} bytes; the limit is {MAX_PAYLOAD // 1024} KiB",
+                    self.mq.reply_topic(self.mq.client_of(message.topic) or ""),
+                )
             message.payload = b""
         entry = (self.generation, message, refused)
         try:
@@ -135,8 +157,12 @@ class Bridge:
             since = time.monotonic()
             self.waits += 1
             if self.waits == 1 or self.waits % 100 == 0:
-                log.warning("the MQTT bridge's queue is full (%d requests, WHISPERQ_MQTT_QUEUE): it reads no more until "
-                            "there is room, the broker keeps the rest (%d times so far)", self.mq.queue, self.waits)
+                log.warning(
+                    "the MQTT bridge's queue is full (%d requests, WHISPERQ_MQTT_QUEUE): it reads no more "
+                    "until there is room, the broker keeps the rest (%d times so far)",
+                    self.mq.queue,
+                    self.waits,
+                )
             while True:
                 try:
                     self.requests.put(entry, timeout=0.5)
@@ -180,8 +206,15 @@ class Bridge:
                 continue
             done = self._handle(message, refused)
             if done is not False:
-                self.unacked.append((generation, message.mid, message.qos, None if done is True else done,
-                                     time.monotonic() + ERROR_REPLY_WAIT))
+                self.unacked.append(
+                    (
+                        generation,
+                        message.mid,
+                        message.qos,
+                        None if done is True else done,
+                        time.monotonic() + ERROR_REPLY_WAIT,
+                    )
+                )
             del message
         deadline = time.monotonic() + 2.0  # stopping: error replies on their way get a moment
         while self.unacked and self.connected.is_set() and time.monotonic() < deadline:
@@ -215,24 +248,34 @@ class Bridge:
             try:
                 req = read_request(self.mq, message.topic, message.payload, message.properties, bool(message.retain))
                 job, created = submit(self.app, req, principal_for(self.rt, self.keys, req))
-                owe(self.rt, req.client, req.correlation_id, job.id, req.reply_topic)
+                record_request(self.rt, req.client, req.correlation_id, job.id, req.reply_topic)
                 log.info("job %s %s for MQTT client %s", job.id, "submitted" if created else "found again", req.client)
                 self.wake.set()
                 return True
-            except Refused as refused:
-                log.info("MQTT request on %s refused: %s", message.topic, refused.code)
-                return self._refuse(refused)
+            except Refused as refusal:
+                log.info("MQTT request on %s refused: %s", message.topic, refusal.code)
+                return self._refuse(refusal)
             except TRANSIENT as exc:
-                log.warning("MQTT request on %s not taken now (%s: %s); trying again in %.0f s", message.topic,
-                            type(exc).__name__, exc, delay)
+                log.warning(
+                    "MQTT request on %s not taken now (%s: %s); trying again in %.0f s",
+                    message.topic,
+                    type(exc).__name__,
+                    exc,
+                    delay,
+                )
                 if self.stopping.wait(delay):
                     return False
                 delay = min(delay * 2, 30.0)
             except Exception:  # a bug must not stop every request behind this one
                 log.exception("MQTT request on %s failed", message.topic)
                 client = self.mq.client_of(message.topic) or ""
-                return self._refuse(Refused("internal_error", "the bridge hit an unexpected error; it has been logged",
-                                            self.mq.reply_topic(client)))
+                return self._refuse(
+                    Refused(
+                        "internal_error",
+                        "the bridge hit an unexpected error; it has been logged",
+                        self.mq.reply_topic(client),
+                    )
+                )
         return False
 
     # --- the process ------------------------------------------------------------------------------
@@ -255,9 +298,13 @@ class Bridge:
             properties = Properties(PacketTypes.CONNECT)
             properties.SessionExpiryInterval = self.mq.session_expiry_seconds
             properties.ReceiveMaximum = self.mq.queue  # no more unacknowledged QoS 1 requests than the queue holds
-        self.client.connect_async(self.mq.host, self.mq.port, keepalive=KEEPALIVE,
-                                  clean_start=False if self.v5 else mqtt.MQTT_CLEAN_START_FIRST_ONLY,
-                                  properties=properties)
+        self.client.connect_async(
+            self.mq.host,
+            self.mq.port,
+            keepalive=KEEPALIVE,
+            clean_start=False if self.v5 else mqtt.MQTT_CLEAN_START_FIRST_ONLY,
+            properties=properties,
+        )
         self.client.loop_start()
         worker = threading.Thread(target=self._take_requests, name="mqtt-requests", daemon=True)
         worker.start()
@@ -274,11 +321,17 @@ class Bridge:
         deadline = time.monotonic() + DRAIN_SECONDS
         while self.replies.pending and self.connected.is_set() and time.monotonic() < deadline:
             time.sleep(0.05)
-            self.replies.settle_acknowledged()
-        self.replies.settle_acknowledged()
+            self.replies.record_acknowledgements()
+        self.replies.record_acknowledgements()
         self.client.disconnect()
         self.client.loop_stop()
-        log.info("MQTT bridge stopped (%d replies in flight left for next time; at most %d requests queued, "
-                 "WHISPERQ_MQTT_QUEUE %d; waited for room %d times, %.1f s in all)", self.replies.pending, self.deepest,
-                 self.mq.queue, self.waits, self.waited)
+        log.info(
+            "MQTT bridge stopped (%d replies in flight left for next time; at most %d requests queued, "
+            "WHISPERQ_MQTT_QUEUE %d; waited for room %d times, %.1f s in all)",
+            self.replies.pending,
+            self.deepest,
+            self.mq.queue,
+            self.waits,
+            self.waited,
+        )
         return 0

@@ -14,16 +14,17 @@ Messages on a reply topic, all JSON objects with `type` and the request's `corre
 At least once: a message the broker had not acknowledged when the bridge or the broker went
 down is sent again, so a client may see one twice (the same `job_id` and `status`).
 """
+
 from __future__ import annotations
 
 import logging
 import queue
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
 
 from flask import Flask
 
-from models.delivery.mqtt_replies import Owed, owed, settle
+from models.delivery.mqtt_replies import PendingReply, mark_acknowledged, pending_replies
 from models.errors import JobNotFound
 from models.jobs.operations import get_job
 
@@ -32,8 +33,19 @@ from ..api import job_body
 log = logging.getLogger(__name__)
 
 GONE = "DELETED"
-STATUS_FIELDS = ("job_id", "status", "stage", "progress", "attempts", "error", "next_attempt_at", "queue_position",
-                 "estimated_start_at", "estimated_finish_at", "status_url")
+STATUS_FIELDS = (
+    "job_id",
+    "status",
+    "stage",
+    "progress",
+    "attempts",
+    "error",
+    "next_attempt_at",
+    "queue_position",
+    "estimated_start_at",
+    "estimated_finish_at",
+    "status_url",
+)
 
 
 def status_message(body: dict, correlation_id: str) -> dict:
@@ -41,9 +53,13 @@ def status_message(body: dict, correlation_id: str) -> dict:
 
 
 def result_message(body: dict | None, correlation_id: str, job_id: str) -> dict:
-    return {"type": "result", "correlation_id": correlation_id, "job_id": job_id,
-            "status": body["status"] if body is not None else GONE, "job": body}
-
+    return {
+        "type": "result",
+        "correlation_id": correlation_id,
+        "job_id": job_id,
+        "status": body["status"] if body is not None else GONE,
+        "job": body,
+    }
 
 
 @contextmanager
@@ -53,14 +69,15 @@ def request_context(app: Flask) -> Iterator[None]:
     with app.test_request_context("/v1/jobs", base_url=rt.settings.base_url()):
         yield
 
+
 class Replier:
-    """Publishes what is owed, from the database, and settles each reply once the broker has
-    acknowledged it. Runs in one thread (`tick`); `acknowledged` may be called from any."""
+    """Publishes the pending replies, from the database, and marks each one acknowledged once the
+    broker has acknowledged it. Runs in one thread (`tick`); `acknowledged` may be called from any."""
 
     def __init__(self, app: Flask, publish: Callable[[str, dict, str], int]):
         self.app, self.rt, self.publish = app, app.extensions["whisperq"], publish
         self._acks: queue.Queue = queue.Queue()
-        self._inflight: dict[int, tuple[Owed, str, bool]] = {}  # message id -> (reply, status sent, final)
+        self._inflight: dict[int, tuple[PendingReply, str, bool]] = {}  # message id -> (reply, status sent, final)
         self._sent: dict[str, tuple[str, str, str]] = {}  # reply id -> (status, job id, topic) published last
 
     @property
@@ -75,9 +92,9 @@ class Replier:
     def tick(self) -> int:
         """Settle what the broker acknowledged, then publish each reply whose job has moved on;
         how many were published."""
-        self.settle_acknowledged()
+        self.record_acknowledgements()
         published = 0
-        for reply in owed(self.rt):
+        for reply in pending_replies(self.rt):
             if self._sent.get(reply.id) == (reply.status or GONE, reply.job_id, reply.reply_topic):
                 continue  # its current status is on its way
             message, status, final = self._message(reply)
@@ -89,7 +106,8 @@ class Replier:
             published += 1
         return published
 
-    def settle_acknowledged(self) -> None:
+    def record_acknowledgements(self) -> None:
+        """Mark acknowledged, in the database, each reply the broker has acknowledged since the last call."""
         while True:
             try:
                 mid, refused = self._acks.get_nowait()
@@ -100,13 +118,17 @@ class Replier:
                 continue  # an error reply (web.mqtt.bridge waits for those itself)
             reply, status, final = entry
             if refused:  # its topic is not the bridge's to publish on: sending it again would not help
-                log.warning("job %s: the MQTT broker refused the reply on %s (%s); check its ACL", reply.job_id,
-                            reply.reply_topic, refused)
-            settle(self.rt, reply, status, final)
+                log.warning(
+                    "job %s: the MQTT broker refused the reply on %s (%s); check its ACL",
+                    reply.job_id,
+                    reply.reply_topic,
+                    refused,
+                )
+            mark_acknowledged(self.rt, reply, status, final)
             if final and self._sent.get(reply.id) == (status, reply.job_id, reply.reply_topic):
                 del self._sent[reply.id]
 
-    def _message(self, reply: Owed) -> tuple[dict, str, bool]:
+    def _message(self, reply: PendingReply) -> tuple[dict, str, bool]:
         """The message for the job's state now (read afresh), its status, and whether it is the last."""
         with request_context(self.app):
             try:

@@ -7,8 +7,8 @@ and webhook secret. A client with no key acts anonymously where WHISPERQ_ALLOW_A
 on, else is refused. A request's idempotency key is its client's and correlation id's, in
 the door's `mqtt` namespace: no HTTP client can name it.
 """
-from __future__ import annotations
 
+from __future__ import annotations
 
 from flask import Flask
 from sqlalchemy.exc import InterfaceError, OperationalError
@@ -51,12 +51,22 @@ def principal_for(rt: Runtime, keys: dict[str, str], req: Request) -> Principal:
     if key_id is None:
         if rt.settings.allow_anonymous:
             return anonymous(rt.settings)
-        raise Refused("unauthorized", f"the MQTT client {req.client!r} has no API key on this service; an operator maps "
-                      f"it to one in WHISPERQ_MQTT_CLIENTS ({req.client}=KEY_ID)", req.reply_topic, req.correlation_id)
+        raise Refused(
+            "unauthorized",
+            f"the MQTT client {req.client!r} has no API key on this service; "
+            f"an operator maps it to one in WHISPERQ_MQTT_CLIENTS ({req.client}=KEY_ID)",
+            req.reply_topic,
+            req.correlation_id,
+        )
     found = principal_for_key_id(rt, key_id)
     if found is None:
-        raise Refused("unauthorized", f"the API key of the MQTT client {req.client!r} was revoked; an operator maps it to "
-                      "another in WHISPERQ_MQTT_CLIENTS", req.reply_topic, req.correlation_id)
+        raise Refused(
+            "unauthorized",
+            f"the API key of the MQTT client {req.client!r} was revoked; "
+            "an operator maps it to another in WHISPERQ_MQTT_CLIENTS",
+            req.reply_topic,
+            req.correlation_id,
+        )
     return found
 
 
@@ -70,8 +80,13 @@ def submit(app: Flask, req: Request, who: Principal) -> tuple[Job, bool]:
     would answer with a 4xx (or 429/503 with a time to come back); TRANSIENT errors pass up."""
     rt = app.extensions["whisperq"]
     audio = {req.source: req.body.get(req.source, "")}  # the door refuses what is not a string, or empty
-    sub = door.Submission(who, "mqtt", fields={k: v for k, v in req.body.items() if k not in ("audio_url", "path")},
-                          idempotency_key=idempotency_key(req), **audio)
+    sub = door.Submission(
+        who,
+        "mqtt",
+        fields={k: v for k, v in req.body.items() if k not in ("audio_url", "path")},
+        idempotency_key=idempotency_key(req),
+        **audio,
+    )
     try:
         key = door.scoped_key(who, "mqtt", sub.idempotency_key)
         if not door.seen(rt, key):  # a request seen before gets its job back, whatever the queue holds now
@@ -83,5 +98,10 @@ def submit(app: Flask, req: Request, who: Principal) -> tuple[Job, bool]:
         raise
     except WhisperqError as exc:
         retry_after = getattr(exc, "retry_after", None) or (5 if exc.http_status == 503 else None)
-        raise Refused(exc.code, str(exc), req.reply_topic, req.correlation_id,
-                      int(retry_after) if retry_after is not None else None) from None
+        raise Refused(
+            exc.code,
+            str(exc),
+            req.reply_topic,
+            req.correlation_id,
+            int(retry_after) if retry_after is not None else None,
+        ) from None

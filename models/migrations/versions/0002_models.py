@@ -9,7 +9,8 @@ A database made before revisions were kept gets every nullable column of the cur
 before it is stamped with the baseline (models.migrations), these included: each is added
 only where it is missing.
 """
-from typing import Sequence, Union
+
+from typing import Any, Sequence, Union
 
 import sqlalchemy as sa
 from alembic import op
@@ -19,12 +20,15 @@ down_revision: Union[str, Sequence[str], None] = "0001"
 branch_labels: Union[str, Sequence[str], None] = None
 depends_on: Union[str, Sequence[str], None] = None
 
-def columns() -> dict[str, list[sa.Column]]:
+
+def columns() -> dict[str, list[sa.Column[Any]]]:
     """Fresh Column objects each time: one is attached to the table it is added to."""
     return {
-        "jobs": [sa.Column("model", sa.String(length=48), nullable=True),
-                 sa.Column("model_version", sa.String(length=80), nullable=True),
-                 sa.Column("decoding", sa.JSON(), nullable=True)],
+        "jobs": [
+            sa.Column("model", sa.String(length=48), nullable=True),
+            sa.Column("model_version", sa.String(length=80), nullable=True),
+            sa.Column("decoding", sa.JSON(), nullable=True),
+        ],
         "worker_heartbeats": [sa.Column("models", sa.String(length=255), nullable=True)],
     }
 

@@ -8,7 +8,8 @@ Create Date: 2026-12-01
 Columns are added only where missing (a database made before revisions gets every nullable
 column of the current models before it is stamped with the baseline: see models.migrations).
 """
-from typing import Sequence, Union
+
+from typing import Any, Sequence, Union
 
 import sqlalchemy as sa
 from alembic import op
@@ -19,15 +20,17 @@ branch_labels: Union[str, Sequence[str], None] = None
 depends_on: Union[str, Sequence[str], None] = None
 
 
-def columns() -> dict[str, list[sa.Column]]:
+def columns() -> dict[str, list[sa.Column[Any]]]:
     """Fresh Column objects each time: one is attached to the table it is added to."""
     return {
-        "jobs": [sa.Column("route", sa.String(length=48), nullable=True),
-                 sa.Column("shadow", sa.String(length=48), nullable=True),
-                 sa.Column("rerun_of", sa.String(length=36), nullable=True),
-                 sa.Column("collect", sa.Boolean(), nullable=True),
-                 sa.Column("correction", sa.JSON(), nullable=True),
-                 sa.Column("corrected_at", sa.DateTime(timezone=True), nullable=True)],
+        "jobs": [
+            sa.Column("route", sa.String(length=48), nullable=True),
+            sa.Column("shadow", sa.String(length=48), nullable=True),
+            sa.Column("rerun_of", sa.String(length=36), nullable=True),
+            sa.Column("collect", sa.Boolean(), nullable=True),
+            sa.Column("correction", sa.JSON(), nullable=True),
+            sa.Column("corrected_at", sa.DateTime(timezone=True), nullable=True),
+        ],
         "api_keys": [sa.Column("collect", sa.Boolean(), nullable=True)],
     }
 

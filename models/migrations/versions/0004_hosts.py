@@ -5,7 +5,8 @@ Revision ID: 0004
 Revises: 0003
 Create Date: 2026-12-01
 """
-from typing import Sequence, Union
+
+from typing import Any, Sequence, Union
 
 import sqlalchemy as sa
 from alembic import op
@@ -16,12 +17,14 @@ branch_labels: Union[str, Sequence[str], None] = None
 depends_on: Union[str, Sequence[str], None] = None
 
 
-def columns() -> list[sa.Column]:
-    return [sa.Column("host", sa.String(length=255), nullable=True),
-            sa.Column("disk_free_bytes", sa.BigInteger(), nullable=True),
-            sa.Column("disk_total_bytes", sa.BigInteger(), nullable=True),
-            sa.Column("memory_available_bytes", sa.BigInteger(), nullable=True),
-            sa.Column("memory_total_bytes", sa.BigInteger(), nullable=True)]
+def columns() -> list[sa.Column[Any]]:
+    return [
+        sa.Column("host", sa.String(length=255), nullable=True),
+        sa.Column("disk_free_bytes", sa.BigInteger(), nullable=True),
+        sa.Column("disk_total_bytes", sa.BigInteger(), nullable=True),
+        sa.Column("memory_available_bytes", sa.BigInteger(), nullable=True),
+        sa.Column("memory_total_bytes", sa.BigInteger(), nullable=True),
+    ]
 
 
 def upgrade() -> None:

@@ -5,6 +5,7 @@ Revision ID: 0005
 Revises: 0004
 Create Date: 2026-12-01
 """
+
 from typing import Sequence, Union
 
 import sqlalchemy as sa

@@ -5,6 +5,7 @@ Revision ID: 0006
 Revises: 0005
 Create Date: 2026-12-08
 """
+
 from typing import Sequence, Union
 
 import sqlalchemy as sa

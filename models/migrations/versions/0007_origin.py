@@ -7,6 +7,7 @@ Revision ID: 0007
 Revises: 0006
 Create Date: 2026-12-02
 """
+
 from typing import Sequence, Union
 
 import sqlalchemy as sa
@@ -23,10 +24,17 @@ def upgrade() -> None:
     if "origin" not in {c["name"] for c in inspector.get_columns("jobs")}:
         with op.batch_alter_table("jobs", schema=None) as batch_op:
             batch_op.add_column(sa.Column("origin", sa.String(length=16), nullable=True))
-        jobs = sa.table("jobs", sa.column("origin", sa.String), sa.column("audio_owned", sa.Boolean),
-                        sa.column("audio_url", sa.Text))
-        op.execute(jobs.update().where(sa.and_(jobs.c.audio_owned.is_(False), jobs.c.audio_url.is_(None)))
-                   .values(origin="delay"))
+        jobs = sa.table(
+            "jobs",
+            sa.column("origin", sa.String),
+            sa.column("audio_owned", sa.Boolean),
+            sa.column("audio_url", sa.Text),
+        )
+        op.execute(
+            jobs.update()
+            .where(sa.and_(jobs.c.audio_owned.is_(False), jobs.c.audio_url.is_(None)))
+            .values(origin="delay")
+        )
 
 
 def downgrade() -> None:

@@ -5,6 +5,7 @@ Revision ID: 0008
 Revises: 0007
 Create Date: 2026-12-02
 """
+
 from typing import Sequence, Union
 
 import sqlalchemy as sa

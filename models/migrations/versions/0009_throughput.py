@@ -5,6 +5,7 @@ Revision ID: 0009
 Revises: 0008
 Create Date: 2026-12-02
 """
+
 from typing import Sequence, Union
 
 import sqlalchemy as sa

@@ -16,6 +16,7 @@ after the swap are refused, with an error in the log, and the weights in force b
 serving (in a process that had none yet, the configured ones). `whisperq models swap` again
 records the weights as they are now.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -32,9 +33,11 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from models.db import Base, UTCDateTime, utcnow
 from models.errors import InvalidRequest
-from models.speech.catalog import WeightsUnavailable, version_of, weights_file, weights_path
+from models.registry.catalog import WeightsUnavailable, version_of, weights_file, weights_path
 
 if TYPE_CHECKING:
+    from sqlalchemy import Row
+
     from config.registry import ModelSpec
     from config.settings import Settings
     from models.db import Database
@@ -61,8 +64,13 @@ class ModelWeights(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model, "weights": self.weights, "version": self.version, "action": self.action,
-                "at": self.created_at.isoformat().replace("+00:00", "Z")}
+        return {
+            "model": self.model,
+            "weights": self.weights,
+            "version": self.version,
+            "action": self.action,
+            "at": self.created_at.isoformat().replace("+00:00", "Z"),
+        }
 
 
 def check_weights(settings: Settings, spec: ModelSpec, weights: str) -> ModelSpec:
@@ -73,8 +81,9 @@ def check_weights(settings: Settings, spec: ModelSpec, weights: str) -> ModelSpe
         if not path.is_absolute():
             raise InvalidRequest(f"the weights {weights!r} must be an absolute path or bundled:NAME")
         if spec.engine == "openai-whisper" and not path.is_file():
-            raise InvalidRequest(f"{weights} is not a file: the model {spec.name!r} runs openai-whisper, which "
-                                 "loads a checkpoint (.pt)")
+            raise InvalidRequest(
+                f"{weights} is not a file: the model {spec.name!r} runs openai-whisper, which loads a checkpoint (.pt)"
+            )
         if spec.engine != "openai-whisper" and not (path / "model.bin").is_file():
             raise InvalidRequest(f"{weights} is not a CTranslate2 model directory (no model.bin in it)")
     elif weights not in ("bundled:tiny.en", "bundled:base"):
@@ -89,8 +98,10 @@ def swap(settings: Settings, db: Database, name: str, weights: str) -> ModelWeig
     published = version_of(spec, settings.data_dir)  # assembles bundled:base if need be
     version = current_version(spec, settings.data_dir)
     if spec.bundled == "base" and version != published:
-        raise InvalidRequest(f"the base model's weights in {weights_path(spec, settings.data_dir)} are not the "
-                             "published ones; delete that directory and they are joined again from the extra")
+        raise InvalidRequest(
+            f"the base model's weights in {weights_path(spec, settings.data_dir)} are not the "
+            "published ones; delete that directory and they are joined again from the extra"
+        )
     return _append(db, spec.name, spec.weights, version, "swap")
 
 
@@ -119,8 +130,9 @@ def _stack(rows: list[ModelWeights]) -> list[ModelWeights]:
 
 def history(db: Database, name: str) -> list[ModelWeights]:
     with db.session() as session:
-        return list(session.execute(select(ModelWeights).where(ModelWeights.model == name)
-                                    .order_by(ModelWeights.id)).scalars())
+        return list(
+            session.execute(select(ModelWeights).where(ModelWeights.model == name).order_by(ModelWeights.id)).scalars()
+        )
 
 
 def _append(db: Database, name: str, weights: str, version: str, action: str) -> ModelWeights:
@@ -146,14 +158,17 @@ def verify_weights(spec: ModelSpec, data_dir: Path, recorded: str) -> None:
     try:
         actual = current_version(spec, data_dir)
     except OSError as exc:
-        raise WeightsChanged(f"the weights {spec.weights} of the model {spec.name!r} cannot be read ({exc}); "
-                             f"restore them, or `whisperq models rollback {spec.name}`") from None
+        raise WeightsChanged(
+            f"the weights {spec.weights} of the model {spec.name!r} cannot be read ({exc}); "
+            f"restore them, or `whisperq models rollback {spec.name}`"
+        ) from None
     if actual != recorded:
         raise WeightsChanged(
             f"the weights {spec.weights} of the model {spec.name!r} hash to {actual[:19]}…, not the "
             f"{recorded[:19]}… recorded when they were swapped in: they changed on disk since, and are not "
             f"loaded. Restore them, or if the change is meant, `whisperq models swap {spec.name} {spec.weights}` "
-            "again to record them as they are now")
+            "again to record them as they are now"
+        )
 
 
 class ActiveWeights:
@@ -173,14 +188,17 @@ class ActiveWeights:
         if seen is None or now - seen[0] >= self.every:
             with self._lock:
                 with self.db.session() as session:
-                    row = session.execute(select(ModelWeights.id, ModelWeights.weights, ModelWeights.version)
-                                          .where(ModelWeights.model == spec.name)
-                                          .order_by(ModelWeights.id.desc()).limit(1)).one_or_none()
+                    row = session.execute(
+                        select(ModelWeights.id, ModelWeights.weights, ModelWeights.version)
+                        .where(ModelWeights.model == spec.name)
+                        .order_by(ModelWeights.id.desc())
+                        .limit(1)
+                    ).one_or_none()
                 weights = self._take_up(spec, row, seen[1] if seen else None)
                 seen = self._seen[spec.name] = (now, weights)
         return replace(spec, weights=seen[1])
 
-    def _take_up(self, spec: ModelSpec, row, in_force: str | None) -> str:
+    def _take_up(self, spec: ModelSpec, row: Row[int, str, str] | None, in_force: str | None) -> str:
         """The weights to run after reading the newest row: its own if they verify, else
         those in force (the configured ones in a process that had none yet)."""
         row_id = row.id if row is not None else None
@@ -189,14 +207,16 @@ class ActiveWeights:
         self._rows[spec.name] = row_id
         if row is None:
             return spec.weights
+        weights: str = row.weights
+        version: str = row.version
         try:
-            verify_weights(replace(spec, weights=row.weights), self.settings.data_dir, row.version)
+            verify_weights(replace(spec, weights=weights), self.settings.data_dir, version)
         except WeightsUnavailable as exc:
             keep = in_force or spec.weights
             log.error("model %s: swap refused: %s; it keeps running %s", spec.name, exc, keep)
             return keep
-        _verified[(spec.name, row.weights)] = row.version
-        return row.weights
+        _verified[(spec.name, weights)] = version
+        return weights
 
 
 def verified_version(spec: ModelSpec) -> str | None:

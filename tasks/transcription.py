@@ -1,4 +1,5 @@
-"""`whisperq.transcribe` (preparation pool) hands over to `whisperq.infer` (inference pool).
+"""`whisperq.transcribe` (preparation pool) hands over to `whisperq.infer` (inference pool);
+`whisperq.shadow` decodes a copy of a job with a candidate model (inference pool).
 
 Internal services may call it directly::
 
@@ -10,6 +11,7 @@ The path must be readable by the workers. The task id is the job id, so the job 
 visible at /v1/jobs/<r.id> once a worker has picked it up. Preparation replaces itself
 with the inference task under the same id, so `r.get()` waits for the transcript.
 """
+
 from __future__ import annotations
 
 import logging
@@ -23,17 +25,25 @@ from celery.exceptions import Ignore, Reject
 
 from config import broker_priority
 from config.celeryconfig import inference_queue
-from models.errors import (ClaimHeld, ClaimLost, InvalidRequest, JobNotFound, ModelNotServed, PermanentJobError,
-                           TransientJobError, WhisperqError)
-from models.jobs.deadletter import bury
+from models.errors import (
+    ClaimHeld,
+    ClaimLost,
+    InvalidRequest,
+    JobNotFound,
+    ModelNotServed,
+    PermanentJobError,
+    TransientJobError,
+    WhisperqError,
+)
+from models.jobs.deadletter import move_to_dead_letters
 from models.jobs.operations import fail_job, get_job, schedule_retry
 from models.pipeline.door import keeps_result
 from models.pipeline.inference import infer_job
 from models.pipeline.messages import Finished, MalformedMessage, Prepared
 from models.pipeline.preparation import prepare_job
 from models.pipeline.shadowing import shadow_job, shadow_message
+from models.registry.catalog import check_model
 from models.retry import Verdict, classify
-from models.speech.catalog import check_model
 from models.storage import prepared_ref
 from tasks.app import runtime
 
@@ -55,8 +65,17 @@ class JobDeadLettered(Reject):
 # transcribe()'s options after the audio, as the API names them (models.pipeline.options);
 # `owner` is set here from `api_key`, never by a caller.
 POSITIONAL = ("language", "priority", "task", "model")
-OPTIONS = ("language", "priority", "task", "model", "word_timestamps", "prompt", "temperature", "callback_url",
-           "collect")
+OPTIONS = (
+    "language",
+    "priority",
+    "task",
+    "model",
+    "word_timestamps",
+    "prompt",
+    "temperature",
+    "callback_url",
+    "collect",
+)
 
 
 class TranscribeTask(Task):
@@ -70,9 +89,11 @@ class TranscribeTask(Task):
     def apply_async(self, args=None, kwargs=None, **options):
         args, kwargs = list(args or ()), dict(kwargs or {})
         if len(args) > 1 + len(POSITIONAL):
-            raise TypeError(f"transcribe takes the audio's path and at most {len(POSITIONAL)} more positional "
-                            f"arguments ({', '.join(POSITIONAL)}); pass the other options by name")
-        kwargs.update(zip(POSITIONAL, args[1:]))
+            raise TypeError(
+                f"transcribe takes the audio's path and at most {len(POSITIONAL)} more positional "
+                f"arguments ({', '.join(POSITIONAL)}); pass the other options by name"
+            )
+        kwargs.update(zip(POSITIONAL, args[1:], strict=False))  # fewer options than POSITIONAL names
         audio = args[0] if args else kwargs.pop("audio", None)
         if not isinstance(audio, str) or not audio:
             raise TypeError("transcribe needs the audio file's path (a string) as its first argument")
@@ -93,15 +114,22 @@ def checked_options(settings, given: dict) -> dict:
     key = given.pop("api_key", None)
     unknown = sorted(set(given) - set(OPTIONS))
     if unknown:
-        raise TypeError(f"transcribe got unknown option(s) {', '.join(unknown)}; the options are "
-                        f"{', '.join(OPTIONS)} and api_key (whose key owns the job)")
+        raise TypeError(
+            f"transcribe got unknown option(s) {', '.join(unknown)}; the options are "
+            f"{', '.join(OPTIONS)} and api_key (whose key owns the job)"
+        )
     rt = runtime()
     who = ANONYMOUS
     try:
         if key is not None:
             who = authenticate(rt, key)
-        admitted = door.admit(rt, door.Submission(who, "delay", fields={k: v for k, v in given.items() if v is not None},
-                                                  path=audio, job_id=job_id), local=False)
+        admitted = door.admit(
+            rt,
+            door.Submission(
+                who, "delay", fields={k: v for k, v in given.items() if v is not None}, path=audio, job_id=job_id
+            ),
+            local=False,
+        )
     except (InvalidRequest, ModelNotServed):
         raise
     except WhisperqError as exc:  # a bad key, a priority or a path not the key's, a spent quota, a full queue
@@ -122,10 +150,12 @@ def _after_failure(task: Task, job_id: str, exc: BaseException):
     reason = str(exc) if isinstance(exc, WhisperqError) else f"{type(exc).__name__}: {exc}"
     delay = None if verdict is Verdict.EXHAUSTED else schedule_retry(rt, job_id, reason)
     if delay is None:
-        bury(rt, job_id, task.name, reason, traceback.format_exc())
+        move_to_dead_letters(rt, job_id, task.name, reason, traceback.format_exc())
         # Celery records the rejection as the task's failure, so r.get() raises it; on
         # RabbitMQ the rejected message goes on to the dead-letter exchange.
         raise JobDeadLettered(f"{reason} (the job is in the dead-letter queue)", requeue=False)
+    if rt.broker is None:  # tasks.app.runtime() always gives its runtime one
+        raise RuntimeError("this worker's runtime has no broker to publish the job's retry with")
     rt.broker.publish_job(get_job(rt, job_id), countdown=delay, reply_to=task.request.reply_to)
     raise Ignore()
 
@@ -141,18 +171,46 @@ def _answer(rt, job_id: str, result: dict | None) -> dict | None:
 
 
 # resultrepr_maxsize=0: the task-succeeded event (which Flower shows) carries no transcript.
-@shared_task(name="whisperq.transcribe", bind=True, base=TranscribeTask, acks_late=True, reject_on_worker_lost=True,
-             resultrepr_maxsize=0)
-def transcribe(self, audio: str, language: str | None = None, priority: str = "normal", task: str = "transcribe",
-               model: str | None = None, word_timestamps: bool = False, prompt: str | None = None,
-               temperature: float | None = None, callback_url: str | None = None, collect: bool | None = None,
-               owner: str | None = None, owner_token: str | None = None, api_key: str | None = None) -> dict | None:
+@shared_task(
+    name="whisperq.transcribe",
+    bind=True,
+    base=TranscribeTask,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    resultrepr_maxsize=0,
+)
+def transcribe(
+    self,
+    audio: str,
+    language: str | None = None,
+    priority: str = "normal",
+    task: str = "transcribe",
+    model: str | None = None,
+    word_timestamps: bool = False,
+    prompt: str | None = None,
+    temperature: float | None = None,
+    callback_url: str | None = None,
+    collect: bool | None = None,
+    owner: str | None = None,
+    owner_token: str | None = None,
+    api_key: str | None = None,
+) -> dict | None:
     job_id = self.request.id
     worker = self.request.hostname or socket.gethostname()
-    options = {"language": language, "priority": priority, "task": task, "model": model,
-               "word_timestamps": word_timestamps, "prompt": prompt, "temperature": temperature,
-               "callback_url": callback_url, "collect": collect, "owner": owner, "owner_token": owner_token,
-               "api_key": api_key}
+    options = {
+        "language": language,
+        "priority": priority,
+        "task": task,
+        "model": model,
+        "word_timestamps": word_timestamps,
+        "prompt": prompt,
+        "temperature": temperature,
+        "callback_url": callback_url,
+        "collect": collect,
+        "owner": owner,
+        "owner_token": owner_token,
+        "api_key": api_key,
+    }
     rt = runtime()
     try:
         prepared = prepare_job(rt, job_id, audio, options, worker=worker, worker_id=worker_id())
@@ -165,17 +223,21 @@ def transcribe(self, audio: str, language: str | None = None, priority: str = "n
     tier = prepared.priority
     keep = keeps_result(get_job(rt, job_id))
     return self.replace(
-        infer.s(prepared.to_message()).set(queue=inference_queue(self.app.conf.whisperq_settings, prepared.model),
-                                           priority=broker_priority(tier, self.app.conf.broker_url),
-                                           reply_to=self.request.reply_to, ignore_result=not keep)
+        infer.s(prepared.to_message()).set(
+            queue=inference_queue(self.app.conf.whisperq_settings, prepared.model),
+            priority=broker_priority(tier, self.app.conf.broker_url),
+            reply_to=self.request.reply_to,
+            ignore_result=not keep,
+        )
     )
 
 
 # max_retries=None: Celery's retries here are only deferrals while another worker holds the job's
 # claim (as long as that worker lives); the job row counts the attempts.
-@shared_task(name="whisperq.infer", bind=True, acks_late=True, reject_on_worker_lost=True, resultrepr_maxsize=0,
-             max_retries=None)
-def infer(self, message: dict) -> dict:
+@shared_task(
+    name="whisperq.infer", bind=True, acks_late=True, reject_on_worker_lost=True, resultrepr_maxsize=0, max_retries=None
+)
+def infer(self, message: dict) -> dict | None:
     """The inference pool's task: `message` is a Prepared (models.pipeline.messages) as JSON.
 
     A job another worker is transcribing (its claim's lease live) is not run here: the message
@@ -200,15 +262,16 @@ def infer(self, message: dict) -> dict:
         fail_job(rt, job_id, str(exc))
         raise PermanentJobError(str(exc)) from None
     if prepared.samples_ref != prepared_ref(prepared.job_id):  # only the preparation pool's own samples are read
-        raise Reject(f"job {prepared.job_id}: an inference message naming samples not its own was dropped",
-                     requeue=False)
+        raise Reject(
+            f"job {prepared.job_id}: an inference message naming samples not its own was dropped", requeue=False
+        )
     try:
         result = infer_job(rt, prepared, rt.batcher_for(prepared.model), worker=worker, worker_id=worker_id())
     except ClaimHeld as exc:
         log.info("job %s: %s; this delivery comes back in %.0f s", prepared.job_id, exc, exc.retry_in)
-        raise self.retry(countdown=exc.retry_in)
-    except ClaimLost:
-        raise Ignore()
+        raise self.retry(countdown=exc.retry_in) from exc
+    except ClaimLost as exc:
+        raise Ignore() from exc
     except Exception as exc:
         return _after_failure(self, prepared.job_id, exc)
     return _answer(rt, prepared.job_id, result)
@@ -219,8 +282,12 @@ def _send_shadow(task: Task, prepared: Prepared) -> None:
     the job nothing (the copy is deleted)."""
     message = shadow_message(prepared)
     try:
-        shadow.apply_async((message.to_message(),), queue=inference_queue(task.app.conf.whisperq_settings, message.model),
-                           priority=broker_priority("low", task.app.conf.broker_url), ignore_result=True)
+        shadow.apply_async(
+            (message.to_message(),),
+            queue=inference_queue(task.app.conf.whisperq_settings, message.model),
+            priority=broker_priority("low", task.app.conf.broker_url),
+            ignore_result=True,
+        )
     except Exception:
         log.warning("job %s: the shadow message for %s was not sent", prepared.job_id, message.model, exc_info=True)
         runtime().storage.delete(message.samples_ref)
@@ -241,12 +308,3 @@ def shadow(self, message: dict) -> None:
         shadow_job(rt, prepared)
     except Exception:  # a shadow measures; it is never retried and never touches the job
         log.warning("job %s: shadow decoding by %s failed; dropped", prepared.job_id, prepared.model, exc_info=True)
-
-
-@shared_task(name="whisperq.sweep", bind=True, ignore_result=True)
-def sweep(self) -> dict:
-    """Beat's periodic pass over stuck, orphaned and expired jobs (see models.jobs.sweeper)."""
-    from .broker import run_sweep
-
-    report = run_sweep(self.app)
-    return {k: (len(v) if isinstance(v, list) else v) for k, v in vars(report).items()}

@@ -1,4 +1,5 @@
-"""`whisperq mqtt`: the MQTT bridge (the Procfile's `mqtt` line; README "MQTT")."""
+"""`whisperq mqtt`: the MQTT bridge (the Procfile's `mqtt` line; docs/clients/mqtt.md)."""
+
 from __future__ import annotations
 
 import sys
@@ -7,6 +8,8 @@ import click
 
 from config import ConfigError
 
+from .context import load_settings
+
 
 @click.command()
 def mqtt() -> None:
@@ -14,15 +17,13 @@ def mqtt() -> None:
     status changes and result to the requesting client's reply topic. Run exactly one."""
     from config.mqtt import MqttSettings
 
-    from .cli import _settings
-
-    settings = _settings()
+    settings = load_settings()
     try:
         mq = MqttSettings.from_env()
     except ConfigError as exc:
         raise click.ClickException(f"configuration error: {exc}") from exc
-    from . import create_app
-    from .mqtt.bridge import Bridge
+    from web import create_app
+    from web.mqtt.bridge import Bridge
 
     try:
         bridge = Bridge(create_app({"SETTINGS": settings}), mq)

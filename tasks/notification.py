@@ -1,4 +1,5 @@
 """`whisperq.notify` (notification pool): deliver one completion webhook (see models.delivery.notify)."""
+
 from __future__ import annotations
 
 from celery import shared_task

@@ -1,9 +1,12 @@
 """`whisperq encryption`: keys in use, rotation, new keys (see models.security.crypto)."""
+
 from __future__ import annotations
 
 import json
 
 import click
+
+from .context import open_runtime
 
 
 @click.group()
@@ -33,19 +36,22 @@ def status(as_json: bool) -> None:
     from models.maintenance.rotation import usage
     from models.security.crypto import current_keyring
 
-    from .cli import _runtime
-
-    rt = _runtime()
+    rt = open_runtime()
     keyring = current_keyring()
     found = usage(rt)
-    report = {"active": keyring.active, "configured": keyring.ids, "source": keyring.source,
-              "files": dict(found.files), "transcripts": dict(found.transcripts)}
+    files, transcripts = dict(found.files), dict(found.transcripts)
+    report = {
+        "active": keyring.active,
+        "configured": keyring.ids,
+        "source": keyring.source,
+        "files": files,
+        "transcripts": transcripts,
+    }
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
     click.echo(f"active key    {keyring.active}  (configured: {', '.join(keyring.ids)}; from {keyring.source})")
-    for what in ("files", "transcripts"):
-        counts = report[what]
+    for what, counts in (("files", files), ("transcripts", transcripts)):
         click.echo(f"{what:<13} " + (", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"))
     stale = sorted({k for k in (*found.files, *found.transcripts) if k != keyring.active})
     if stale:
@@ -59,17 +65,21 @@ def rotate() -> None:
     from models.maintenance.rotation import rotate as run_rotation
     from models.security.crypto import current_keyring
 
-    from .cli import _runtime
-
-    rt = _runtime()
+    rt = open_runtime()
     click.echo(f"re-encrypting under key {current_keyring().active} ...")
     report = run_rotation(rt, progress=click.echo)
-    click.echo(f"files         {report.files_rewritten} re-encrypted, {report.files_current} already current, "
-               f"{report.files_gone} deleted meanwhile")
-    click.echo(f"transcripts   {report.transcripts_rewritten} re-encrypted, {report.transcripts_current} already current")
+    click.echo(
+        f"files         {report.files_rewritten} re-encrypted, {report.files_current} already current, "
+        f"{report.files_gone} deleted meanwhile"
+    )
+    click.echo(
+        f"transcripts   {report.transcripts_rewritten} re-encrypted, {report.transcripts_current} already current"
+    )
     for failure in report.failures[:50]:
         click.echo(f"failed: {failure}", err=True)
     if report.failures:
-        raise click.ClickException(f"{len(report.failures)} item(s) could not be decrypted; add their keys to "
-                                   "WHISPERQ_ENCRYPTION_KEYS and run rotate again")
+        raise click.ClickException(
+            f"{len(report.failures)} item(s) could not be decrypted; add their keys to "
+            "WHISPERQ_ENCRYPTION_KEYS and run rotate again"
+        )
     click.echo("done: the old keys can be removed from WHISPERQ_ENCRYPTION_KEYS once every process has restarted")

@@ -1,0 +1,87 @@
+"""`whisperq status`: workers, queues and their depths, the oldest waiting job and the dead
+letters, as an operator looks at them first."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from .context import open_runtime
+
+
+def _mb(value) -> str:
+    return "?" if value is None else f"{value // (1024 * 1024):,} MB"
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def status(as_json: bool) -> None:
+    """Workers (from their heartbeats), queues and their depths, the oldest waiting job,
+    dead letters: what an operator looks at first."""
+    from models.jobs.record import utcnow
+    from models.jobs.workers import alive, by_host
+    from tasks.app import celery_for
+    from web.metrics import broker_depths, database_figures
+
+    rt = open_runtime()
+    now = utcnow()
+    workers = alive(rt, now=now)
+    figures = database_figures(rt, now)
+    try:
+        depths, broker_error = broker_depths(celery_for(rt.settings)), None
+    except Exception as exc:  # still show what the database knows
+        depths, broker_error = {}, f"unreachable: {type(exc).__name__}: {exc}"
+    report = {
+        "broker": rt.settings.describe()["broker_url"] if broker_error is None else broker_error,
+        "workers": [
+            {
+                "pool": w["pool"],
+                "hostname": w["hostname"],
+                "host": w["host"],
+                "slots": w["slots"],
+                "up_seconds": round((now - w["started_at"]).total_seconds()),
+                "last_seen_seconds": round((now - w["last_seen_at"]).total_seconds(), 1),
+            }
+            for w in workers
+        ],
+        "hosts": {
+            name: {k: h.get(k) for k in ("workers", "models", "disk_free_bytes", "memory_available_bytes")}
+            for name, h in by_host(workers).items()
+        },
+        "queues": {},
+        "jobs": figures["statuses"],
+        "dead_letters": figures["dead_letters"],
+    }
+    for (queue, tier), count in sorted(depths.items()):
+        report["queues"].setdefault(queue, {"waiting": 0, "by_priority": {}})
+        report["queues"][queue]["waiting"] += count
+        report["queues"][queue]["by_priority"][tier] = count
+    for queue, age in figures["oldest"].items():
+        report["queues"].setdefault(queue, {"waiting": None, "by_priority": {}})["oldest_seconds"] = round(age, 1)
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    click.echo(f"broker        {report['broker']}")
+    click.echo(f"workers       {len(workers)} alive on {len(report['hosts'])} host(s)")
+    for name, h in report["hosts"].items():
+        pools = ", ".join(f"{n} {pool}" for pool, n in sorted(h["workers"].items()))
+        click.echo(
+            f"  host {name:<34} {pools}; disk {_mb(h['disk_free_bytes'])} free, "
+            f"memory {_mb(h['memory_available_bytes'])} available"
+        )
+    for w in report["workers"]:
+        click.echo(
+            f"  {w['pool']:<10} {w['hostname']:<40} {w['slots']:>3} slots  up {w['up_seconds']} s, "
+            f"seen {w['last_seen_seconds']} s ago"
+        )
+    click.echo("queues")
+    for queue, q in report["queues"].items():
+        tiers = ", ".join(f"{k} {v}" for k, v in q["by_priority"].items())
+        waiting = "?" if q["waiting"] is None else q["waiting"]
+        oldest = f", oldest waiting {q['oldest_seconds']} s" if q.get("oldest_seconds") else ""
+        click.echo(f"  {queue:<20} {waiting} waiting" + (f" ({tiers})" if tiers else "") + oldest)
+    click.echo("jobs          " + ", ".join(f"{k} {v}" for k, v in sorted(report["jobs"].items())))
+    click.echo(f"dead letters  {report['dead_letters']}")
+    if not any(w["pool"] == "inference" for w in workers):
+        click.echo("warning: no inference worker is alive; jobs wait until one starts")
