@@ -4,6 +4,7 @@ With no CELERY_BROKER_URL the suite starts the embedded Redis, as `make run` doe
 CELERY_BROKER_URL at Redis or RabbitMQ (and DATABASE_URL at PostgreSQL) to run it there.
 A test that needs a service it cannot reach is skipped, or fails when REQUIRE_SERVICES=1.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,10 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from helpers import need_service, task_ends, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Fixtures that live beside their helpers: the MQTT bridge's (mosquitto, prefix, listener, bridge,
+# restartable_mosquitto), the encryption tests' (keyring_restored, private_rt) and the S3
+# server's (s3_server, s3_env, s3_bucket).
+pytest_plugins = ["keyrings", "mqtt_harness", "s3_server"]
 
 _state: dict = {}
 
@@ -46,8 +51,10 @@ def pytest_configure(config) -> None:
     os.environ.setdefault("WHISPERQ_POLL_LIMIT", "false")
     # transcribe.delay(path) reads only under these: the temp dir, where the tests write their
     # files, and the fixture clips.
-    os.environ.setdefault("WHISPERQ_INPUT_DIRS", ",".join(
-        [os.path.realpath(tempfile.gettempdir()), str(Path(__file__).resolve().parent / "fixtures")]))
+    os.environ.setdefault(
+        "WHISPERQ_INPUT_DIRS",
+        ",".join([os.path.realpath(tempfile.gettempdir()), str(Path(__file__).resolve().parent / "fixtures")]),
+    )
     # Most tests use the API as a single-user install does, without keys; the tests of
     # keys and isolation turn anonymous use off for their own app.
     os.environ.setdefault("WHISPERQ_ALLOW_ANONYMOUS", "true")
@@ -155,6 +162,12 @@ def app(settings, database):
 
 
 @pytest.fixture()
+def app_rt(app):
+    """The app's own runtime (that of the test's `app`, a module's own included)."""
+    return app.extensions["whisperq"]
+
+
+@pytest.fixture()
 def client(app):
     return app.test_client()
 
@@ -184,6 +197,14 @@ def own_inference(settings):
 @pytest.fixture()
 def runner(app):
     return app.test_cli_runner()
+
+
+@pytest.fixture(scope="module")
+def bundled_engine():
+    """faster-whisper on the bundled model, on the CPU, in this process: one per module."""
+    from models.speech.engines import FasterWhisperEngine, bundled_model_path
+
+    return FasterWhisperEngine(bundled_model_path(), device="cpu")
 
 
 @pytest.fixture()
@@ -264,8 +285,11 @@ def broker_stack(celery_app, settings, database, request):
 
     tmp = Path(tempfile.mkdtemp(prefix="private-broker-", dir=_state["tmp"]))
     broker = EmbeddedRedis(tmp / "redis")
-    private = dataclasses.replace(settings, broker_url=broker.start(),
-                                  result_backend=None if settings.result_backend == url else settings.result_backend)
+    private = dataclasses.replace(
+        settings,
+        broker_url=broker.start(),
+        result_backend=None if settings.result_backend == url else settings.result_backend,
+    )
     # Celery reads CELERY_BROKER_URL before its configuration: this process's apps and the
     # pools started now must all see the private broker.
     request.getfixturevalue("monkeypatch").setenv("CELERY_BROKER_URL", private.broker_url)
@@ -298,15 +322,45 @@ class Worker:
         return self.log.read_text(errors="replace")
 
 
-def start_worker(celery_app, tmp: Path, name: str, queue: str, pool: str = "prefork", concurrency: int = 1,
-                 extra_env: dict | None = None, popen=subprocess.Popen) -> Worker:
+def start_worker(
+    celery_app,
+    tmp: Path,
+    name: str,
+    queue: str,
+    pool: str = "prefork",
+    concurrency: int = 1,
+    extra_env: dict | None = None,
+    popen=subprocess.Popen,
+) -> Worker:
     """A worker process, answering pings. `popen` starts it elsewhere (tests/hosts.py: on a second host)."""
     log = tmp / f"{name}.log"
     env = dict(os.environ, **(extra_env or {}))
     proc = popen(
-        [sys.executable, "-m", "celery", "-A", "tasks.worker", "worker", "--pool", pool, "--concurrency", str(concurrency),
-         "--queues", queue, "--hostname", f"{name}@%h", "--without-mingle", "--without-gossip", "--loglevel", "INFO", "-E"],
-        cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tasks.worker",
+            "worker",
+            "--pool",
+            pool,
+            "--concurrency",
+            str(concurrency),
+            "--queues",
+            queue,
+            "--hostname",
+            f"{name}@%h",
+            "--without-mingle",
+            "--without-gossip",
+            "--loglevel",
+            "INFO",
+            "-E",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
     )
     worker = Worker(proc, name, log)
     deadline = time.monotonic() + 90
@@ -343,8 +397,16 @@ class Pools:
         self.prepare = start_worker(celery_app, tmp, f"prepare-{tag}", PREPARE_QUEUE, extra_env=env, popen=popen)
         try:
             self.inference = self._start_inference()
-            self.notify = start_worker(celery_app, tmp, f"notify-{tag}", NOTIFY_QUEUE, pool="threads", concurrency=4,
-                                       extra_env=env, popen=popen)
+            self.notify = start_worker(
+                celery_app,
+                tmp,
+                f"notify-{tag}",
+                NOTIFY_QUEUE,
+                pool="threads",
+                concurrency=4,
+                extra_env=env,
+                popen=popen,
+            )
         except BaseException:
             stop_worker(self.prepare)
             if hasattr(self, "inference"):
@@ -355,8 +417,16 @@ class Pools:
         from config import INFERENCE_QUEUE
 
         name = f"inference-{self.tag}" + (f"-{self.restarts}" if self.restarts else "")
-        return start_worker(self.celery_app, self.tmp, name, INFERENCE_QUEUE, pool="threads", concurrency=8,
-                            extra_env=self.env, popen=self.popen)
+        return start_worker(
+            self.celery_app,
+            self.tmp,
+            name,
+            INFERENCE_QUEUE,
+            pool="threads",
+            concurrency=8,
+            extra_env=self.env,
+            popen=self.popen,
+        )
 
     def kill_inference(self) -> None:
         """kill -9 the inference worker: no warm shutdown, no acks, no goodbyes."""
@@ -410,13 +480,20 @@ class Pools:
         behind the ones waiting there.)"""
         from config import INFERENCE_QUEUE, PREPARE_QUEUE
 
-        pairs = [(q, w.node) for pool, q, w in (("prepare", PREPARE_QUEUE, self.prepare),
-                                               ("inference", INFERENCE_QUEUE, self.inference)) if pool in pools]
+        pairs = [
+            (q, w.node)
+            for pool, q, w in (("prepare", PREPARE_QUEUE, self.prepare), ("inference", INFERENCE_QUEUE, self.inference))
+            if pool in pools
+        ]
         with control_connection(celery_app) as conn:
             for queue, node in pairs:
                 celery_app.control.cancel_consumer(queue, destination=[node], reply=True, timeout=5, connection=conn)
         for queue, node in pairs:
-            wait_until(lambda: queue not in self.consuming(celery_app, node), 30, f"{node} still consumes from {queue}")
+            wait_until(
+                lambda queue=queue, node=node: queue not in self.consuming(celery_app, node),
+                30,
+                f"{node} still consumes from {queue}",
+            )
         try:
             yield
         finally:
@@ -427,14 +504,20 @@ class Pools:
     def prepared(self, celery_app) -> int:
         """How many transcribe tasks the prepare worker has run."""
         with control_connection(celery_app) as conn:
-            stats = celery_app.control.inspect(destination=[self.prepare.node], timeout=5, connection=conn).stats() or {}
+            stats = (
+                celery_app.control.inspect(destination=[self.prepare.node], timeout=5, connection=conn).stats() or {}
+            )
         return stats.get(self.prepare.node, {}).get("total", {}).get("whisperq.transcribe", 0)
 
     def batcher_stats(self, celery_app) -> dict:
         """The inference worker's batcher figures (`celery inspect batcher_stats`)."""
         with control_connection(celery_app) as conn:
-            reply = celery_app.control.inspect(destination=[self.inference.node], timeout=5,
-                                               connection=conn)._request("batcher_stats") or {}
+            reply = (
+                celery_app.control.inspect(destination=[self.inference.node], timeout=5, connection=conn)._request(
+                    "batcher_stats"
+                )
+                or {}
+            )
         return reply.get(self.inference.node, {})
 
     def batch_sizes(self, job_ids) -> list[int]:
@@ -462,14 +545,17 @@ class Pools:
         inference message those sent has been taken, and the live workers have ended every
         task of the job they took, as Celery logs each task's start and end: the proof that
         a duplicate had its chance, for checks that it changed nothing."""
+
         def done() -> bool:
             prepare, live, every = self.prepare.output(), self.inference.output(), self.inference_output()
             taken = every.count(f"Task whisperq.infer[{job_id}] received")
-            return (task_ends(prepare, "whisperq.transcribe", job_id) >= deliveries
-                    and taken >= prepare.count(f"job {job_id} prepared:")
-                    and task_ends(prepare, "whisperq.transcribe", job_id)
-                    == prepare.count(f"Task whisperq.transcribe[{job_id}] received")
-                    and task_ends(live, "whisperq.infer", job_id) == live.count(f"Task whisperq.infer[{job_id}] received"))
+            return (
+                task_ends(prepare, "whisperq.transcribe", job_id) >= deliveries
+                and taken >= prepare.count(f"job {job_id} prepared:")
+                and task_ends(prepare, "whisperq.transcribe", job_id)
+                == prepare.count(f"Task whisperq.transcribe[{job_id}] received")
+                and task_ends(live, "whisperq.infer", job_id) == live.count(f"Task whisperq.infer[{job_id}] received")
+            )
 
         wait_until(done, timeout, f"the pools did not handle {deliveries} deliveries of job {job_id}")
 

@@ -1,4 +1,6 @@
-"""Helpers shared by the tests: fixture clips, word error rate, waiting for a job."""
+"""Helpers shared by the tests: fixture clips, word error rate, waiting for a condition (the HTTP
+API's own helpers, waiting for a job included, are in api.py)."""
+
 from __future__ import annotations
 
 import functools
@@ -14,12 +16,16 @@ import pytest
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 ROOT = FIXTURES.parent.parent
-CLIPS = {name: dict(meta, path=FIXTURES / name) for name, meta in json.loads((FIXTURES / "clips.json").read_text()).items()}
+CLIPS = {
+    name: dict(meta, path=FIXTURES / name) for name, meta in json.loads((FIXTURES / "clips.json").read_text()).items()
+}
 # Long-form recordings (a minute or more, several windows) from the evaluation set that
 # bench/make_recordings.py makes; the ones kept under tests/fixtures/.
-LONG_FORM = {name: dict(meta, path=ROOT / meta["file"])
-             for name, meta in json.loads((ROOT / "bench" / "recordings" / "recordings.json").read_text()).items()
-             if meta["file"].startswith("tests/")}
+LONG_FORM = {
+    name: dict(meta, path=ROOT / meta["file"])
+    for name, meta in json.loads((ROOT / "bench" / "recordings" / "recordings.json").read_text()).items()
+    if meta["file"].startswith("tests/")
+}
 # The service may lose no more than this to faster-whisper's own batched pipeline (WER).
 PIPELINE_MARGIN = 0.02
 
@@ -68,7 +74,9 @@ def _pipeline():
 
     from models.speech.engines import bundled_model_path
 
-    return BatchedInferencePipeline(WhisperModel(bundled_model_path(), device="cpu", compute_type="int8", cpu_threads=2))
+    return BatchedInferencePipeline(
+        WhisperModel(bundled_model_path(), device="cpu", compute_type="int8", cpu_threads=2)
+    )
 
 
 _pipeline_wers: dict[str, float] = {}
@@ -82,16 +90,6 @@ def pipeline_wer(key: str, samples, text: str, beam_size: int = 5) -> float:
         segments, _info = _pipeline().transcribe(samples, language="en", beam_size=beam_size, batch_size=8)
         _pipeline_wers[key] = word_error_rate(text, " ".join(s.text for s in segments))
     return _pipeline_wers[key]
-
-
-def wait_for_job(client, job_id: str, timeout: float = 120.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        resp = client.get(f"/v1/jobs/{job_id}")
-        if resp.status_code == 200 and resp.get_json()["status"] in ("COMPLETED", "FAILED"):
-            return resp.get_json()
-        time.sleep(0.2)  # the poll's interval: the loop waits for the job's state
-    raise AssertionError(f"job {job_id} did not finish within {timeout} s: {client.get(f'/v1/jobs/{job_id}').get_json()}")
 
 
 def long_recording(repeats: int = 3):
@@ -173,7 +171,7 @@ class Receiver:
     def url(self, path: str, host: str = "127.0.0.1", scheme: str = "http") -> str:
         return f"{scheme}://{host}:{self.port}{path}"
 
-    def __enter__(self) -> "Receiver":
+    def __enter__(self) -> Receiver:
         self.thread.start()
         return self
 
@@ -192,7 +190,7 @@ class LiveServer:
         self.httpd = make_server("127.0.0.1", 0, app, threaded=True)
         self.url = f"http://127.0.0.1:{self.httpd.server_port}"
 
-    def __enter__(self) -> "LiveServer":
+    def __enter__(self) -> LiveServer:
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
         return self
 

@@ -29,10 +29,12 @@ when the next SecondHost starts. Where no namespace can be made (not root, no `i
 raises HostUnavailable, which `second_host()` turns into a skip, or a failure when
 REQUIRE_SERVICES=1.
 """
+
 from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import fcntl
 import ipaddress
 import itertools
@@ -47,9 +49,9 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Sequence
 from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,15 +64,22 @@ LOCK = Path("/run/lock/whisperq-hosts.lock")
 # Unix sockets its local services listen on (libpq's default /run/postgresql), which would
 # reach host 1's services without going over the veth.
 ALWAYS_HIDDEN = ("/dev/shm", "/run/postgresql", "/run/mysqld", "/run/redis", "/run/rabbitmq", "/run/mosquitto")
-DEFAULT_PORTS = {"redis": 6379, "rediss": 6379, "amqp": 5672, "pyamqp": 5672, "amqps": 5671,
-                 "postgresql": 5432, "postgres": 5432}
+DEFAULT_PORTS = {
+    "redis": 6379,
+    "rediss": 6379,
+    "amqp": 5672,
+    "pyamqp": 5672,
+    "amqps": 5671,
+    "postgresql": 5432,
+    "postgres": 5432,
+}
 # The settings' URLs that `env()` sends through forwarders (config/settings.py).
 URL_VARIABLES = ("CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "DATABASE_URL", "WHISPERQ_REDIS_URL")
 LOOPBACK_NAMES = ("127.0.0.1", "localhost")
 SO_BINDTODEVICE = getattr(socket, "SO_BINDTODEVICE", 25)
 
 _counter = itertools.count(1)
-_live: dict[str, "SecondHost"] = {}
+_live: dict[str, SecondHost] = {}
 
 
 class HostUnavailable(RuntimeError):
@@ -87,10 +96,8 @@ class HostProcess(subprocess.Popen):
         self.poll()
         if self.returncode is not None:
             return  # reaped: its pid may belong to someone else now
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.pid, sig)  # the leader is alive or a zombie: the group is ours
-        except ProcessLookupError:
-            pass
 
 
 class _Forwarders:
@@ -150,16 +157,19 @@ class _Forwarders:
                 return
             try:
                 upstream_r, upstream_w = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 10)
-            except (OSError, asyncio.TimeoutError):
+            except (TimeoutError, OSError):
                 return
             self._transports.add(upstream_w.transport)
-            await asyncio.gather(self._pipe(client_r, upstream_w, client_w), self._pipe(upstream_r, client_w, upstream_w))
+            await asyncio.gather(
+                self._pipe(client_r, upstream_w, client_w), self._pipe(upstream_r, client_w, upstream_w)
+            )
             # Both directions at EOF: what is still buffered goes out before the FIN.
             for writer in (client_w, upstream_w):
                 writer.close()
-            await asyncio.wait_for(asyncio.gather(client_w.wait_closed(), upstream_w.wait_closed(),
-                                                  return_exceptions=True), 10)
-        except (asyncio.CancelledError, asyncio.TimeoutError, OSError):
+            await asyncio.wait_for(
+                asyncio.gather(client_w.wait_closed(), upstream_w.wait_closed(), return_exceptions=True), 10
+            )
+        except (TimeoutError, asyncio.CancelledError, OSError):
             pass
         finally:
             for writer in (client_w, upstream_w):
@@ -249,10 +259,8 @@ def _kill_namespace(name: str, timeout: float = 10.0, reap=lambda: None) -> None
     deadline = time.monotonic() + timeout
     while pids := _namespace_pids(name):
         for pid in pids:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         reap()
         if time.monotonic() > deadline:
             raise RuntimeError(f"processes {sorted(pids)} in namespace {name} survived SIGKILL")
@@ -371,7 +379,7 @@ class SecondHost:
         self._made_namespace = False
 
     # -- lifecycle -------------------------------------------------------------------------
-    def __enter__(self) -> "SecondHost":
+    def __enter__(self) -> SecondHost:
         if os.geteuid() != 0:
             raise HostUnavailable("a second host needs root (network and mount namespaces)")
         for tool in ("ip", "unshare", "nsenter", "bash"):
@@ -402,9 +410,20 @@ class SecondHost:
             # IPv6 off before the links come up: no link-local address, no router solicitation.
             if os.path.exists(f"/proc/sys/net/ipv6/conf/{self.host1_device}"):
                 Path(f"/proc/sys/net/ipv6/conf/{self.host1_device}/disable_ipv6").write_text("1")
-                subprocess.run([_tool("ip"), "netns", "exec", self.name, "sh", "-c",
-                                f"echo 1 > /proc/sys/net/ipv6/conf/{self.device}/disable_ipv6"],
-                               check=True, capture_output=True, timeout=30)
+                subprocess.run(
+                    [
+                        _tool("ip"),
+                        "netns",
+                        "exec",
+                        self.name,
+                        "sh",
+                        "-c",
+                        f"echo 1 > /proc/sys/net/ipv6/conf/{self.device}/disable_ipv6",
+                    ],
+                    check=True,
+                    capture_output=True,
+                    timeout=30,
+                )
             _ip("addr", "add", f"{self.host1_address}/30", "dev", self.host1_device)
             _ip("-n", self.name, "addr", "add", f"{self.address}/30", "dev", self.device)
         _ip("link", "set", self.host1_device, "up")
@@ -418,15 +437,37 @@ class SecondHost:
         its hidden directories and its data dir are the same for all its processes."""
         if self._own_data_dir:
             self.data_dir.mkdir(mode=0o700)
-        lines = ["set -e", _not_in(_namespace("self", "mnt"), _namespace("self", "uts")),
-                 *(_tmpfs(path) for path in self.hidden),
-                 f"mkdir -p {shlex.quote(str(self.data_dir))}", _tmpfs(self.data_dir, mode=0o700),
-                 f"echo {self.hostname} > /proc/sys/kernel/hostname",
-                 "echo ready", "exec sleep infinity </dev/null >/dev/null 2>&1"]
+        lines = [
+            "set -e",
+            _not_in(_namespace("self", "mnt"), _namespace("self", "uts")),
+            *(_tmpfs(path) for path in self.hidden),
+            f"mkdir -p {shlex.quote(str(self.data_dir))}",
+            _tmpfs(self.data_dir, mode=0o700),
+            f"echo {self.hostname} > /proc/sys/kernel/hostname",
+            "echo ready",
+            "exec sleep infinity </dev/null >/dev/null 2>&1",
+        ]
         self.anchor = subprocess.Popen(
-            [_tool("ip"), "netns", "exec", self.name, _tool("unshare"), "--mount", "--uts", "--propagation", "private",
-             "--", _tool("bash"), "-c", "\n".join(lines)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+            [
+                _tool("ip"),
+                "netns",
+                "exec",
+                self.name,
+                _tool("unshare"),
+                "--mount",
+                "--uts",
+                "--propagation",
+                "private",
+                "--",
+                _tool("bash"),
+                "-c",
+                "\n".join(lines),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
         ready, _, _ = select.select([self.anchor.stdout], [], [], 30)
         line = self.anchor.stdout.readline() if ready else b""
         self.anchor.stdout.close()
@@ -502,7 +543,7 @@ class SecondHost:
         netloc = f"{userinfo}@{address}:{forwarded}" if "@" in parts.netloc else f"{address}:{forwarded}"
         prefix = f"{parts.scheme}://{parts.netloc}"
         assert url.startswith(prefix), url
-        return f"{parts.scheme}://{netloc}{url[len(prefix):]}"
+        return f"{parts.scheme}://{netloc}{url[len(prefix) :]}"
 
     def env(self, base: dict[str, str] | None = None, **overrides: str) -> dict[str, str]:
         """An environment for whisperq on host 2: `base` (this process's) with its loopback
@@ -518,9 +559,17 @@ class SecondHost:
         return env
 
     # -- processes -------------------------------------------------------------------------
-    def popen(self, argv: Sequence[str | os.PathLike], env: dict[str, str] | None = None,
-              hide: Sequence[str | os.PathLike] = (), cwd: str | os.PathLike = ROOT, stdout=None, stderr=None,
-              cpus: str | None = None, **kwargs) -> HostProcess:
+    def popen(
+        self,
+        argv: Sequence[str | os.PathLike],
+        env: dict[str, str] | None = None,
+        hide: Sequence[str | os.PathLike] = (),
+        cwd: str | os.PathLike = ROOT,
+        stdout=None,
+        stderr=None,
+        cpus: str | None = None,
+        **kwargs,
+    ) -> HostProcess:
         """Start `argv` on host 2 (in its network, mount and UTS namespaces; `hide`: more of
         host 1's directories hidden for this process alone; `cpus`: taskset's CPU list) and
         return it: its pid is argv's, its kill() kills its process group (an os.kill of
@@ -532,21 +581,36 @@ class SecondHost:
         # Not those under a directory the whole host hides already: host 2 has nothing there.
         extra = [p for p in _hidden(hide) if not any(h == p or h in p.parents for h in self.hidden)]
         if extra:
-            script = ["set -e", _not_in(_namespace("self", "mnt"), _namespace(self.anchor.pid, "mnt")),
-                      *(_tmpfs(path) for path in extra), f"cd -- {shlex.quote(cwd)}",
-                      'exec "$@"']
-            command += [_tool("unshare"), "--mount", "--propagation", "private", "--", _tool("bash"), "-c",
-                        "\n".join(script), "bash"]
+            script = [
+                "set -e",
+                _not_in(_namespace("self", "mnt"), _namespace(self.anchor.pid, "mnt")),
+                *(_tmpfs(path) for path in extra),
+                f"cd -- {shlex.quote(cwd)}",
+                'exec "$@"',
+            ]
+            command += [
+                _tool("unshare"),
+                "--mount",
+                "--propagation",
+                "private",
+                "--",
+                _tool("bash"),
+                "-c",
+                "\n".join(script),
+                "bash",
+            ]
         if cpus is not None:
             command += [_tool("taskset"), "-c", cpus]
         kwargs.setdefault("stdin", subprocess.DEVNULL)
-        proc = HostProcess([*command, *map(os.fspath, argv)], env=env, stdout=stdout, stderr=stderr,
-                           start_new_session=True, **kwargs)
+        proc = HostProcess(
+            [*command, *map(os.fspath, argv)], env=env, stdout=stdout, stderr=stderr, start_new_session=True, **kwargs
+        )
         self.processes.append(proc)
         return proc
 
-    def run(self, argv: Sequence[str | os.PathLike], timeout: float = 30.0, check: bool = False,
-            **kwargs) -> subprocess.CompletedProcess:
+    def run(
+        self, argv: Sequence[str | os.PathLike], timeout: float = 30.0, check: bool = False, **kwargs
+    ) -> subprocess.CompletedProcess:
         """A short command on host 2, its output captured as text (as subprocess.run)."""
         kwargs.setdefault("stdout", subprocess.PIPE)
         kwargs.setdefault("stderr", subprocess.PIPE)
@@ -588,7 +652,5 @@ def second_host(**kwargs) -> Iterator[SecondHost]:
 def _teardown_all() -> None:
     """A host whose context was never left (an interrupted run) goes when the process does."""
     for host in [host for host in _live.values() if host._pid == os.getpid()]:
-        try:
+        with contextlib.suppress(Exception):
             host._teardown()
-        except Exception:
-            pass

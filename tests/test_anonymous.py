@@ -1,16 +1,13 @@
 """Anonymous use (what `make run` serves) on a workstation: a browser on another site can
 neither reach the API through a rebound DNS name nor submit or change jobs for its visitor;
 anonymous jobs are capped at normal priority."""
+
 from __future__ import annotations
 
 import dataclasses
-import io
 
 import pytest
-
-from helpers import CLIPS
-
-FOX = CLIPS["fox.flac"]["path"].read_bytes()
+from api import upload
 
 
 @pytest.fixture()
@@ -18,14 +15,15 @@ def workstation(settings, database, published):
     """The app as `make run` configures it: anonymous use, loopback, the default cap."""
     from web import create_app
 
-    changed = dataclasses.replace(settings, allow_anonymous=True, host="127.0.0.1", allowed_hosts=None,
-                                  public_url=None, anonymous_max_priority="normal")
+    changed = dataclasses.replace(
+        settings,
+        allow_anonymous=True,
+        host="127.0.0.1",
+        allowed_hosts=None,
+        public_url=None,
+        anonymous_max_priority="normal",
+    )
     return create_app({"SETTINGS": changed, "TESTING": True}).test_client()
-
-
-def upload(client, headers=None, **fields):
-    return client.post("/v1/jobs", data={"file": (io.BytesIO(FOX), "fox.flac"), **fields},
-                       content_type="multipart/form-data", headers=headers or {})
 
 
 def test_a_host_this_server_does_not_serve_is_refused(workstation, published):
@@ -57,13 +55,16 @@ def test_allowed_hosts_and_the_public_url_are_served(settings, database):
     assert client.get("/v1/jobs", headers={"Host": "whatever.internal"}).status_code == 200
 
 
-@pytest.mark.parametrize("headers", [
-    {"Sec-Fetch-Site": "cross-site"},
-    {"Sec-Fetch-Site": "same-site"},
-    {"Origin": "http://evil.example"},
-    {"Origin": "http://localhost:9999"},
-    {"Origin": "null"},
-])
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"Sec-Fetch-Site": "cross-site"},
+        {"Sec-Fetch-Site": "same-site"},
+        {"Origin": "http://evil.example"},
+        {"Origin": "http://localhost:9999"},
+        {"Origin": "null"},
+    ],
+)
 def test_an_anonymous_change_from_another_site_is_refused(workstation, published, headers):
     resp = upload(workstation, headers=headers)
     message = resp.get_json()["error"]["message"]
@@ -73,12 +74,15 @@ def test_an_anonymous_change_from_another_site_is_refused(workstation, published
     assert not published
 
 
-@pytest.mark.parametrize("headers", [
-    {},  # curl, a script, a service
-    {"Sec-Fetch-Site": "same-origin"},
-    {"Sec-Fetch-Site": "none"},  # typed into the address bar
-    {"Origin": "http://localhost"},
-])
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},  # curl, a script, a service
+        {"Sec-Fetch-Site": "same-origin"},
+        {"Sec-Fetch-Site": "none"},  # typed into the address bar
+        {"Origin": "http://localhost"},
+    ],
+)
 def test_an_anonymous_change_from_this_site_or_no_site_is_taken(workstation, headers):
     assert upload(workstation, headers=headers).status_code == 202
 
@@ -88,10 +92,16 @@ def test_a_key_may_submit_from_anywhere(settings, database, published):
     from models.access.apikeys import create_key
     from web import create_app
 
-    app = create_app({"SETTINGS": dataclasses.replace(settings, allow_anonymous=False, host="127.0.0.1",
-                                                      allowed_hosts=None, public_url=None), "TESTING": True})
+    app = create_app(
+        {
+            "SETTINGS": dataclasses.replace(
+                settings, allow_anonymous=False, host="127.0.0.1", allowed_hosts=None, public_url=None
+            ),
+            "TESTING": True,
+        }
+    )
     _record, key = create_key(app.extensions["whisperq"], "origins", "standard")
-    resp = upload(app.test_client(), headers={"Authorization": f"Bearer {key}", "Origin": "https://app.example"})
+    resp = upload(app.test_client(), token=key, headers={"Origin": "https://app.example"})
     assert resp.status_code == 202, resp.get_json()
 
 

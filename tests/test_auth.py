@@ -1,17 +1,14 @@
 """API keys, tiers and isolation: each key sees its own jobs only, a revoked key is
 refused, a tier caps the priority, and the web page signs in with a session cookie
 whose changes need the CSRF token."""
+
 from __future__ import annotations
 
 import dataclasses
-import io
 import re
 
 import pytest
-
-from helpers import CLIPS
-
-FOX = CLIPS["fox.flac"]["path"].read_bytes()
+from api import bearer, upload
 
 
 @pytest.fixture()
@@ -32,20 +29,14 @@ def keys(secure):
 
     rt = secure.extensions["whisperq"]
     made = {}
-    for name, tier, admin in (("alice", "premium", False), ("bob", "standard", False),
-                              ("nightly", "batch", False), ("ops", "standard", True)):
+    for name, tier, admin in (
+        ("alice", "premium", False),
+        ("bob", "standard", False),
+        ("nightly", "batch", False),
+        ("ops", "standard", True),
+    ):
         made[name] = create_key(rt, f"{name}-test", tier, admin=admin)[1]
     return made
-
-
-def bearer(token: str) -> dict:
-    return {"Authorization": f"Bearer {token}"}
-
-
-def submit(client, token: str | None, **fields):
-    headers = bearer(token) if token else {}
-    form = {"file": (io.BytesIO(FOX), "fox.flac"), **fields}
-    return client.post("/v1/jobs", data=form, content_type="multipart/form-data", headers=headers)
 
 
 def test_no_key_bad_key_and_revoked_key_get_401(secure, keys):
@@ -65,21 +56,24 @@ def test_no_key_bad_key_and_revoked_key_get_401(secure, keys):
     revoked = client.get("/v1/jobs", headers=bearer(keys["bob"]))
     assert revoked.status_code == 401
     assert "revoked" in revoked.json["error"]["message"]
-    assert submit(client, keys["bob"]).status_code == 401
+    assert upload(client, token=keys["bob"]).status_code == 401
     # The OpenAI-compatible endpoint refuses it in OpenAI's shape.
-    openai = client.post("/v1/audio/transcriptions", data={"model": "whisper-1", "file": (io.BytesIO(FOX), "f.flac")},
-                         content_type="multipart/form-data", headers=bearer(keys["bob"]))
+    openai = upload(client, filename="f.flac", token=keys["bob"], path="/v1/audio/transcriptions", model="whisper-1")
     assert openai.status_code == 401 and openai.json["error"]["type"] == "authentication_error"
 
 
 def test_a_key_cannot_read_cancel_delete_or_list_another_keys_jobs(secure, keys):
     client = secure.test_client()
-    created = submit(client, keys["alice"])
+    created = upload(client, token=keys["alice"])
     assert created.status_code == 202, created.json
     job_id = created.json["job_id"]
     bob = bearer(keys["bob"])
-    for method, path in (("get", f"/v1/jobs/{job_id}"), ("get", f"/v1/jobs/{job_id}/transcript"),
-                         ("post", f"/v1/jobs/{job_id}/cancel"), ("delete", f"/v1/jobs/{job_id}")):
+    for method, path in (
+        ("get", f"/v1/jobs/{job_id}"),
+        ("get", f"/v1/jobs/{job_id}/transcript"),
+        ("post", f"/v1/jobs/{job_id}/cancel"),
+        ("delete", f"/v1/jobs/{job_id}"),
+    ):
         resp = getattr(client, method)(path, headers=bob)
         assert resp.status_code == 404, (method, path, resp.status_code)
         assert resp.json["error"]["message"] == f"no job with id {job_id!r}"  # as for an id that never was
@@ -87,8 +81,11 @@ def test_a_key_cannot_read_cancel_delete_or_list_another_keys_jobs(secure, keys)
     assert job_id not in {j["job_id"] for j in listed}
     assert job_id in {j["job_id"] for j in client.get("/v1/jobs?limit=200", headers=bearer(keys["alice"])).json["jobs"]}
     # The job is untouched by bob's attempts, and visible to its owner and to admins.
-    assert client.get(f"/v1/jobs/{job_id}", headers=bearer(keys["alice"])).json["status"] in ("PENDING", "PROCESSING",
-                                                                                            "COMPLETED")
+    assert client.get(f"/v1/jobs/{job_id}", headers=bearer(keys["alice"])).json["status"] in (
+        "PENDING",
+        "PROCESSING",
+        "COMPLETED",
+    )
     assert client.get(f"/v1/jobs/{job_id}", headers=bearer(keys["ops"])).status_code == 200
     assert client.get(f"/v1/jobs/{job_id}", headers=bearer("test-admin-token")).status_code == 200
     assert job_id in {j["job_id"] for j in client.get("/v1/jobs?limit=200", headers=bearer(keys["ops"])).json["jobs"]}
@@ -99,20 +96,23 @@ def test_tier_caps_priority_with_a_message(secure, keys, database):
     from models.jobs.record import Job
 
     client = secure.test_client()
-    refused = submit(client, keys["nightly"], priority="high")
+    refused = upload(client, token=keys["nightly"], priority="high")
     assert refused.status_code == 403
     message = refused.json["error"]["message"]
     assert "tier (batch)" in message and "priority low" in message and "not high" in message
-    assert submit(client, keys["nightly"], priority="normal").status_code == 403
-    assert submit(client, keys["bob"], priority="high").status_code == 403
-    default = submit(client, keys["nightly"])  # no priority asked: the tier's own
+    assert upload(client, token=keys["nightly"], priority="normal").status_code == 403
+    assert upload(client, token=keys["bob"], priority="high").status_code == 403
+    default = upload(client, token=keys["nightly"])  # no priority asked: the tier's own
     assert default.status_code == 202 and default.json["priority"] == "low"
-    assert submit(client, keys["bob"]).json["priority"] == "normal"
-    assert submit(client, keys["alice"], priority="high").json["priority"] == "high"
+    assert upload(client, token=keys["bob"]).json["priority"] == "normal"
+    assert upload(client, token=keys["alice"], priority="high").json["priority"] == "high"
     with database.session() as s:
         assert s.get(Job, default.json["job_id"]).owner is not None
-    by_url = client.post("/v1/jobs", json={"audio_url": "https://example.com/a.flac", "priority": "high"},
-                         headers=bearer(keys["nightly"]))
+    by_url = client.post(
+        "/v1/jobs",
+        json={"audio_url": "https://example.com/a.flac", "priority": "high"},
+        headers=bearer(keys["nightly"]),
+    )
     assert by_url.status_code == 403
 
 
@@ -126,23 +126,20 @@ def test_tier_rate_limit(settings, database, celery_app):
     app = create_app({"SETTINGS": dataclasses.replace(settings, **changes), "TESTING": True})
     token = create_key(app.extensions["whisperq"], "limited", "batch")[1]
     client = app.test_client()
-    first = submit(client, token)
+    first = upload(client, token=token)
     assert first.status_code == 202 and first.headers["RateLimit-Limit"] == "2"
-    assert submit(client, token).status_code == 202
-    third = submit(client, token)
+    assert upload(client, token=token).status_code == 202
+    third = upload(client, token=token)
     assert third.status_code == 429 and "Retry-After" in third.headers
 
 
 def test_idempotency_keys_are_per_api_key(secure, keys):
     client = secure.test_client()
-    a = client.post("/v1/jobs", data={"file": (io.BytesIO(FOX), "fox.flac")}, content_type="multipart/form-data",
-                    headers={**bearer(keys["alice"]), "Idempotency-Key": "order-7"})
-    b = client.post("/v1/jobs", data={"file": (io.BytesIO(FOX), "fox.flac")}, content_type="multipart/form-data",
-                    headers={**bearer(keys["bob"]), "Idempotency-Key": "order-7"})
+    a = upload(client, token=keys["alice"], headers={"Idempotency-Key": "order-7"})
+    b = upload(client, token=keys["bob"], headers={"Idempotency-Key": "order-7"})
     assert a.status_code == 202 and b.status_code == 202
     assert a.json["job_id"] != b.json["job_id"]
-    again = client.post("/v1/jobs", data={"file": (io.BytesIO(FOX), "fox.flac")}, content_type="multipart/form-data",
-                        headers={**bearer(keys["bob"]), "Idempotency-Key": "order-7"})
+    again = upload(client, token=keys["bob"], headers={"Idempotency-Key": "order-7"})
     assert again.status_code == 200 and again.json["job_id"] == b.json["job_id"]
 
 
@@ -188,10 +185,9 @@ def test_web_page_signs_in_with_a_key_and_needs_the_csrf_token(secure, keys):
     assert form.status_code == 200 and "Signed in as bob-test" in form.get_data(as_text=True)
     token = _csrf(form.get_data(as_text=True))
     assert token != _csrf(page.get_data(as_text=True))  # signing in starts a new session
-    no_token = client.post("/", data={"file": (io.BytesIO(FOX), "fox.flac")}, content_type="multipart/form-data")
+    no_token = upload(client, path="/")
     assert no_token.status_code == 403
-    posted = client.post("/", data={"file": (io.BytesIO(FOX), "fox.flac"), "csrf_token": token},
-                         content_type="multipart/form-data")
+    posted = upload(client, path="/", csrf_token=token)
     assert posted.status_code == 303, posted.get_data(as_text=True)[:500]
     job_id = posted.headers["Location"].rsplit("/", 1)[-1]
     # The API through the cookie: reading is fine, a change needs the header.
@@ -210,7 +206,7 @@ def test_web_page_signs_in_with_a_key_and_needs_the_csrf_token(secure, keys):
 
 
 def test_anonymous_use_sees_anonymous_jobs_only(client, secure, keys):
-    mine = submit(secure.test_client(), keys["alice"]).json["job_id"]
+    mine = upload(secure.test_client(), token=keys["alice"]).json["job_id"]
     assert client.get(f"/v1/jobs/{mine}").status_code == 404  # anonymous (the `client` app allows it)
     assert client.get(f"/v1/jobs/{mine}", headers=bearer(keys["alice"])).status_code == 200
     # A key that is sent must be good, even where anonymous use is allowed.
@@ -219,7 +215,7 @@ def test_anonymous_use_sees_anonymous_jobs_only(client, secure, keys):
     assert client.get(f"/v1/jobs/{mine}", headers=bearer("unused")).status_code == 404
 
 
-def test_keys_cli(secure):
+def test_keys_command(secure):
     from click.testing import CliRunner
 
     from web.cli import cli
@@ -297,21 +293,19 @@ def test_only_hashes_are_stored(secure, keys, database):
 def test_a_tier_has_its_own_longest_audio(settings, database, published):
     """WHISPERQ_MAX_AUDIO_SECONDS_<TIER>: a batch key here may send 5 s, a premium key more."""
     import dataclasses
-    import io
 
-    from helpers import CLIPS
     from models.access.apikeys import create_key
     from web import create_app
 
-    app = create_app({"SETTINGS": dataclasses.replace(settings, allow_anonymous=False, max_audio_seconds_batch=5.0),
-                      "TESTING": True})
+    app = create_app(
+        {"SETTINGS": dataclasses.replace(settings, allow_anonymous=False, max_audio_seconds_batch=5.0), "TESTING": True}
+    )
     rt = app.extensions["whisperq"]
     (_b, batch), (_p, premium) = create_key(rt, "short", "batch"), create_key(rt, "long", "premium")
     client = app.test_client()
 
     def send(key):
-        return client.post("/v1/jobs", data={"file": (io.BytesIO(CLIPS["report.opus"]["path"].read_bytes()), "r.opus")},
-                           content_type="multipart/form-data", headers={"Authorization": f"Bearer {key}"})
+        return upload(client, "report.opus", filename="r.opus", token=key)
 
     refused = send(batch)
     assert refused.status_code == 413 and "limit of 5 s" in refused.get_json()["error"]["message"]

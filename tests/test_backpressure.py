@@ -1,20 +1,13 @@
 """The front door under load: the queue budget with its high-priority reserve, the disk
 floor, per-client rate limits in Redis, and readiness."""
+
 import dataclasses
-import io
 import time
 import uuid
 
 import pytest
-
-from helpers import CLIPS, need_service, stored_files, wait_until
-
-FOX = CLIPS["fox.flac"]["path"].read_bytes()
-
-
-def post(client, priority: str = "normal", headers: dict | None = None):
-    return client.post("/v1/jobs", data={"file": (io.BytesIO(FOX), "fox.flac"), "priority": priority},
-                       content_type="multipart/form-data", headers=headers or {})
+from api import upload
+from helpers import need_service, stored_files, wait_until
 
 
 @pytest.fixture()
@@ -33,7 +26,8 @@ def app_with(settings, **changes):
 @pytest.mark.integration
 @pytest.mark.brokers
 def test_past_the_budget_429_with_retry_after_high_keeps_a_reserve_and_it_reopens_after_the_drain(
-        settings, database, worker, celery_app, no_cache):
+    settings, database, worker, celery_app, no_cache
+):
     from models.access.admission import backlog
     from models.runtime import get_runtime
 
@@ -43,22 +37,23 @@ def test_past_the_budget_429_with_retry_after_high_keeps_a_reserve_and_it_reopen
         base = backlog(get_runtime()).jobs  # whatever else waits in this database
         # Room for three more normal jobs, and one more high one in the reserve.
         budget = base + 4
-        client = app_with(settings, queue_budget_jobs=budget, high_reserve=0.5 / budget,
-                          queue_budget_seconds=10**9).test_client()
-        accepted = [post(client) for _ in range(3)]
+        client = app_with(
+            settings, queue_budget_jobs=budget, high_reserve=0.5 / budget, queue_budget_seconds=10**9
+        ).test_client()
+        accepted = [upload(client, priority="normal") for _ in range(3)]
         assert [r.status_code for r in accepted] == [202] * 3
-        full = post(client)
+        full = upload(client, priority="normal")
         assert full.status_code == 429, full.get_json()
         body = full.get_json()["error"]
         assert body["code"] == "queue_full" and "try again in" in body["message"] and "priority high" in body["message"]
         assert 1 <= int(full.headers["Retry-After"]) <= 3600
-        assert post(client, "high").status_code == 202  # the reserve
-        assert post(client, "high").status_code == 429  # past the whole budget
-        assert post(client, "low").status_code == 429
+        assert upload(client, priority="high").status_code == 202  # the reserve
+        assert upload(client, priority="high").status_code == 429  # past the whole budget
+        assert upload(client, priority="low").status_code == 429
     # The pools drain the queue; the door opens again.
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        resp = post(client)
+        resp = upload(client, priority="normal")
         if resp.status_code == 202:
             break
         assert resp.status_code == 429
@@ -69,7 +64,7 @@ def test_past_the_budget_429_with_retry_after_high_keeps_a_reserve_and_it_reopen
 def test_below_the_disk_floor_503_and_nothing_is_stored(settings, database, published):
     client = app_with(settings, disk_floor_mb=10**9).test_client()
     before = stored_files(settings)
-    resp = post(client)
+    resp = upload(client, priority="normal")
     assert resp.status_code == 503 and resp.get_json()["error"]["code"] == "disk_full"
     assert "disk space" in resp.get_json()["error"]["message"] and resp.headers["Retry-After"]
     assert stored_files(settings) == before and published == []
@@ -95,16 +90,16 @@ def test_per_client_rate_limit_with_ratelimit_headers(settings, database, publis
     me, other = (app.test_client() for _ in range(2))
     me.environ_base["REMOTE_ADDR"] = f"127.0.{uuid.uuid4().int % 250}.{uuid.uuid4().int % 250 + 1}"
     other.environ_base["REMOTE_ADDR"] = "127.0.255.254"
-    answers = [post(me, headers={"Authorization": f"Bearer {uuid.uuid4().hex}"}) for _ in range(3)]
+    answers = [upload(me, priority="normal", token=uuid.uuid4().hex) for _ in range(3)]
     assert [r.status_code for r in answers] == [202] * 3
     assert [r.headers["RateLimit-Remaining"] for r in answers] == ["2", "1", "0"]
     assert answers[0].headers["RateLimit-Limit"] == "3" and answers[0].headers["RateLimit-Policy"] == "3;w=60"
     # A new random bearer each time is still the same anonymous client: its address's count.
-    refused = post(me, headers={"Authorization": f"Bearer {uuid.uuid4().hex}"})
+    refused = upload(me, priority="normal", token=uuid.uuid4().hex)
     assert refused.status_code == 429 and refused.get_json()["error"]["code"] == "rate_limited"
     assert 1 <= int(refused.headers["Retry-After"]) <= 60 and refused.headers["RateLimit-Remaining"] == "0"
     assert len(published) == 3  # the refused one was not enqueued
-    assert post(other).status_code == 202  # another address has its own count
+    assert upload(other, priority="normal").status_code == 202  # another address has its own count
 
 
 def test_the_rate_limiter_counts_in_windows(monkeypatch):
@@ -148,8 +143,9 @@ def test_readyz_wants_a_live_inference_worker_after_the_grace(client, monkeypatc
     assert resp.status_code == 503 and resp.get_json()["checks"]["inference_workers"].startswith("none alive")
 
 
-def test_one_key_cannot_fill_the_queue_and_url_jobs_count_at_the_estimate_until_fetched(settings, tmp_path, monkeypatch,
-                                                                                 no_cache):
+def test_one_key_cannot_fill_the_queue_and_url_jobs_count_at_the_estimate_until_fetched(
+    settings, tmp_path, monkeypatch, no_cache
+):
     """WHISPERQ_QUEUE_KEY_SHARE: a key past its share of the budget gets 429 while another key
     and anonymous use still get in; a URL job, its length unknown until fetched, counts at
     WHISPERQ_URL_AUDIO_ESTIMATE_SECONDS, then at its real length. Its own database, so the
@@ -159,39 +155,53 @@ def test_one_key_cannot_fill_the_queue_and_url_jobs_count_at_the_estimate_until_
 
     sent = []
     monkeypatch.setattr(CeleryBroker, "publish_job", lambda self, job, **kw: sent.append(job.id))
-    app = app_with(settings, database_url=f"sqlite:///{tmp_path / 'door.db'}", queue_budget_jobs=10,
-                   queue_budget_seconds=10**6, high_reserve=0.0, queue_key_share=0.3, max_audio_seconds=3600.0)
+    app = app_with(
+        settings,
+        database_url=f"sqlite:///{tmp_path / 'door.db'}",
+        queue_budget_jobs=10,
+        queue_budget_seconds=10**6,
+        high_reserve=0.0,
+        queue_key_share=0.3,
+        max_audio_seconds=3600.0,
+    )
     rt = app.extensions["whisperq"]
     flood, other = (create_key(rt, name, "premium")[1] for name in ("flood", "other"))
     client = app.test_client()
 
-    def by(token):
-        return {"Authorization": f"Bearer {token}"}
-
-    assert [post(client, headers=by(flood)).status_code for _ in range(3)] == [202] * 3
-    refused = post(client, headers=by(flood))
+    assert [upload(client, priority="normal", token=flood).status_code for _ in range(3)] == [202] * 3
+    refused = upload(client, priority="normal", token=flood)
     assert refused.status_code == 429, refused.get_json()
     message = refused.get_json()["error"]["message"]
     assert "this API key has 3 jobs" in message and "WHISPERQ_QUEUE_KEY_SHARE" in message
     assert int(refused.headers["Retry-After"]) >= 1
-    assert post(client, "high", headers=by(flood)).status_code == 429  # the share holds for every priority
-    assert post(client, headers=by(other)).status_code == 202  # others still get in
-    assert post(client).status_code == 202  # and anonymous use, bounded by its per-address rate instead
+    assert upload(client, priority="high", token=flood).status_code == 429  # the share holds for every priority
+    assert upload(client, priority="normal", token=other).status_code == 202  # others still get in
+    assert (
+        upload(client, priority="normal").status_code == 202
+    )  # and anonymous use, bounded by its per-address rate instead
     assert len(sent) == 5
 
     # By URL: 1800 s each until fetched (not the 3600 s they may be), against a budget of 3 h.
-    urls = app_with(settings, database_url=f"sqlite:///{tmp_path / 'urls.db'}", queue_budget_jobs=1000,
-                    queue_budget_seconds=3 * 3600.0, high_reserve=0.0, max_audio_seconds=3600.0,
-                    url_audio_estimate_seconds=1800.0)
+    urls = app_with(
+        settings,
+        database_url=f"sqlite:///{tmp_path / 'urls.db'}",
+        queue_budget_jobs=1000,
+        queue_budget_seconds=3 * 3600.0,
+        high_reserve=0.0,
+        max_audio_seconds=3600.0,
+        url_audio_estimate_seconds=1800.0,
+    )
     tight = urls.test_client()
     answers = [tight.post("/v1/jobs", json={"audio_url": f"http://127.0.0.1:9/{n}.flac"}) for n in range(7)]
     assert [a.status_code for a in answers] == [202] * 6 + [429], [a.get_json() for a in answers]
     assert "6 jobs with 10800 s of audio are waiting" in answers[-1].get_json()["error"]["message"]
     # Fetched, each counts at its real length: two short ones leave room for another.
-    from models.jobs.record import Job
     from sqlalchemy import update
 
+    from models.jobs.record import Job
+
     with urls.extensions["whisperq"].db.session() as session:
-        session.execute(update(Job).where(Job.id.in_([a.get_json()["job_id"] for a in answers[:2]]))
-                        .values(audio_duration=60.0))
+        session.execute(
+            update(Job).where(Job.id.in_([a.get_json()["job_id"] for a in answers[:2]])).values(audio_duration=60.0)
+        )
     assert tight.post("/v1/jobs", json={"audio_url": "http://127.0.0.1:9/next.flac"}).status_code == 202

@@ -1,7 +1,8 @@
 """Batches: POST /v1/batches (URLs as JSON, or files as multipart) validates the whole batch
-before anything is stored, its jobs are ordinary jobs of the key, GET /v1/batches/<id> counts and lists them, and exactly one signed
-`batch.completed` webhook is sent when the last of them finishes, even when two workers
-finish the last two at the same moment."""
+before anything is stored, its jobs are ordinary jobs of the key, GET /v1/batches/<id> counts
+and lists them, and exactly one signed `batch.completed` webhook is sent when the last of them
+finishes, even when two workers finish the last two at the same moment."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -10,14 +11,16 @@ import json
 import threading
 
 import pytest
-from sqlalchemy import func, select
-
+from api import bearer
 from helpers import CLIPS, Receiver, stored_files, wait_until
+from sqlalchemy import func, select
 
 FOX = CLIPS["fox.flac"]["path"].read_bytes()
 REPORT = CLIPS["report.opus"]["path"].read_bytes()
-AUDIO = {"/fox.flac": (200, {"Content-Type": "audio/flac"}, FOX),
-         "/report.opus": (200, {"Content-Type": "audio/ogg"}, REPORT)}
+AUDIO = {
+    "/fox.flac": (200, {"Content-Type": "audio/flac"}, FOX),
+    "/report.opus": (200, {"Content-Type": "audio/ogg"}, REPORT),
+}
 
 
 @pytest.fixture()
@@ -41,12 +44,10 @@ def keys(secure):
     from models.access.apikeys import create_key
 
     rt = secure.extensions["whisperq"]
-    return {name: create_key(rt, f"{name}-batch-test", tier) for name, tier in
-            (("alice", "premium"), ("bob", "standard"), ("nightly", "batch"))}
-
-
-def bearer(key) -> dict:
-    return {"Authorization": f"Bearer {key[1]}"}
+    return {
+        name: create_key(rt, f"{name}-batch-test", tier)
+        for name, tier in (("alice", "premium"), ("bob", "standard"), ("nightly", "batch"))
+    }
 
 
 def counts(database) -> tuple[int, int]:
@@ -73,69 +74,90 @@ def test_the_listing_pages_and_another_key_sees_nothing(secure, keys, monkeypatc
     client = secure.test_client()
     alice, bob = keys["alice"], keys["bob"]
     urls = [f"http://127.0.0.1:9/a{n}.mp3" for n in range(5)]
-    made = client.post("/v1/batches", json={"items": [{"audio_url": u, "prompt": f"item {n}"} for n, u in
-                                                      enumerate(urls)], "priority": "low"},
-                       headers=bearer(alice)).get_json()
+    made = client.post(
+        "/v1/batches",
+        json={"items": [{"audio_url": u, "prompt": f"item {n}"} for n, u in enumerate(urls)], "priority": "low"},
+        headers=bearer(alice[1]),
+    ).get_json()
     batch_id = made["batch_id"]
     seen, url = [], f"/v1/batches/{batch_id}?limit=2"
     while url:
-        page = client.get(url, headers=bearer(alice)).get_json()
+        page = client.get(url, headers=bearer(alice[1])).get_json()
         assert len(page["jobs"]) <= 2 and page["total"] == 5
         seen += page["jobs"]
         url = page["next_url"] and page["next_url"].split("localhost", 1)[-1]
     assert len({j["job_id"] for j in seen}) == 5 and {j["audio_url"] for j in seen} == set(urls)
     job_id = seen[0]["job_id"]
-    assert client.get(f"/v1/jobs/{job_id}", headers=bearer(alice)).get_json()["priority"] == "low"
+    assert client.get(f"/v1/jobs/{job_id}", headers=bearer(alice[1])).get_json()["priority"] == "low"
     # Another key: as if neither existed.
     for path in (f"/v1/batches/{batch_id}", f"/v1/jobs/{job_id}"):
-        assert client.get(path, headers=bearer(bob)).status_code == 404
-    assert client.post(f"/v1/batches/{batch_id}/cancel", headers=bearer(bob)).status_code == 404
+        assert client.get(path, headers=bearer(bob[1])).status_code == 404
+    assert client.post(f"/v1/batches/{batch_id}/cancel", headers=bearer(bob[1])).status_code == 404
     # The owner cancels it; a deleted job stays counted, listed as deleted.
-    assert client.delete(f"/v1/jobs/{seen[1]['job_id']}", headers=bearer(alice)).status_code == 204
-    cancelled = client.post(f"/v1/batches/{batch_id}/cancel", headers=bearer(alice))
+    assert client.delete(f"/v1/jobs/{seen[1]['job_id']}", headers=bearer(alice[1])).status_code == 204
+    cancelled = client.post(f"/v1/batches/{batch_id}/cancel", headers=bearer(alice[1]))
     assert cancelled.status_code == 200
     body = cancelled.get_json()
     assert body["done"] and body["counts"]["CANCELLED"] == 5 and body["finished_at"]
     deleted = [j for j in body["jobs"] if j["deleted"]]
     assert [j["job_id"] for j in deleted] == [seen[1]["job_id"]] and deleted[0]["status_url"] is None
-    assert client.post(f"/v1/batches/{batch_id}/cancel", headers=bearer(alice)).status_code == 409
+    assert client.post(f"/v1/batches/{batch_id}/cancel", headers=bearer(alice[1])).status_code == 409
 
 
 def test_the_tier_bounds_the_batch_priority(secure, keys, database, published):
     client = secure.test_client()
     before = counts(database)
     body = {"audio_urls": ["http://127.0.0.1:9/a.mp3", "http://127.0.0.1:9/b.mp3"]}
-    refused = client.post("/v1/batches", json={**body, "priority": "high"}, headers=bearer(keys["nightly"]))
+    refused = client.post("/v1/batches", json={**body, "priority": "high"}, headers=bearer(keys["nightly"][1]))
     assert refused.status_code == 403 and "tier (batch)" in refused.get_json()["error"]["message"]
-    assert client.post("/v1/batches", json={**body, "priority": "high"}, headers=bearer(keys["bob"])).status_code == 403
+    assert (
+        client.post("/v1/batches", json={**body, "priority": "high"}, headers=bearer(keys["bob"][1])).status_code == 403
+    )
     assert counts(database) == before and published == []
-    made = client.post("/v1/batches", json=body, headers=bearer(keys["nightly"])).get_json()  # the tier's own
+    made = client.post("/v1/batches", json=body, headers=bearer(keys["nightly"][1])).get_json()  # the tier's own
     for job in made["jobs"]:
-        assert client.get(f"/v1/jobs/{job['job_id']}", headers=bearer(keys["nightly"])).get_json()["priority"] == "low"
+        assert (
+            client.get(f"/v1/jobs/{job['job_id']}", headers=bearer(keys["nightly"][1])).get_json()["priority"] == "low"
+        )
     assert len(published) == 2
-    client.post(f"/v1/batches/{made['batch_id']}/cancel", headers=bearer(keys["nightly"]))
+    client.post(f"/v1/batches/{made['batch_id']}/cancel", headers=bearer(keys["nightly"][1]))
 
 
-@pytest.mark.parametrize("body, status, words", [
-    ({"audio_urls": ["http://127.0.0.1:9/a.mp3", "http://10.1.2.3/b.mp3"]}, 400, "audio_urls[1]"),
-    ({"audio_urls": ["http://127.0.0.1:9/a.mp3", "ftp://example.com/b.mp3"]}, 400, "audio_urls[1]"),
-    ({"items": [{"audio_url": "http://127.0.0.1:9/a.mp3"}, {"audio_url": "http://127.0.0.1:9/b.mp3",
-                                                             "language": "klingon"}]}, 400, "items[1]: language"),
-    ({"items": [{"audio_url": "http://127.0.0.1:9/a.mp3", "priority": "high"}]}, 400, "the priority is the batch's"),
-    ({"audio_urls": ["http://127.0.0.1:9/a.mp3"], "temperature": 3}, 400, "temperature"),
-    ({"audio_urls": ["http://127.0.0.1:9/a.mp3"], "callback_url": "http://169.254.169.254/x"}, 400, "callback_url"),
-    ({"audio_urls": [f"http://127.0.0.1:9/{n}.mp3" for n in range(4)]}, 400, "WHISPERQ_MAX_BATCH_ITEMS"),
-    ({"audio_urls": []}, 400, "empty"),
-    ({"audio_urls": ["http://127.0.0.1:9/a.mp3"], "items": []}, 400, "not both"),
-    ({"audio_url": "http://127.0.0.1:9/a.mp3"}, 400, "unknown field"),
-])
+@pytest.mark.parametrize(
+    "body, status, words",
+    [
+        ({"audio_urls": ["http://127.0.0.1:9/a.mp3", "http://10.1.2.3/b.mp3"]}, 400, "audio_urls[1]"),
+        ({"audio_urls": ["http://127.0.0.1:9/a.mp3", "ftp://example.com/b.mp3"]}, 400, "audio_urls[1]"),
+        (
+            {
+                "items": [
+                    {"audio_url": "http://127.0.0.1:9/a.mp3"},
+                    {"audio_url": "http://127.0.0.1:9/b.mp3", "language": "klingon"},
+                ]
+            },
+            400,
+            "items[1]: language",
+        ),
+        (
+            {"items": [{"audio_url": "http://127.0.0.1:9/a.mp3", "priority": "high"}]},
+            400,
+            "the priority is the batch's",
+        ),
+        ({"audio_urls": ["http://127.0.0.1:9/a.mp3"], "temperature": 3}, 400, "temperature"),
+        ({"audio_urls": ["http://127.0.0.1:9/a.mp3"], "callback_url": "http://169.254.169.254/x"}, 400, "callback_url"),
+        ({"audio_urls": [f"http://127.0.0.1:9/{n}.mp3" for n in range(4)]}, 400, "WHISPERQ_MAX_BATCH_ITEMS"),
+        ({"audio_urls": []}, 400, "empty"),
+        ({"audio_urls": ["http://127.0.0.1:9/a.mp3"], "items": []}, 400, "not both"),
+        ({"audio_url": "http://127.0.0.1:9/a.mp3"}, 400, "unknown field"),
+    ],
+)
 def test_a_bad_item_refuses_the_whole_batch_and_leaves_nothing(settings, database, published, body, status, words):
     from models.access.apikeys import create_key
 
     app = make_app(settings, max_batch_items=3)
     key = create_key(app.extensions["whisperq"], "refused-batch", "standard")
     files, before = stored_files(settings), counts(database)
-    resp = app.test_client().post("/v1/batches", json=body, headers=bearer(key))
+    resp = app.test_client().post("/v1/batches", json=body, headers=bearer(key[1]))
     assert resp.status_code == status, resp.get_json()
     assert words in resp.get_json()["error"]["message"]
     assert counts(database) == before and stored_files(settings) == files and published == []
@@ -150,20 +172,20 @@ def test_a_batch_that_does_not_fit_the_queue_or_the_quota_is_refused_whole(setti
     app = make_app(settings, queue_budget_seconds=400.0)
     key = create_key(app.extensions["whisperq"], "big-batch", "premium")
     before = counts(database)
-    full = app.test_client().post("/v1/batches", json={"audio_urls": urls}, headers=bearer(key))
+    full = app.test_client().post("/v1/batches", json={"audio_urls": urls}, headers=bearer(key[1]))
     assert full.status_code == 429 and full.get_json()["error"]["code"] == "queue_full" and full.headers["Retry-After"]
     assert counts(database) == before and published == []
     # A monthly quota of 3 minutes holds three 60 s URL jobs, not five.
     app = make_app(settings, quota_hours_standard=0.05)
     key = create_key(app.extensions["whisperq"], "quota-batch", "standard")
-    over = app.test_client().post("/v1/batches", json={"audio_urls": urls}, headers=bearer(key))
+    over = app.test_client().post("/v1/batches", json={"audio_urls": urls}, headers=bearer(key[1]))
     assert over.status_code == 429 and over.get_json()["error"]["code"] == "quota_exceeded"
     assert counts(database) == before and published == []
 
 
 def test_idempotency_key_returns_the_same_batch(secure, keys, database, published):
     client = secure.test_client()
-    headers = {**bearer(keys["bob"]), "Idempotency-Key": "nightly-run-1"}
+    headers = {**bearer(keys["bob"][1]), "Idempotency-Key": "nightly-run-1"}
     body = {"audio_urls": ["http://127.0.0.1:9/a.mp3", "http://127.0.0.1:9/b.mp3"]}
     first = client.post("/v1/batches", json=body, headers=headers)
     again = client.post("/v1/batches", json=body, headers=headers)
@@ -171,7 +193,7 @@ def test_idempotency_key_returns_the_same_batch(secure, keys, database, publishe
     assert first.get_json()["batch_id"] == again.get_json()["batch_id"] and len(published) == 2
     other = client.post("/v1/batches", json={"audio_urls": ["http://127.0.0.1:9/c.mp3"]}, headers=headers)
     assert other.status_code == 409
-    client.post(f"/v1/batches/{first.get_json()['batch_id']}/cancel", headers=bearer(keys["bob"]))
+    client.post(f"/v1/batches/{first.get_json()['batch_id']}/cancel", headers=bearer(keys["bob"][1]))
 
 
 def test_the_last_two_jobs_finishing_at_once_record_one_delivery(settings, database):
@@ -184,17 +206,27 @@ def test_the_last_two_jobs_finishing_at_once_record_one_delivery(settings, datab
 
     rt = Runtime(settings)  # no publisher: the rows are what is checked
     data = {"text": "hello", "language": "en", "segments": [], "duration": 1.0}
-    item = {"audio_url": "http://127.0.0.1:9/a.mp3", "filename": "a.mp3", "language": "en", "priority": "normal",
-            "task": "transcribe", "callback_url": None, "word_timestamps": False, "prompt": None, "temperature": None}
+    item = {
+        "audio_url": "http://127.0.0.1:9/a.mp3",
+        "filename": "a.mp3",
+        "language": "en",
+        "priority": "normal",
+        "task": "transcribe",
+        "callback_url": None,
+        "word_timestamps": False,
+        "prompt": None,
+        "temperature": None,
+    }
     for _round in range(8):
-        batch, jobs = create_batch(rt, [dict(item) for _ in range(4)], owner=None,
-                                   callback_url="http://127.0.0.1:9/hook")
+        batch, jobs = create_batch(
+            rt, [dict(item) for _ in range(4)], owner=None, callback_url="http://127.0.0.1:9/hook"
+        )
         complete_job(rt, jobs[0].id, data)
         fail_job(rt, jobs[1].id, "the audio could not be fetched")
         start = threading.Barrier(2)
         errors = []
 
-        def finish(job_id):
+        def finish(job_id, start=start, errors=errors):
             try:
                 start.wait()
                 complete_job(rt, job_id, data)
@@ -239,7 +271,7 @@ def test_a_batch_finishes_once_and_its_payload_lists_every_job(settings, databas
 def test_a_replayed_job_reopens_its_batch_which_tells_again_when_it_ends(settings, database):
     from models.delivery.notify import WebhookDelivery
     from models.jobs.batches import create_batch, get_batch
-    from models.jobs.deadletter import bury, take_for_replay
+    from models.jobs.deadletter import move_to_dead_letters, take_for_replay
     from models.jobs.operations import complete_job
     from models.runtime import Runtime
 
@@ -248,7 +280,7 @@ def test_a_replayed_job_reopens_its_batch_which_tells_again_when_it_ends(setting
     item = {"audio_url": "http://127.0.0.1:9/a.mp3", "language": None, "priority": "normal"}
     batch, jobs = create_batch(rt, [dict(item) for _ in range(2)], owner=None, callback_url="http://127.0.0.1:9/hook")
     complete_job(rt, jobs[0].id, data)
-    bury(rt, jobs[1].id, "whisperq.transcribe", "the worker died three times", None)
+    move_to_dead_letters(rt, jobs[1].id, "whisperq.transcribe", "the worker died three times", None)
     first = get_batch(rt, batch.id)
     assert first.done and first.counts == {"COMPLETED": 1, "FAILED": 1} and first.batch.finished_at
 
@@ -263,8 +295,7 @@ def test_a_replayed_job_reopens_its_batch_which_tells_again_when_it_ends(setting
     assert [r.event for r in rows] == ["batch.completed"] * 2  # one for each time it finished
 
 
-def test_retention_clears_a_finished_batchs_callback_and_delivery_and_keeps_its_counts(settings, private_db,
-                                                                                       tmp_path):
+def test_retention_clears_a_finished_batchs_callback_and_delivery_and_keeps_its_counts(settings, private_db, tmp_path):
     from datetime import timedelta
 
     from sqlalchemy import update
@@ -276,8 +307,11 @@ def test_retention_clears_a_finished_batchs_callback_and_delivery_and_keeps_its_
     from models.maintenance.retention import run_retention
     from models.runtime import Runtime
 
-    rt = Runtime(dataclasses.replace(settings, database_url=private_db, data_dir=tmp_path / "data",
-                                     result_retention_seconds=7 * 86400.0))
+    rt = Runtime(
+        dataclasses.replace(
+            settings, database_url=private_db, data_dir=tmp_path / "data", result_retention_seconds=7 * 86400.0
+        )
+    )
     rt.db.upgrade()
     item = {"audio_url": "http://127.0.0.1:9/a.mp3", "language": None, "priority": "normal"}
     old, old_jobs = create_batch(rt, [dict(item)], owner=None, callback_url="http://127.0.0.1:9/hook")
@@ -303,7 +337,7 @@ def post_files(client, files, key, **fields):
     from werkzeug.datastructures import MultiDict
 
     form = MultiDict([("file", (io.BytesIO(data), name)) for name, data in files] + list(fields.items()))
-    return client.post("/v1/batches", data=form, content_type="multipart/form-data", headers=bearer(key))
+    return client.post("/v1/batches", data=form, content_type="multipart/form-data", headers=bearer(key[1]))
 
 
 def test_a_batch_of_files_stores_each_as_an_upload_with_the_shared_options(secure, keys, database, published):
@@ -312,22 +346,41 @@ def test_a_batch_of_files_stores_each_as_an_upload_with_the_shared_options(secur
 
     client, rt = secure.test_client(), secure.extensions["whisperq"]
     files, before = stored_files(rt.settings), counts(database)
-    resp = post_files(client, [("fox.flac", FOX), ("report.opus", REPORT), ("fox-again.flac", FOX)], keys["bob"],
-                      language="en", prompt="a weather report", word_timestamps="true", priority="low",
-                      callback_url="http://127.0.0.1:9/hook")
+    resp = post_files(
+        client,
+        [("fox.flac", FOX), ("report.opus", REPORT), ("fox-again.flac", FOX)],
+        keys["bob"],
+        language="en",
+        prompt="a weather report",
+        word_timestamps="true",
+        priority="low",
+        callback_url="http://127.0.0.1:9/hook",
+    )
     assert resp.status_code == 202, resp.get_json()
     body = resp.get_json()
     assert body["total"] == 3 and body["callback_url"] == "http://127.0.0.1:9/hook" and len(published) == 3
     assert [j["filename"] for j in sorted(body["jobs"], key=lambda j: j["filename"])] == [
-        "fox-again.flac", "fox.flac", "report.opus"]
+        "fox-again.flac",
+        "fox.flac",
+        "report.opus",
+    ]
     # The jobs go to the real broker, where the session's workers (if an earlier test started
     # them) may already be preparing them: what is checked here is what the door made.
-    lengths = {"fox.flac": audio.probe(io.BytesIO(FOX)).duration, "report.opus": audio.probe(io.BytesIO(REPORT)).duration}
+    lengths = {
+        "fox.flac": audio.probe(io.BytesIO(FOX)).duration,
+        "report.opus": audio.probe(io.BytesIO(REPORT)).duration,
+    }
     refs = set()
     for listed in body["jobs"]:
         job = get_job(rt, listed["job_id"])
         assert (job.batch_id, job.language, job.prompt, job.priority, job.word_timestamps, job.audio_url) == (
-            body["batch_id"], "en", "a weather report", "low", True, None)
+            body["batch_id"],
+            "en",
+            "a weather report",
+            "low",
+            True,
+            None,
+        )
         # The door stores the container's length; preparation, the decoded one (Opus drops its
         # 6.5 ms pre-skip): either will do.
         assert job.audio_duration == pytest.approx(lengths[job.filename.replace("-again", "")], abs=0.01)
@@ -337,27 +390,37 @@ def test_a_batch_of_files_stores_each_as_an_upload_with_the_shared_options(secur
     made = stored_files(rt.settings) - files
     assert len(refs) == 3 and refs <= made
     assert not [f for f in made if f.startswith(str(rt.settings.data_dir / "tmp"))]  # no upload spool left behind
-    client.post(f"/v1/batches/{body['batch_id']}/cancel", headers=bearer(keys["bob"]))
+    client.post(f"/v1/batches/{body['batch_id']}/cancel", headers=bearer(keys["bob"][1]))
 
 
 BIG = REPORT + b"\0" * (1024 * 1024)  # an Ogg file with a tail: over the 1 MB a batch may carry here
 
 
-@pytest.mark.parametrize("files, fields, status, words", [
-    ([("fox.flac", FOX), ("notes.txt", b"these are not audio bytes" * 40)], {}, 415, "file[1] ('notes.txt')"),
-    ([("fox.flac", FOX), ("empty.flac", b"")], {}, 400, "file[1] ('empty.flac'): the uploaded file is empty"),
-    ([("fox.flac", FOX)] * 4, {}, 400, "WHISPERQ_MAX_BATCH_ITEMS"),
-    ([], {"language": "en"}, 400, "no audio file"),
-    ([("fox.flac", FOX)], {"audio_urls": "http://127.0.0.1:9/a.mp3"}, 400, "unknown field"),
-    ([("fox.flac", FOX)], {"language": "klingon"}, 400, "language"),
-    ([("fox.flac", FOX)], {"callback_url": "http://169.254.169.254/x"}, 400, "callback_url"),
-    ([("fox.flac", FOX), ("big.opus", BIG)], {}, 413, "WHISPERQ_MAX_BATCH_UPLOAD_MB"),
-    ([("fox.flac", FOX), ("long.flac", "90 s")], {}, 413, "file[1] ('long.flac'): the audio is longer than the limit"),
-])
-def test_a_bad_file_refuses_the_whole_batch_and_leaves_nothing(settings, database, published, tmp_path, files,
-                                                               fields, status, words):
-    from models.access.apikeys import create_key
+@pytest.mark.parametrize(
+    "files, fields, status, words",
+    [
+        ([("fox.flac", FOX), ("notes.txt", b"these are not audio bytes" * 40)], {}, 415, "file[1] ('notes.txt')"),
+        ([("fox.flac", FOX), ("empty.flac", b"")], {}, 400, "file[1] ('empty.flac'): the uploaded file is empty"),
+        ([("fox.flac", FOX)] * 4, {}, 400, "WHISPERQ_MAX_BATCH_ITEMS"),
+        ([], {"language": "en"}, 400, "no audio file"),
+        ([("fox.flac", FOX)], {"audio_urls": "http://127.0.0.1:9/a.mp3"}, 400, "unknown field"),
+        ([("fox.flac", FOX)], {"language": "klingon"}, 400, "language"),
+        ([("fox.flac", FOX)], {"callback_url": "http://169.254.169.254/x"}, 400, "callback_url"),
+        ([("fox.flac", FOX), ("big.opus", BIG)], {}, 413, "WHISPERQ_MAX_BATCH_UPLOAD_MB"),
+        (
+            [("fox.flac", FOX), ("long.flac", "90 s")],
+            {},
+            413,
+            "file[1] ('long.flac'): the audio is longer than the limit",
+        ),
+    ],
+)
+def test_a_bad_file_refuses_the_whole_batch_and_leaves_nothing(
+    settings, database, published, tmp_path, files, fields, status, words
+):
     from test_web_limits import flac
+
+    from models.access.apikeys import create_key
 
     files = [(name, flac(tmp_path / name, 90).read_bytes() if data == "90 s" else data) for name, data in files]
     app = make_app(settings, max_batch_items=3, max_batch_upload_mb=1, max_audio_seconds=60.0)
@@ -395,30 +458,44 @@ def test_twenty_real_jobs_complete_and_one_signed_webhook_lists_them(secure, key
     alice = keys["alice"]
     with Receiver({**AUDIO, "/hook": (200, {}, b"")}) as receiver:
         urls = [receiver.url("/fox.flac" if n % 2 else "/report.opus") + f"?n={n}" for n in range(20)]
-        resp = client.post("/v1/batches", json={"audio_urls": urls, "language": "en",
-                                                "callback_url": receiver.url("/hook")}, headers=bearer(alice))
+        resp = client.post(
+            "/v1/batches",
+            json={"audio_urls": urls, "language": "en", "callback_url": receiver.url("/hook")},
+            headers=bearer(alice[1]),
+        )
         assert resp.status_code == 202, resp.get_json()
         body = resp.get_json()
         batch_id = body["batch_id"]
         assert resp.headers["Location"] == body["status_url"] and body["status_url"].endswith(f"/v1/batches/{batch_id}")
         assert body["total"] == 20 and len(body["jobs"]) == 20 and body["done"] is False
 
-        done = wait_for_batch(client, batch_id, bearer(alice))
+        done = wait_for_batch(client, batch_id, bearer(alice[1]))
         assert done["counts"]["COMPLETED"] == 20 and done["status"] == "COMPLETED" and done["finished_at"]
         for job in done["jobs"]:  # each an ordinary job of the key
-            one = client.get(f"/v1/jobs/{job['job_id']}", headers=bearer(alice)).get_json()
+            one = client.get(f"/v1/jobs/{job['job_id']}", headers=bearer(alice[1])).get_json()
             assert one["status"] == "COMPLETED" and one["batch_id"] == batch_id and one["result"]["text"]
 
         # Every webhook there will be has its row by now (each is recorded by the commit that
         # finished its job or batch, and all have finished): one, for the batch, and settled;
         # a row is tried only while it is pending, so no later request can come.
-        deliveries = wait_until(lambda: (rows := client.get(f"/v1/batches/{batch_id}", headers=bearer(alice))
-                                         .get_json()["webhook_deliveries"])
-                                and all(d["status"] != "pending" for d in rows) and rows,
-                                30, "the batch's webhook was not delivered")
+        deliveries = wait_until(
+            lambda: (
+                (
+                    rows := client.get(f"/v1/batches/{batch_id}", headers=bearer(alice[1])).get_json()[
+                        "webhook_deliveries"
+                    ]
+                )
+                and all(d["status"] != "pending" for d in rows)
+                and rows
+            ),
+            30,
+            "the batch's webhook was not delivered",
+        )
         assert [d["status"] for d in deliveries] == ["delivered"]
-        assert all(not client.get(f"/v1/jobs/{job['job_id']}", headers=bearer(alice)).get_json().get("webhook_deliveries")
-                   for job in done["jobs"])  # no per-job webhooks
+        assert all(
+            not client.get(f"/v1/jobs/{job['job_id']}", headers=bearer(alice[1])).get_json().get("webhook_deliveries")
+            for job in done["jobs"]
+        )  # no per-job webhooks
         hooks = [r for r in receiver.requests if r[1] == "/hook"]
         assert len(hooks) == 1, [json.loads(r[3])["type"] for r in hooks]
     _method, _path, headers, raw = hooks[0]
@@ -428,8 +505,10 @@ def test_twenty_real_jobs_complete_and_one_signed_webhook_lists_them(secure, key
     assert event["data"]["owner"] == alice[0].id and event["data"]["counts"] == {"COMPLETED": 20}
     listed = {j["job_id"]: j for j in event["data"]["jobs"]}
     assert set(listed) == {j["job_id"] for j in done["jobs"]}
-    assert all(j["status"] == "COMPLETED" and j["transcript_url"].endswith(f"/v1/jobs/{i}/transcript?format=json")
-               for i, j in listed.items())
+    assert all(
+        j["status"] == "COMPLETED" and j["transcript_url"].endswith(f"/v1/jobs/{i}/transcript?format=json")
+        for i, j in listed.items()
+    )
 
 
 @pytest.mark.integration
@@ -439,12 +518,13 @@ def test_a_batch_of_files_is_transcribed(secure, keys, worker):
     client, bob = secure.test_client(), keys["bob"]
     resp = post_files(client, [("fox.flac", FOX), ("report.opus", REPORT)], bob, language="en")
     assert resp.status_code == 202, resp.get_json()
-    done = wait_for_batch(client, resp.get_json()["batch_id"], bearer(bob))
+    done = wait_for_batch(client, resp.get_json()["batch_id"], bearer(bob[1]))
     assert done["counts"]["COMPLETED"] == 2, done
     texts = {}
     for job in done["jobs"]:
-        texts[job["filename"]] = client.get(job["transcript_url"].split("localhost", 1)[-1] + "?format=txt",
-                                            headers=bearer(bob)).get_data(as_text=True)
+        texts[job["filename"]] = client.get(
+            job["transcript_url"].split("localhost", 1)[-1] + "?format=txt", headers=bearer(bob[1])
+        ).get_data(as_text=True)
     for name in ("fox.flac", "report.opus"):
         said, heard = normalise(CLIPS[name]["text"]), normalise(texts[name])
         assert len(set(said) - set(heard)) <= 1, (name, texts[name])

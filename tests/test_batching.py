@@ -1,5 +1,6 @@
 """The batcher on its own, with a stand-in for the model: batch forming, priority,
 failure isolation, withdrawal."""
+
 import threading
 import time
 
@@ -30,8 +31,10 @@ def test_windows_of_many_jobs_share_a_batch():
     run = Recorder()
     b = Batcher(run, max_batch=4, max_wait=0.5)
     futures = []
-    threads = [threading.Thread(target=lambda j=j: futures.extend(b.submit("en", [f"j{j}w0", f"j{j}w1"], job_id=f"j{j}")))
-               for j in range(4)]
+    threads = [
+        threading.Thread(target=lambda j=j: futures.extend(b.submit("en", [f"j{j}w0", f"j{j}w1"], job_id=f"j{j}")))
+        for j in range(4)
+    ]
     for t in threads:
         t.start()
     for t in threads:

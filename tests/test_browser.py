@@ -4,13 +4,13 @@ and see why an upload was refused, in words, on the form.
 
 The first test runs real workers; the others need none: they drive the same pages with
 the job API answered by a stub, so that every state and optional field is seen."""
+
 import math
 import re
 import shutil
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
-
 from helpers import CLIPS, need_service, word_error_rate
 
 pytestmark = pytest.mark.integration
@@ -27,9 +27,18 @@ def start_chromium(profile, javascript: bool = True):
 
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 f"--user-data-dir={profile}", "--window-size=1000,900"):
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        "--window-size=1000,900",
+    ):
         options.add_argument(flag)
     if not javascript:
         options.add_experimental_option("prefs", {"profile.managed_default_content_settings.javascript": 2})
@@ -70,7 +79,8 @@ def wait_for(browser, condition, timeout: float = 10, message: str = ""):
     # or (Chromium) "does not belong to the document"; the next poll reads the new page.
     ignored = (WebDriverException,)
     return WebDriverWait(browser, timeout, poll_frequency=0.1, ignored_exceptions=ignored).until(
-        lambda b: condition(), message)
+        lambda b: condition(), message
+    )
 
 
 def check_srt(text: str) -> str:
@@ -128,7 +138,8 @@ def test_upload_in_the_browser_and_watch_it_finish(live_server, browser, worker,
 
     def finished():
         status, bar_shown = browser.execute_script(
-            "return [document.getElementById('status').dataset.status, !document.getElementById('progress').hidden]")
+            "return [document.getElementById('status').dataset.status, !document.getElementById('progress').hidden]"
+        )
         assert bar_shown or status in FINISHED, f"no progress bar while {status}"
         return status in FINISHED
 
@@ -146,8 +157,10 @@ def test_upload_in_the_browser_and_watch_it_finish(live_server, browser, worker,
     assert word_error_rate(clip["text"], text) <= 0.2, text
     assert word_error_rate(clip["text"], by_id(browser, "full-text").text) <= 0.2
 
-    links = {a.get_attribute("data-format"): a.get_attribute("href")
-             for a in browser.find_elements(By.CSS_SELECTOR, "#downloads a")}
+    links = {
+        a.get_attribute("data-format"): a.get_attribute("href")
+        for a in browser.find_elements(By.CSS_SELECTOR, "#downloads a")
+    }
     assert set(links) == {"txt", "json", "srt", "vtt"} and by_id(browser, "downloads").is_displayed()
     resp = requests.get(links["srt"], timeout=10)
     assert resp.status_code == 200 and resp.headers["Content-Disposition"].startswith("attachment")
@@ -158,8 +171,9 @@ def test_upload_in_the_browser_and_watch_it_finish(live_server, browser, worker,
 
     shot = tmp_path / "job-page.png"
     browser.save_screenshot(str(shot))
-    browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
-                            {"width": 390, "height": 844, "deviceScaleFactor": 2, "mobile": True})
+    browser.execute_cdp_cmd(
+        "Emulation.setDeviceMetricsOverride", {"width": 390, "height": 844, "deviceScaleFactor": 2, "mobile": True}
+    )
     assert browser.execute_script("return document.documentElement.scrollWidth <= window.innerWidth")
     browser.save_screenshot(str(tmp_path / "job-page-phone.png"))
     print(f"screenshots: {shot} and {tmp_path / 'job-page-phone.png'}")
@@ -178,7 +192,9 @@ def test_without_javascript_the_form_and_the_refreshing_page_still_work(live_ser
     by_id(browser, "submit").click()
     wait_for(browser, lambda: "/jobs/" in browser.current_url)
     assert browser.find_element(By.CSS_SELECTOR, "dl.details").text.count("low") == 1
-    wait_for(browser, lambda: status_of(browser) in FINISHED, timeout=180, message="the page did not refresh to the end")
+    wait_for(
+        browser, lambda: status_of(browser) in FINISHED, timeout=180, message="the page did not refresh to the end"
+    )
     assert by_id(browser, "status").text == "Done" and not by_id(browser, "cancel").is_displayed()
     assert word_error_rate(clip["text"], by_id(browser, "full-text").text) <= 0.2
     assert by_id(browser, "downloads").is_displayed()
@@ -216,21 +232,25 @@ def test_a_file_over_the_limit_is_refused_before_it_is_sent(live_server, browser
 def test_an_unreachable_server_is_said_in_words(live_server, browser, tmp_path):
     browser.get(live_server + "/")
     by_id(browser, "file").send_keys(str(CLIPS["fox.flac"]["path"]))
-    browser.execute_script("document.getElementById('upload').setAttribute('data-api-url', 'http://127.0.0.1:9/v1/jobs')")
+    browser.execute_script(
+        "document.getElementById('upload').setAttribute('data-api-url', 'http://127.0.0.1:9/v1/jobs')"
+    )
     by_id(browser, "submit").click()
     alert = by_id(browser, "error")
     wait_for(browser, alert.is_displayed)
     assert alert.text == "Could not reach the server; check your connection and try again."
-    browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
-                            {"width": 360, "height": 740, "deviceScaleFactor": 2, "mobile": True})
+    browser.execute_cdp_cmd(
+        "Emulation.setDeviceMetricsOverride", {"width": 360, "height": 740, "deviceScaleFactor": 2, "mobile": True}
+    )
     assert browser.execute_script("return document.documentElement.scrollWidth <= window.innerWidth")  # fits a phone
     browser.save_screenshot(str(tmp_path / "upload-error-phone.png"))
 
 
 # --- the live job page against a scripted API -----------------------------------------
 
+
 def iso(seconds_from_now: float) -> str:
-    return (datetime.now(timezone.utc) + timedelta(seconds=seconds_from_now)).isoformat().replace("+00:00", "Z")
+    return (datetime.now(UTC) + timedelta(seconds=seconds_from_now)).isoformat().replace("+00:00", "Z")
 
 
 @pytest.fixture()
@@ -238,9 +258,18 @@ def scripted_job(app, monkeypatch):
     """A job whose API answer is whatever the test puts in `state["job"]`."""
     from flask import jsonify
 
-    state = {"job": {"job_id": "stub-job", "status": "PENDING", "filename": "talk.mp3", "priority": "normal",
-                     "audio_duration": 75.0, "error": None, "result": None},
-             "cancel": []}
+    state = {
+        "job": {
+            "job_id": "stub-job",
+            "status": "PENDING",
+            "filename": "talk.mp3",
+            "priority": "normal",
+            "audio_duration": 75.0,
+            "error": None,
+            "result": None,
+        },
+        "cancel": [],
+    }
 
     class Stub:
         id = "stub-job"
@@ -271,32 +300,59 @@ def test_the_job_page_follows_the_job_without_reloading(live_server, browser, sc
     assert by_id(browser, "progress").is_displayed() and by_id(browser, "cancel").is_displayed()
     browser.save_screenshot(str(tmp_path / "job-page-waiting.png"))
 
-    updated_at = datetime.now(timezone.utc)
+    updated_at = datetime.now(UTC)
     finish_at = updated_at + timedelta(seconds=40)
-    scripted_job["job"].update(status="PROCESSING", stage="infer", queue_position=0, progress=0.5,
-                               estimated_start_at=None, estimated_finish_at=finish_at.isoformat().replace("+00:00", "Z"))
+    scripted_job["job"].update(
+        status="PROCESSING",
+        stage="infer",
+        queue_position=0,
+        progress=0.5,
+        estimated_start_at=None,
+        estimated_finish_at=finish_at.isoformat().replace("+00:00", "Z"),
+    )
     wait_for(browser, lambda: status_of(browser) == "PROCESSING")
     assert by_id(browser, "status").text == "Transcribing" and not by_id(browser, "queue").is_displayed()
     assert by_id(browser, "progress").get_attribute("value") == "0.5"
     eta = by_id(browser, "eta").text
-    read_at = datetime.now(timezone.utc)
+    read_at = datetime.now(UTC)
+
     # The page counts down to the estimate at each poll, to the nearest 5 s (job.js: about), by its
     # clock set from the Date header (to the second): its last poll fell between the update and now.
     def shown(seconds: float) -> int:
         return 5 * math.floor(seconds / 5 + 0.5)
 
     done_in = re.fullmatch(r"Done in about (\d+) s", eta)
-    lowest, highest = shown((finish_at - read_at).total_seconds() - 1), shown((finish_at - updated_at).total_seconds() + 1)
+    lowest, highest = (
+        shown((finish_at - read_at).total_seconds() - 1),
+        shown((finish_at - updated_at).total_seconds() + 1),
+    )
     assert done_in and lowest <= int(done_in.group(1)) <= highest, (eta, lowest, highest)
     assert by_id(browser, "status-detail").text == "Recognising speech"
 
     scripted_job["job"].update(
-        status="COMPLETED", progress=1.0, estimated_finish_at=None,
-        transcript_urls={f: f"{live_server}/v1/jobs/stub-job/transcript?format={f}" for f in ("txt", "json", "srt", "vtt")},
-        result={"text": "Hello there. General Kenobi.", "language": "en", "segments": [
-            {"start": 0.0, "end": 1.5, "text": " Hello there.",
-             "words": [{"start": 0.0, "end": 0.6, "word": " Hello"}, {"start": 0.62, "end": 1.5, "word": " there."}]},
-            {"start": 61.25, "end": 63.0, "text": " General Kenobi."}]})
+        status="COMPLETED",
+        progress=1.0,
+        estimated_finish_at=None,
+        transcript_urls={
+            f: f"{live_server}/v1/jobs/stub-job/transcript?format={f}" for f in ("txt", "json", "srt", "vtt")
+        },
+        result={
+            "text": "Hello there. General Kenobi.",
+            "language": "en",
+            "segments": [
+                {
+                    "start": 0.0,
+                    "end": 1.5,
+                    "text": " Hello there.",
+                    "words": [
+                        {"start": 0.0, "end": 0.6, "word": " Hello"},
+                        {"start": 0.62, "end": 1.5, "word": " there."},
+                    ],
+                },
+                {"start": 61.25, "end": 63.0, "text": " General Kenobi."},
+            ],
+        },
+    )
     wait_for(browser, lambda: status_of(browser) == "COMPLETED")
     assert browser.execute_script("return window.stillTheSamePage") is True
     assert browser.title == "Done · talk.mp3 · whisperq"
@@ -324,7 +380,11 @@ def test_cancel_shows_the_refusal_then_the_partial_transcript(live_server, brows
     assert problem.text == "Job stub-job already finished."
     assert by_id(browser, "cancel").is_enabled()
 
-    partial = {"text": "the first part", "partial": True, "segments": [{"start": 0.0, "end": 2.0, "text": "the first part"}]}
+    partial = {
+        "text": "the first part",
+        "partial": True,
+        "segments": [{"start": 0.0, "end": 2.0, "text": "the first part"}],
+    }
     cancelled = dict(scripted_job["job"], status="CANCELLED", error="cancelled by the client", result=partial)
     scripted_job["cancel"].append((200, cancelled))
     scripted_job["job"] = cancelled

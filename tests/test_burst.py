@@ -1,16 +1,19 @@
 """Load leveling under fire: a burst of 500 submissions as fast as the client can send
 them, drained by the real pools while the inference worker is killed (kill -9) twice."""
-import io
+
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from api import submit_id
+from helpers import CLIPS
 from sqlalchemy import func, select
 
-from helpers import CLIPS
-
-pytestmark = [pytest.mark.integration, pytest.mark.burst,
-              pytest.mark.timeout(2400)]  # the drain alone may take 1800 s (its own deadline)
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.burst,
+    pytest.mark.timeout(2400),
+]  # the drain alone may take 1800 s (its own deadline)
 
 BURST = 500
 
@@ -21,10 +24,7 @@ def test_a_burst_of_500_with_two_worker_kills_completes_each_job_exactly_once(ap
     audio = CLIPS["fox.flac"]["path"].read_bytes()
 
     def submit(n: int) -> str:
-        resp = app.test_client().post("/v1/jobs", data={"file": (io.BytesIO(audio), f"burst-{n}.flac")},
-                                      content_type="multipart/form-data")
-        assert resp.status_code == 202, resp.get_json()
-        return resp.get_json()["job_id"]
+        return submit_id(app.test_client(), f"burst-{n}.flac", data=audio)
 
     started = time.monotonic()
     with ThreadPoolExecutor(8) as pool:
@@ -49,8 +49,11 @@ def test_a_burst_of_500_with_two_worker_kills_completes_each_job_exactly_once(ap
         reports.append(worker.sweep())  # beat's pass, without the start-up grace
         time.sleep(5)
     drained_in = time.monotonic() - started
-    print(f"\nburst: {BURST} submitted in {submitted_in:.1f} s, drained in {drained_in:.0f} s, "
-          f"kills after {kills} jobs, put back by the sweeper: {len(set(job_ids) & {i for r in reports for i in r.requeued})}")
+    requeued = set(job_ids) & {i for r in reports for i in r.requeued}
+    print(
+        f"\nburst: {BURST} submitted in {submitted_in:.1f} s, drained in {drained_in:.0f} s, "
+        f"kills after {kills} jobs, put back by the sweeper: {len(requeued)}"
+    )
 
     assert len(kills) == 2, "the drain ended before both kills"
     assert count("COMPLETED") == BURST, {s: count(s) for s in ("PENDING", "PROCESSING", "FAILED", "EXPIRED")}

@@ -4,6 +4,7 @@ The operations themselves against the suite's database (take, renew, the fence a
 lapsed lease taken over); then two real inference worker processes handed the same job's
 inference message, and a holder killed with SIGKILL whose job the other worker takes over.
 """
+
 from __future__ import annotations
 
 import re
@@ -20,7 +21,7 @@ DATA = {"text": "The quick brown fox.", "language": "en", "segments": [], "durat
 
 
 @pytest.fixture()
-def rt(settings, database):
+def worker_rt(settings, database):
     from models.runtime import Runtime
 
     return Runtime(settings)
@@ -35,71 +36,71 @@ def row(rt, job_id: str):
         return job
 
 
-def test_a_claim_is_taken_once_renewed_fenced_and_taken_over_when_its_lease_lapses(rt):
+def test_a_claim_is_taken_once_renewed_fenced_and_taken_over_when_its_lease_lapses(worker_rt):
     from models.errors import ClaimHeld, ClaimLost
     from models.jobs.claims import release_claim, renew_claim, take_claim
     from models.jobs.operations import complete_job
     from models.jobs.record import utcnow
 
-    job_id = make_job(rt).id
+    job_id = make_job(worker_rt).id
     now = utcnow()
-    first = take_claim(rt, job_id, "host-a:1", 60, now=now)
-    held = row(rt, job_id)
+    first = take_claim(worker_rt, job_id, "host-a:1", 60, now=now)
+    held = row(worker_rt, job_id)
     assert (first.token, held.claim_token, held.claim_holder) == (1, 1, "host-a:1")
     assert held.claim_expires_at == now + timedelta(seconds=60)
 
     with pytest.raises(ClaimHeld, match="host-a:1") as refused:  # live: another worker runs nothing
-        take_claim(rt, job_id, "host-b:2", 60, now=now + timedelta(seconds=20))
+        take_claim(worker_rt, job_id, "host-b:2", 60, now=now + timedelta(seconds=20))
     assert refused.value.retry_in == pytest.approx(41.0)  # until the lease could have lapsed, and a second
 
-    assert renew_claim(rt, first, now=now + timedelta(seconds=50))  # the holder lives on: to now + 110 s
+    assert renew_claim(worker_rt, first, now=now + timedelta(seconds=50))  # the holder lives on: to now + 110 s
     with pytest.raises(ClaimHeld):
-        take_claim(rt, job_id, "host-b:2", 60, now=now + timedelta(seconds=100))
+        take_claim(worker_rt, job_id, "host-b:2", 60, now=now + timedelta(seconds=100))
 
-    second = take_claim(rt, job_id, "host-b:2", 60, now=now + timedelta(seconds=111))  # lapsed: taken over
-    assert second.token == 2 and row(rt, job_id).claim_holder == "host-b:2"
-    assert not renew_claim(rt, first)
-    release_claim(rt, first)  # a stale holder's release leaves the new holder's claim alone
-    assert row(rt, job_id).claim_expires_at is not None
+    second = take_claim(worker_rt, job_id, "host-b:2", 60, now=now + timedelta(seconds=111))  # lapsed: taken over
+    assert second.token == 2 and row(worker_rt, job_id).claim_holder == "host-b:2"
+    assert not renew_claim(worker_rt, first)
+    release_claim(worker_rt, first)  # a stale holder's release leaves the new holder's claim alone
+    assert row(worker_rt, job_id).claim_expires_at is not None
 
     with pytest.raises(ClaimLost):  # the fence: the stale holder's transcript is discarded
-        complete_job(rt, job_id, DATA, first)
-    stale = row(rt, job_id)
+        complete_job(worker_rt, job_id, DATA, first)
+    stale = row(worker_rt, job_id)
     assert stale.status != "COMPLETED" and stale.result_text is None and not stale.engine_runs
 
-    result, stored = complete_job(rt, job_id, DATA, second)
-    done = row(rt, job_id)
+    result, stored = complete_job(worker_rt, job_id, DATA, second)
+    done = row(worker_rt, job_id)
     assert stored and result["text"] == DATA["text"]
     assert (done.status, done.engine_runs) == ("COMPLETED", 1)
 
     # A finished job's claim can always be taken (its duplicate is answered and dropped);
     # a released one at once.
-    third = take_claim(rt, job_id, "host-c:3", 60)
-    release_claim(rt, third)
-    assert row(rt, job_id).claim_expires_at is None
-    assert take_claim(rt, job_id, "host-c:3", 60).token == 4
+    third = take_claim(worker_rt, job_id, "host-c:3", 60)
+    release_claim(worker_rt, third)
+    assert row(worker_rt, job_id).claim_expires_at is None
+    assert take_claim(worker_rt, job_id, "host-c:3", 60).token == 4
 
 
-def test_a_claim_on_no_job_says_so(rt):
+def test_a_claim_on_no_job_says_so(worker_rt):
     from models.errors import PermanentJobError
     from models.jobs.claims import take_claim
 
     with pytest.raises(PermanentJobError, match="does not exist"):
-        take_claim(rt, str(uuid.uuid4()), "host-a:1", 60)
+        take_claim(worker_rt, str(uuid.uuid4()), "host-a:1", 60)
 
 
-def test_a_held_claim_is_renewed_while_its_run_goes_on_and_knows_when_it_is_taken_over(rt):
+def test_a_held_claim_is_renewed_while_its_run_goes_on_and_knows_when_it_is_taken_over(worker_rt):
     from models.jobs.claims import kept, take_claim
     from models.jobs.record import utcnow
 
-    job_id = make_job(rt).id
-    claim = take_claim(rt, job_id, "host-a:1", 0.6)
-    first_end = row(rt, job_id).claim_expires_at
-    with kept(rt, claim, seconds=60):
-        wait_until(lambda: row(rt, job_id).claim_expires_at > first_end, 30, "the lease was never renewed")
-        take_claim(rt, job_id, "host-b:2", 60, now=utcnow() + timedelta(hours=1))  # a clock far ahead
+    job_id = make_job(worker_rt).id
+    claim = take_claim(worker_rt, job_id, "host-a:1", 0.6)
+    first_end = row(worker_rt, job_id).claim_expires_at
+    with kept(worker_rt, claim, seconds=60):
+        wait_until(lambda: row(worker_rt, job_id).claim_expires_at > first_end, 30, "the lease was never renewed")
+        take_claim(worker_rt, job_id, "host-b:2", 60, now=utcnow() + timedelta(hours=1))  # a clock far ahead
         wait_until(claim.lost.is_set, 30, "the renewal never found the claim taken over")
-    assert row(rt, job_id).claim_holder == "host-b:2"
+    assert row(worker_rt, job_id).claim_holder == "host-b:2"
 
 
 # Two real inference worker processes on a queue of this module's own.
@@ -111,10 +112,15 @@ def _queue() -> str:
 
 def _publish(celery_app, message: dict, queue: str) -> None:
     from config.celeryconfig import broker_priority
-    from tasks.transcribe import infer
+    from tasks.transcription import infer
 
-    infer.apply_async((message,), task_id=message["job_id"], queue=queue, ignore_result=True,
-                      priority=broker_priority("normal", celery_app.conf.broker_url))
+    infer.apply_async(
+        (message,),
+        task_id=message["job_id"],
+        queue=queue,
+        ignore_result=True,
+        priority=broker_priority("normal", celery_app.conf.broker_url),
+    )
 
 
 def _drop(celery_app, *queues: str) -> None:
@@ -154,8 +160,8 @@ def _two_workers(celery_app, tmp_path, queue: str):
 
 @pytest.mark.integration
 @pytest.mark.brokers
-def test_two_worker_processes_given_the_same_job_run_the_engine_once(rt, celery_app, tmp_path):
-    prepared = _prepared(rt, "fox.flac")
+def test_two_worker_processes_given_the_same_job_run_the_engine_once(worker_rt, celery_app, tmp_path):
+    prepared = _prepared(worker_rt, "fox.flac")
     job_id, queue = prepared.job_id, _queue()
     workers = _two_workers(celery_app, tmp_path, queue)  # one slot each: each takes one of the two messages
     try:
@@ -167,7 +173,7 @@ def test_two_worker_processes_given_the_same_job_run_the_engine_once(rt, celery_
         for w in workers:
             stop_worker(w)
         _drop(celery_app, queue)
-    job = row(rt, job_id)
+    job = row(worker_rt, job_id)
     assert job.status == "COMPLETED" and "fox" in job.result_text.lower(), (job.status, job.error)
     assert job.engine_runs == 1
     text = logs()
@@ -181,32 +187,42 @@ def test_two_worker_processes_given_the_same_job_run_the_engine_once(rt, celery_
 
 @pytest.mark.integration
 @pytest.mark.brokers
-def test_a_holder_killed_mid_run_is_taken_over_once_its_lease_lapses(rt, celery_app, tmp_path):
+def test_a_holder_killed_mid_run_is_taken_over_once_its_lease_lapses(worker_rt, celery_app, tmp_path):
     env = {"WHISPERQ_CLAIM_LEASE_SECONDS": str(LEASE)}
-    prepared = _prepared(rt, "bilingual.opus")  # about a minute of speech: killed long before its end
+    prepared = _prepared(worker_rt, "bilingual.opus")  # about a minute of speech: killed long before its end
     job_id, first_queue, second_queue = prepared.job_id, _queue(), _queue()
     # Each worker on a queue of its own, both started before the kill: the redelivery reaches
     # the second while the dead holder's lease still runs.
-    taker = start_worker(celery_app, tmp_path, "claims-taker", second_queue, pool="threads", concurrency=1,
-                         extra_env=env)
+    taker = start_worker(
+        celery_app, tmp_path, "claims-taker", second_queue, pool="threads", concurrency=1, extra_env=env
+    )
     try:
-        holder = start_worker(celery_app, tmp_path, "claims-killed", first_queue, pool="threads", concurrency=1,
-                              extra_env=env)
+        holder = start_worker(
+            celery_app, tmp_path, "claims-killed", first_queue, pool="threads", concurrency=1, extra_env=env
+        )
         try:
             _publish(celery_app, prepared.to_message(), first_queue)
             mine = f"{socket.gethostname()}:{holder.proc.pid}"
-            wait_until(lambda: (job := row(rt, job_id)).claim_holder == mine and job.stage == "infer", 120,
-                       "the first worker never claimed the job")
+            wait_until(
+                lambda: (job := row(worker_rt, job_id)).claim_holder == mine and job.stage == "infer",
+                120,
+                "the first worker never claimed the job",
+            )
         finally:
             holder.proc.kill()  # SIGKILL: no release, no ack
             holder.proc.wait()
-        _publish(celery_app, prepared.to_message(), second_queue)  # the redelivery, as the broker or the sweeper sends it
-        wait_until(lambda: row(rt, job_id).status == "COMPLETED" and _settled(taker.output(), job_id, 1), 240,
-                   "the job was never taken over")
+        _publish(
+            celery_app, prepared.to_message(), second_queue
+        )  # the redelivery, as the broker or the sweeper sends it
+        wait_until(
+            lambda: row(worker_rt, job_id).status == "COMPLETED" and _settled(taker.output(), job_id, 1),
+            240,
+            "the job was never taken over",
+        )
     finally:
         stop_worker(taker)
         _drop(celery_app, first_queue, second_queue)
-    job = row(rt, job_id)
+    job = row(worker_rt, job_id)
     assert job.worker.startswith("claims-taker@") and job.engine_runs == 1 and job.attempts == 2
     assert "fishing boats" in job.result_text.lower()
     # It found the dead holder's claim live, came back once its lease had lapsed, and ran once.

@@ -1,30 +1,27 @@
 """What a client sees, with real workers and real audio: webhooks to a local receiver,
 progress and estimates, cancel, delete, listing, submission by URL, word timestamps."""
-import io
+
+import itertools
 import threading
 import time
 from datetime import datetime
 
 import pytest
-
-from helpers import (CLIPS, PIPELINE_MARGIN, Receiver, long_recording, normalise, pipeline_wer, stored_files,
-                     wait_until, word_error_rate, write_wav)
+from api import FINAL, bearer, submit, upload, wait_for_job
+from helpers import (
+    CLIPS,
+    PIPELINE_MARGIN,
+    Receiver,
+    long_recording,
+    normalise,
+    pipeline_wer,
+    stored_files,
+    wait_until,
+    word_error_rate,
+    write_wav,
+)
 
 pytestmark = pytest.mark.integration
-
-FINAL = ("COMPLETED", "FAILED", "CANCELLED", "EXPIRED")
-
-
-def submit(client, name: str = "fox.flac", data: bytes | None = None, **fields) -> dict:
-    audio = data if data is not None else CLIPS[name]["path"].read_bytes()
-    resp = client.post("/v1/jobs", data={"file": (io.BytesIO(audio), name), **fields}, content_type="multipart/form-data")
-    assert resp.status_code == 202, resp.get_json()
-    return resp.get_json()
-
-
-def wait_final(client, job_id: str, timeout: float = 120) -> dict:
-    return wait_until(lambda: (j := client.get(f"/v1/jobs/{job_id}").get_json())["status"] in FINAL and j,
-                      timeout, f"job {job_id} did not finish")
 
 
 def scripted(statuses: list[int]):
@@ -47,19 +44,23 @@ def deliveries(client, job_id: str) -> list[dict]:
 
 # --- webhooks ---------------------------------------------------------------------------
 
+
 def test_a_webhook_retried_after_two_500s_is_delivered_once_signed(client, worker, settings):
     from models.delivery import webhooks
 
     with Receiver({"/hook": scripted([500, 500])}) as receiver:
         job = submit(client, callback_url=receiver.url("/hook"))
-        assert wait_final(client, job["job_id"])["status"] == "COMPLETED"
-        [delivery] = wait_until(lambda: [d for d in deliveries(client, job["job_id"]) if d["status"] != "pending"],
-                                60, "the webhook was not delivered")
+        assert wait_for_job(client, job["job_id"], statuses=FINAL)["status"] == "COMPLETED"
+        [delivery] = wait_until(
+            lambda: [d for d in deliveries(client, job["job_id"]) if d["status"] != "pending"],
+            60,
+            "the webhook was not delivered",
+        )
     assert delivery["status"] == "delivered" and delivery["event"] == "job.completed"
     assert [a["status_code"] for a in delivery["attempts"]] == [500, 500, 200]
     assert all(a["at"] for a in delivery["attempts"])
     assert len(receiver.requests) == 3
-    method, path, headers, body = receiver.requests[-1]
+    _method, _path, headers, body = receiver.requests[-1]
     webhooks.verify(settings.webhook_signing_secret(), headers, body)  # raises if the signature is wrong
     assert headers["webhook-id"] == delivery["id"]
     import json
@@ -91,9 +92,7 @@ def test_each_keys_webhooks_are_signed_with_its_own_secret(worker, settings, dat
     def run_job(name: str) -> tuple[dict, bytes]:
         record, token = made[name]
         with Receiver({"/hook": (200, {}, b"")}) as receiver:
-            resp = client.post("/v1/jobs", data={"file": (io.BytesIO(CLIPS["fox.flac"]["path"].read_bytes()), "a.flac"),
-                                                 "callback_url": receiver.url("/hook")},
-                               content_type="multipart/form-data", headers={"Authorization": f"Bearer {token}"})
+            resp = upload(client, filename="a.flac", token=token, callback_url=receiver.url("/hook"))
             assert resp.status_code == 202, resp.get_json()
             wait_until(lambda: receiver.requests, 120, f"{name}'s webhook did not come")
         _method, _path, headers, body = receiver.requests[0]
@@ -107,7 +106,7 @@ def test_each_keys_webhooks_are_signed_with_its_own_secret(worker, settings, dat
             with pytest.raises(ValueError, match="no webhook-signature matches"):
                 webhooks.verify(wrong, headers, body)
 
-    rotated = client.post("/v1/webhook-secret", headers={"Authorization": f"Bearer {made['alice'][1]}"}).get_json()
+    rotated = client.post("/v1/webhook-secret", headers=bearer(made["alice"][1])).get_json()
     headers, body = run_job("alice")
     assert len(headers["webhook-signature"].split()) == 2
     for good in (rotated["webhook_secret"], secrets["alice"]):  # a receiver on either verifies
@@ -140,9 +139,12 @@ def test_a_long_poll_answers_when_the_job_changes(client, worker):
 def test_a_410_stops_the_retries(client, worker):
     with Receiver({"/gone": (410, {}, b"gone")}) as receiver:
         job = submit(client, callback_url=receiver.url("/gone"))
-        wait_final(client, job["job_id"])
-        [delivery] = wait_until(lambda: [d for d in deliveries(client, job["job_id"]) if d["status"] != "pending"],
-                                60, "the webhook was not tried")
+        wait_for_job(client, job["job_id"], statuses=FINAL)
+        [delivery] = wait_until(
+            lambda: [d for d in deliveries(client, job["job_id"]) if d["status"] != "pending"],
+            60,
+            "the webhook was not tried",
+        )
     # No later attempt can come: a delivery is tried only while its row is pending, and the
     # job's only row (recorded with its final status) is settled.
     assert delivery["status"] == "failed" and [a["status_code"] for a in delivery["attempts"]] == [410]
@@ -150,35 +152,40 @@ def test_a_410_stops_the_retries(client, worker):
 
 
 def test_a_callback_to_a_private_address_is_refused_at_submit(client, settings):
-    for url in ("http://10.0.0.7/hook", "http://169.254.169.254/latest/meta-data", "http://[::1]:8080/x",
-                "ftp://example.com/hook"):
+    for url in (
+        "http://10.0.0.7/hook",
+        "http://169.254.169.254/latest/meta-data",
+        "http://[::1]:8080/x",
+        "ftp://example.com/hook",
+    ):
         if url.startswith("http://[::1]"):
             continue  # loopback is allowed to the tests' receivers (WHISPERQ_WEBHOOK_ALLOW, WHISPERQ_FETCH_ALLOW)
-        resp = client.post("/v1/jobs", data={"file": (io.BytesIO(CLIPS["fox.flac"]["path"].read_bytes()), "a.flac"),
-                                             "callback_url": url}, content_type="multipart/form-data")
+        resp = upload(client, filename="a.flac", callback_url=url)
         assert resp.status_code == 400, (url, resp.get_json())
         assert "callback_url" in resp.get_json()["error"]["message"]
 
 
 def test_a_job_run_twice_sends_one_webhook(client, worker, celery_app):
-    from tasks.broker import publish_transcribe
     from models.jobs.operations import get_job
     from models.runtime import get_runtime
+    from tasks.broker import publish_transcribe
 
     with Receiver({"/hook": (200, {}, b"")}) as receiver:
         with worker.paused(celery_app):
             job = submit(client, callback_url=receiver.url("/hook"))
             publish_transcribe(celery_app, get_job(get_runtime(), job["job_id"]))  # delivered twice
-        assert wait_final(client, job["job_id"])["status"] == "COMPLETED"
+        assert wait_for_job(client, job["job_id"], statuses=FINAL)["status"] == "COMPLETED"
         worker.handled(job["job_id"], deliveries=2)  # the second run has had its chance
-        [delivery] = wait_until(lambda: [d for d in deliveries(client, job["job_id"]) if d["status"] != "pending"],
-                                60, "no webhook came")
+        [delivery] = wait_until(
+            lambda: [d for d in deliveries(client, job["job_id"]) if d["status"] != "pending"], 60, "no webhook came"
+        )
     assert delivery["status"] == "delivered"
     assert len(receiver.requests) == 1
     assert len(deliveries(client, job["job_id"])) == 1
 
 
 # --- cancel, delete, listing --------------------------------------------------------------
+
 
 def test_a_queued_job_cancelled_never_runs(client, worker, celery_app):
     with Receiver({"/hook": (200, {}, b"")}) as receiver:
@@ -201,11 +208,12 @@ def test_a_running_job_cancelled_stops_at_a_window_boundary_and_keeps_its_part(c
     samples, text = long_recording(repeats=24)  # about six minutes: windows in several batches
     path = write_wav(tmp_path / "long.wav", samples)
     job = submit(client, "long.wav", data=path.read_bytes())
-    wait_until(lambda: client.get(f"/v1/jobs/{job['job_id']}").get_json()["progress"] > 0, 300,
-               "no progress was reported")
+    wait_until(
+        lambda: client.get(f"/v1/jobs/{job['job_id']}").get_json()["progress"] > 0, 300, "no progress was reported"
+    )
     resp = client.post(f"/v1/jobs/{job['job_id']}/cancel")
     assert resp.status_code in (200, 202), resp.get_json()
-    done = wait_final(client, job["job_id"], timeout=300)
+    done = wait_for_job(client, job["job_id"], timeout=300, statuses=FINAL)
     assert done["status"] == "CANCELLED", done["status"]
     assert done["result"]["partial"] is True and done["result"]["segments"]
     assert 0 < done["progress"] < 1
@@ -214,18 +222,24 @@ def test_a_running_job_cancelled_stops_at_a_window_boundary_and_keeps_its_part(c
     # The part kept loses no words: it reads as the recording's start does (the same
     # passage over and over), as well as faster-whisper's own pipeline reads the passage.
     said = normalise(done["result"]["text"])
-    reference = " ".join(normalise(text)[:len(said)])
+    reference = " ".join(normalise(text)[: len(said)])
     four, four_text = long_recording(repeats=4)
-    assert word_error_rate(reference, " ".join(said)) <= pipeline_wer("long_recording(4)", four, four_text) + PIPELINE_MARGIN
+    assert (
+        word_error_rate(reference, " ".join(said))
+        <= pipeline_wer("long_recording(4)", four, four_text) + PIPELINE_MARGIN
+    )
     resp = client.get(f"/v1/jobs/{job['job_id']}/transcript?format=txt")
     assert resp.status_code == 200 and resp.get_data(as_text=True).strip()
 
 
 def test_delete_removes_the_audio_and_the_transcript_for_good(client, worker, settings):
     job = submit(client)
-    assert wait_final(client, job["job_id"])["status"] == "COMPLETED"
-    mine = {f for f in stored_files(settings) | {str(p) for p in (settings.data_dir / "prepared").rglob("*")}
-            if job["job_id"] in f}
+    assert wait_for_job(client, job["job_id"], statuses=FINAL)["status"] == "COMPLETED"
+    mine = {
+        f
+        for f in stored_files(settings) | {str(p) for p in (settings.data_dir / "prepared").rglob("*")}
+        if job["job_id"] in f
+    }
     assert mine, "the upload should be on disk before the delete"
     assert client.delete(f"/v1/jobs/{job['job_id']}").status_code == 204
     assert all(not __import__("os").path.exists(f) for f in mine)
@@ -257,14 +271,15 @@ def test_listing_is_newest_first_with_cursor_pages(client, worker, celery_app):
 
 # --- submit by URL ------------------------------------------------------------------------
 
+
 def test_audio_by_url_is_fetched_by_the_preparation_pool(client, worker):
     clip = CLIPS["report.opus"]
     with Receiver({"/audio/report.opus": (200, {"Content-Type": "audio/ogg"}, clip["path"].read_bytes())}) as server:
         resp = client.post("/v1/jobs", json={"audio_url": server.url("/audio/report.opus"), "priority": "high"})
         assert resp.status_code == 202, resp.get_json()
-        job = wait_final(client, resp.get_json()["job_id"])
+        job = wait_for_job(client, resp.get_json()["job_id"], statuses=FINAL)
         missing = client.post("/v1/jobs", json={"audio_url": server.url("/audio/nothing.mp3")}).get_json()
-        failed = wait_final(client, missing["job_id"])
+        failed = wait_for_job(client, missing["job_id"], statuses=FINAL)
     assert job["status"] == "COMPLETED" and job["audio_duration"] == pytest.approx(9.4, abs=0.2)
     assert word_error_rate(clip["text"], job["result"]["text"]) <= 0.2
     assert failed["status"] == "FAILED" and "404" in failed["error"], failed["error"]
@@ -280,19 +295,21 @@ def test_audio_url_to_a_private_address_is_refused(client):
 
 # --- transcripts ----------------------------------------------------------------------------
 
+
 def test_word_timestamps_on_request(client, worker):
-    job = wait_final(client, submit(client, "report.opus", word_timestamps="true")["job_id"])
+    job = wait_for_job(client, submit(client, "report.opus", word_timestamps="true")["job_id"], statuses=FINAL)
     assert job["status"] == "COMPLETED" and job["word_timestamps"] is True
     words = [w for s in job["result"]["segments"] for w in s["words"]]
     assert len(words) >= 10
     assert all(w["start"] <= w["end"] for w in words)
-    assert all(a["start"] <= b["start"] for a, b in zip(words, words[1:]))
+    assert all(a["start"] <= b["start"] for a, b in itertools.pairwise(words))
     assert words[-1]["end"] <= job["audio_duration"] + 0.5
-    plain = wait_final(client, submit(client, "report.opus")["job_id"])
+    plain = wait_for_job(client, submit(client, "report.opus")["job_id"], statuses=FINAL)
     assert all("words" not in s for s in plain["result"]["segments"])
 
 
 # --- where is my job --------------------------------------------------------------------------
+
 
 @pytest.mark.timeout(900)  # waits up to 300 s per job of the first batch (setup.cfg's default is 300)
 def test_queue_position_progress_and_estimates(client, worker, celery_app):
@@ -309,8 +326,8 @@ def test_queue_position_progress_and_estimates(client, worker, celery_app):
     assert all(j["estimated_finish_at"] for j in jobs)
     high = submit(client, "fox.flac", priority="high")
     assert high["queue_position"] < jobs[-1]["queue_position"]
-    done = [wait_final(client, job_id, timeout=300) for job_id in first]
-    done.append(wait_final(client, high["job_id"]))
+    done = [wait_for_job(client, job_id, timeout=300, statuses=FINAL) for job_id in first]
+    done.append(wait_for_job(client, high["job_id"], statuses=FINAL))
     assert all(j["status"] == "COMPLETED" and j["progress"] == 1.0 for j in done)
 
     def at(text: str) -> datetime:
@@ -318,5 +335,5 @@ def test_queue_position_progress_and_estimates(client, worker, celery_app):
 
     # How close the estimates come is another test's (test_estimates.py); here each job has one,
     # and it lies after the job was submitted.
-    for job_id, job in first.items():
+    for job in first.values():
         assert at(job["estimated_finish_at"]) > at(job["created_at"]), job

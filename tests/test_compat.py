@@ -1,6 +1,7 @@
 """Contract tests for models.compat: what each workaround relies on in a library's internals is
 still there, and the problem it works around still exists. .ci/run runs this module on the
 newest and on the oldest versions that setup.cfg allows."""
+
 import configparser
 import inspect
 import logging
@@ -9,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import CLIPS, need_service, word_error_rate
 from packaging.requirements import Requirement
 
-from helpers import CLIPS, need_service, word_error_rate
 from models import compat
 from models.speech import audio
 
@@ -26,7 +27,8 @@ def _declared() -> dict[str, str]:
     cfg = configparser.ConfigParser()
     cfg.read(ROOT / "setup.cfg")
     lines = cfg["options"]["install_requires"].splitlines() + [
-        line for extra in cfg["options.extras_require"].values() for line in extra.splitlines()]
+        line for extra in cfg["options.extras_require"].values() for line in extra.splitlines()
+    ]
     out = {}
     for line in lines:
         line = line.split("#")[0].strip()
@@ -55,8 +57,10 @@ def test_a_version_outside_its_range_is_reported(monkeypatch, caplog):
     monkeypatch.setattr(metadata, "version", lambda name: "9.9.9" if name == "kombu" else real(name))
     with caplog.at_level(logging.WARNING, logger="models.compat"):
         lines = compat.check_versions()
-    assert lines == [f"kombu 9.9.9 is outside the versions whisperq was checked against ({compat.TESTED['kombu']}); "
-                     "run tests/test_compat.py against it"]
+    assert lines == [
+        f"kombu 9.9.9 is outside the versions whisperq was checked against ({compat.TESTED['kombu']}); "
+        "run tests/test_compat.py against it"
+    ]
     assert lines[0] in caplog.text
 
 
@@ -126,8 +130,11 @@ def test_celery_lists_a_workers_scheduled_requests():
 
     message = app.amqp.as_task_v2("0a0a0a0a-0000-4000-8000-0000000000c0", "compat.noop", countdown=60)
     content_type, encoding, body = dumps(message.body, serializer="json")
-    request = Request(Message(body=body, headers=message.headers, content_type=content_type,
-                              content_encoding=encoding), app=app, task=noop)
+    request = Request(
+        Message(body=body, headers=message.headers, content_type=content_type, content_encoding=encoding),
+        app=app,
+        task=noop,
+    )
     timer = Timer()
     timer.call_at(request.eta, lambda r: None, (request,), priority=5)
     entries = list(compat.scheduled_requests(timer))
@@ -150,8 +157,12 @@ def test_faster_whisper_options_name_every_field():
     from faster_whisper.transcribe import TranscriptionOptions
 
     source = inspect.getsource(compat.faster_whisper_options)
-    ours = {line.split("=")[0].strip() for part in source.split("TranscriptionOptions(")[1].split(")\n")[0].split(",")
-            for line in [part] if "=" in part}
+    ours = {
+        line.split("=")[0].strip()
+        for part in source.split("TranscriptionOptions(")[1].split(")\n")[0].split(",")
+        for line in [part]
+        if "=" in part
+    }
     assert ours == set(TranscriptionOptions.__dataclass_fields__)
 
 
@@ -162,19 +173,31 @@ def test_faster_whisper_batched_steps_decode_two_windows(faster):
 
     from models.speech.engines import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS
 
-    assert list(inspect.signature(faster.pipeline.generate_segment_batched).parameters)[:3] == \
-        ["features", "tokenizer", "options"]
-    assert list(inspect.signature(faster.model.find_alignment).parameters)[:4] == \
-        ["tokenizer", "text_tokens", "encoder_output", "num_frames"]
+    assert list(inspect.signature(faster.pipeline.generate_segment_batched).parameters)[:3] == [
+        "features",
+        "tokenizer",
+        "options",
+    ]
+    assert list(inspect.signature(faster.model.find_alignment).parameters)[:4] == [
+        "tokenizer",
+        "text_tokens",
+        "encoder_output",
+        "num_frames",
+    ]
     chunks = [audio.decode(CLIPS[name]["path"]) for name in ("fox.flac", "report.opus")]
     tokenizer = faster._tokenizer("en", "transcribe")
-    options = compat.faster_whisper_options(tokenizer, beam_size=5, prompt=None, temperature=0.0,
-                                            prepend_punctuations=PREPEND_PUNCTUATIONS,
-                                            append_punctuations=APPEND_PUNCTUATIONS)
+    options = compat.faster_whisper_options(
+        tokenizer,
+        beam_size=5,
+        prompt=None,
+        temperature=0.0,
+        prepend_punctuations=PREPEND_PUNCTUATIONS,
+        append_punctuations=APPEND_PUNCTUATIONS,
+    )
     features = np.stack([pad_or_trim(faster.model.feature_extractor(c)[..., :-1]) for c in chunks])
     encoder_output, outputs = compat.faster_whisper_decode(faster.pipeline, features, tokenizer, options)
     texts = [[t for t in out["tokens"] if t < tokenizer.eot] for out in outputs]
-    for tokens, name in zip(texts, ("fox.flac", "report.opus")):
+    for tokens, name in zip(texts, ("fox.flac", "report.opus"), strict=True):
         assert word_error_rate(CLIPS[name]["text"], tokenizer.decode(tokens)) < 0.15
     frames = [int(np.ceil(len(c) / faster.model.feature_extractor.hop_length)) for c in chunks]
     alignments = compat.faster_whisper_align(faster.model, tokenizer, texts, encoder_output, frames)
@@ -191,8 +214,10 @@ def whisper_model(tmp_path_factory):
         import torch  # noqa: F401
         import whisper
     except ImportError as exc:
-        need_service(f"the openai-whisper contract needs its extra ({exc}): "
-                     "pip install torch==2.13.0 && pip install -e '.[openai-whisper]'")
+        need_service(
+            f"the openai-whisper contract needs its extra ({exc}): "
+            "pip install torch==2.13.0 && pip install -e '.[openai-whisper]'"
+        )
     from models.speech.convert import convert
     from models.speech.engines import bundled_model_path
 
@@ -205,8 +230,12 @@ def _mels(model, names):
     import torch
     import whisper
 
-    return torch.stack([whisper.log_mel_spectrogram(whisper.pad_or_trim(audio.decode(CLIPS[n]["path"])),
-                                                    model.dims.n_mels) for n in names])
+    return torch.stack(
+        [
+            whisper.log_mel_spectrogram(whisper.pad_or_trim(audio.decode(CLIPS[n]["path"])), model.dims.n_mels)
+            for n in names
+        ]
+    )
 
 
 def test_openai_whisper_still_fails_beam_search_over_several_windows(whisper_model):
@@ -230,5 +259,5 @@ def test_openai_whisper_beam_search_over_several_windows_with_the_fix(whisper_mo
     task = compat.openai_whisper_decoding_task(whisper_model, options)
     results = task.run(_mels(whisper_model, ["fox.flac", "report.opus"]))
     assert task.n_group == 3
-    for result, name in zip(results, ("fox.flac", "report.opus")):
+    for result, name in zip(results, ("fox.flac", "report.opus"), strict=True):
         assert word_error_rate(CLIPS[name]["text"], result.text) < 0.15

@@ -5,6 +5,7 @@ and SDP session descriptions, under many names and by audio_url, pointing at a l
 file and at a loopback HTTP server that counts its requests. Each is refused at the door
 or transcribed as the bytes it carries; none reads the file or makes a request.
 """
+
 from __future__ import annotations
 
 import io
@@ -12,8 +13,9 @@ import shutil
 
 import numpy as np
 import pytest
+from api import upload, wait_for_job
+from helpers import CLIPS, Receiver
 
-from helpers import CLIPS, Receiver, wait_for_job
 from models.errors import SilentAudio, UnsupportedAudio
 from models.speech import audio
 
@@ -30,8 +32,9 @@ def tone_mp3(seconds: float = 2.0) -> bytes:
     with av.open(buf, "w", format="mp3") as out:
         stream = out.add_stream("libmp3lame", rate=16000, layout="mono")
         t = np.arange(int(16000 * seconds)) / 16000
-        frame = av.AudioFrame.from_ndarray((0.3 * np.sin(2 * np.pi * 440 * t) * 32767).astype("<i2")[None],
-                                           format="s16", layout="mono")
+        frame = av.AudioFrame.from_ndarray(
+            (0.3 * np.sin(2 * np.pi * 440 * t) * 32767).astype("<i2")[None], format="s16", layout="mono"
+        )
         frame.sample_rate = 16000
         for packet in [*stream.encode(frame), *stream.encode(None)]:
             out.mux(packet)
@@ -39,8 +42,11 @@ def tone_mp3(seconds: float = 2.0) -> bytes:
 
 
 def hls(target: str) -> bytes:
-    return (b"#EXTM3U\n#EXT-X-VERSION:3\n#EXT-X-TARGETDURATION:10\n#EXTINF:10.0,\n"
-            + target.encode() + b"\n#EXT-X-ENDLIST\n")
+    return (
+        b"#EXTM3U\n#EXT-X-VERSION:3\n#EXT-X-TARGETDURATION:10\n#EXTINF:10.0,\n"
+        + target.encode()
+        + b"\n#EXT-X-ENDLIST\n"
+    )
 
 
 def concat(target: str) -> bytes:
@@ -48,8 +54,10 @@ def concat(target: str) -> bytes:
 
 
 def sdp(port: int) -> bytes:
-    return (f"v=0\no=- 0 0 IN IP4 127.0.0.1\ns=x\nc=IN IP4 127.0.0.1\nt=0 0\n"
-            f"m=audio {port} RTP/AVP 0\na=rtpmap:0 PCMU/8000\n").encode()
+    return (
+        f"v=0\no=- 0 0 IN IP4 127.0.0.1\ns=x\nc=IN IP4 127.0.0.1\nt=0 0\n"
+        f"m=audio {port} RTP/AVP 0\na=rtpmap:0 PCMU/8000\n"
+    ).encode()
 
 
 @pytest.fixture()
@@ -61,7 +69,9 @@ def secret(tmp_path):
 
 @pytest.fixture()
 def counter():
-    with Receiver({"/secret.flac": (200, {"Content-Type": "audio/flac"}, CLIPS["fox.flac"]["path"].read_bytes())}) as rx:
+    with Receiver(
+        {"/secret.flac": (200, {"Content-Type": "audio/flac"}, CLIPS["fox.flac"]["path"].read_bytes())}
+    ) as rx:
         yield rx
 
 
@@ -112,7 +122,7 @@ def test_uploads_under_any_name_are_refused_or_read_as_their_own_bytes(client, w
     jobs = []
     for kind, data in attacks(secret, counter).items():
         for name in NAMES:
-            resp = client.post("/v1/jobs", data={"file": (io.BytesIO(data), name)}, content_type="multipart/form-data")
+            resp = upload(client, name, data=data)
             if resp.status_code == 202:
                 jobs.append((kind, name, resp.get_json()["job_id"]))
             else:
@@ -129,8 +139,11 @@ def test_uploads_under_any_name_are_refused_or_read_as_their_own_bytes(client, w
 
 def test_audio_urls_serving_playlists_read_nothing_else(client, worker, secret, counter):
     carrier = tone_mp3()
-    routes = {f"/{kind}/{name}": (200, {"Content-Type": "application/vnd.apple.mpegurl"}, data)
-              for kind, data in attacks(secret, counter).items() for name in ("talk.m3u8", "talk.mp3")}
+    routes = {
+        f"/{kind}/{name}": (200, {"Content-Type": "application/vnd.apple.mpegurl"}, data)
+        for kind, data in attacks(secret, counter).items()
+        for name in ("talk.m3u8", "talk.mp3")
+    }
     routes["/plain.mp3"] = (200, {"Content-Type": "audio/mpeg"}, carrier)
     with Receiver(routes) as server:
         ids = {}
@@ -150,8 +163,7 @@ def test_audio_urls_serving_playlists_read_nothing_else(client, worker, secret, 
 
 
 def test_the_store_keeps_no_client_suffix(client, worker, settings):
-    resp = client.post("/v1/jobs", data={"file": (io.BytesIO(CLIPS["fox.flac"]["path"].read_bytes()), "talk.m3u8")},
-                       content_type="multipart/form-data")
+    resp = upload(client, filename="talk.m3u8")
     assert resp.status_code == 202, resp.get_json()
     job = wait_for_job(client, resp.get_json()["job_id"])
     assert job["status"] == "COMPLETED" and job["filename"] == "talk.m3u8"  # shown back as given

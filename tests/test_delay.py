@@ -1,9 +1,10 @@
 """`transcribe.delay()` takes every option the API takes, checked the same way before anything
 is queued, and gives back the same result as the API's JSON."""
+
 import json
 
 import pytest
-
+from api import bearer
 from helpers import CLIPS, Receiver, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.brokers]
@@ -20,12 +21,26 @@ def _row(app, job_id: str):
 def test_every_option_reaches_the_job_and_the_result_is_the_apis(app, client, worker):
     from tasks import transcribe
 
-    r = transcribe.delay(FOX, language="en", priority="low", word_timestamps=True, prompt="The quick brown fox.",
-                         temperature=0.2, task="transcribe", model="tiny.en")
+    r = transcribe.delay(
+        FOX,
+        language="en",
+        priority="low",
+        word_timestamps=True,
+        prompt="The quick brown fox.",
+        temperature=0.2,
+        task="transcribe",
+        model="tiny.en",
+    )
     result = r.get(timeout=180)
     job = _row(app, r.id)
-    assert (job.language, job.priority, job.prompt, job.temperature, job.word_timestamps, job.model) == \
-        ("en", "low", "The quick brown fox.", 0.2, True, "tiny.en")
+    assert (job.language, job.priority, job.prompt, job.temperature, job.word_timestamps, job.model) == (
+        "en",
+        "low",
+        "The quick brown fox.",
+        0.2,
+        True,
+        "tiny.en",
+    )
     assert all(seg["words"] for seg in result["segments"]) and "fox" in result["text"].lower()
     assert result["model"]["name"] == "tiny.en" and result["model"]["temperature"] == 0.2
     assert client.get(f"/v1/jobs/{r.id}").get_json()["result"] == result
@@ -62,25 +77,28 @@ def test_an_api_key_owns_the_job_and_its_tier_bounds_the_priority(app, client, w
     r.get(timeout=180)
     job = _row(app, r.id)
     assert job.owner == record.id and job.priority == "low"  # the tier's own when none is asked
-    mine = client.get(f"/v1/jobs/{r.id}", headers={"Authorization": f"Bearer {key}"})
-    theirs = client.get(f"/v1/jobs/{r.id}", headers={"Authorization": f"Bearer {other}"})
+    mine = client.get(f"/v1/jobs/{r.id}", headers=bearer(key))
+    theirs = client.get(f"/v1/jobs/{r.id}", headers=bearer(other))
     assert mine.status_code == 200 and theirs.status_code == 404
 
 
-@pytest.mark.parametrize("options, error, words", [
-    ({"temperature": 5}, ValueError, "temperature must be a number from 0 to 1"),
-    ({"temperature": "hot"}, ValueError, "temperature must be a number from 0 to 1"),
-    ({"prompt": "x" * 1001}, ValueError, "keep it to 1000"),
-    ({"prompt": 42}, ValueError, "'prompt' must be a string"),
-    ({"word_timestamps": "maybe"}, ValueError, "word_timestamps must be true or false"),
-    ({"language": "klingon"}, ValueError, "not a Whisper language code"),
-    ({"task": "translate"}, ValueError, "needs a multilingual model"),
-    ({"model": "nope"}, ValueError, "nope"),
-    ({"callback_url": "ftp://example.com/hook"}, ValueError, "callback_url"),
-    ({"callback_url": "http://10.1.2.3/hook"}, ValueError, "callback_url"),
-    ({"speed": "fast"}, TypeError, "unknown option\\(s\\) speed"),
-    ({"owner": "someone"}, TypeError, "api_key"),
-])
+@pytest.mark.parametrize(
+    "options, error, words",
+    [
+        ({"temperature": 5}, ValueError, "temperature must be a number from 0 to 1"),
+        ({"temperature": "hot"}, ValueError, "temperature must be a number from 0 to 1"),
+        ({"prompt": "x" * 1001}, ValueError, "keep it to 1000"),
+        ({"prompt": 42}, ValueError, "'prompt' must be a string"),
+        ({"word_timestamps": "maybe"}, ValueError, "word_timestamps must be true or false"),
+        ({"language": "klingon"}, ValueError, "not a Whisper language code"),
+        ({"task": "translate"}, ValueError, "needs a multilingual model"),
+        ({"model": "nope"}, ValueError, "nope"),
+        ({"callback_url": "ftp://example.com/hook"}, ValueError, "callback_url"),
+        ({"callback_url": "http://10.1.2.3/hook"}, ValueError, "callback_url"),
+        ({"speed": "fast"}, TypeError, "unknown option\\(s\\) speed"),
+        ({"owner": "someone"}, TypeError, "api_key"),
+    ],
+)
 def test_a_bad_option_is_refused_before_anything_is_queued(published, options, error, words):
     from tasks import transcribe
 
@@ -91,16 +109,15 @@ def test_a_bad_option_is_refused_before_anything_is_queued(published, options, e
 
 def test_a_key_whose_quota_has_no_room_is_refused_before_anything_is_queued(app, published, monkeypatch):
     import dataclasses
-    import sys
 
     from models.access.apikeys import create_key
     from models.runtime import Runtime
-    from tasks import transcribe
+    from tasks import transcribe, transcription
 
     rt = app.extensions["whisperq"]
     _record, key = create_key(rt, "delay-quota", "batch")
     tight = Runtime(dataclasses.replace(rt.settings, quota_hours_batch=0.0001))  # 0.36 s a month
-    monkeypatch.setattr(sys.modules["tasks.transcribe"], "runtime", lambda: tight)  # the module, not the task
+    monkeypatch.setattr(transcription, "runtime", lambda: tight)
     with pytest.raises(PermissionError, match="quota"):
         transcribe.delay(FOX, api_key=key)
     assert published == []
@@ -124,8 +141,14 @@ def test_racing_delay_calls_are_held_to_the_quota_once_decoded(settings, private
     from models.speech import audio
 
     fox = audio.probe(FOX).duration
-    rt = Runtime(dataclasses.replace(settings, database_url=private_db, quota_hours_batch=1.5 * fox / 3600,
-                                     input_grants=((None, Path(FOX).parent),)))
+    rt = Runtime(
+        dataclasses.replace(
+            settings,
+            database_url=private_db,
+            quota_hours_batch=1.5 * fox / 3600,
+            input_grants=((None, Path(FOX).parent),),
+        )
+    )
     rt.db.upgrade()
     record, token = create_key(rt, "delay-race", "batch")
     first, second = str(uuid.uuid4()), str(uuid.uuid4())

@@ -1,26 +1,18 @@
 """Delivery guarantees with real brokers, real worker processes and real audio:
 crashes lose nothing, duplicates do nothing twice, poison jobs end in the dead letters."""
-import io
+
 import os
 import shutil
 import time
 
 import pytest
+from api import submit_id, upload, wait_for_job
+from helpers import CLIPS, PIPELINE_MARGIN, long_recording, pipeline_wer, wait_until, word_error_rate, write_wav
 from sqlalchemy import func, select
-
-from helpers import (CLIPS, PIPELINE_MARGIN, long_recording, pipeline_wer, wait_for_job, wait_until, word_error_rate,
-                     write_wav)
 
 pytestmark = [pytest.mark.integration, pytest.mark.brokers]
 
 ADMIN = {"Authorization": f"Bearer {os.environ.get('WHISPERQ_ADMIN_TOKEN', '')}"}
-
-
-def submit(client, name: str = "fox.flac", **fields) -> str:
-    resp = client.post("/v1/jobs", data={"file": (io.BytesIO(CLIPS[name]["path"].read_bytes()), name), **fields},
-                       content_type="multipart/form-data")
-    assert resp.status_code == 202, resp.get_json()
-    return resp.get_json()["job_id"]
 
 
 def engine_runs(database, job_id: str) -> int:
@@ -38,21 +30,31 @@ def stored_lines(worker, job_id: str) -> int:
 
 
 def wait_for_stage(client, job_id: str, stage: str, timeout: float = 60):
-    return wait_until(lambda: ((job := client.get(f"/v1/jobs/{job_id}").get_json())["stage"] == stage
-                               or job["status"] in ("COMPLETED", "FAILED")) and job, timeout,
-                      f"job {job_id} never reached stage {stage}")
+    return wait_until(
+        lambda: (
+            (
+                (job := client.get(f"/v1/jobs/{job_id}").get_json())["stage"] == stage
+                or job["status"] in ("COMPLETED", "FAILED")
+            )
+            and job
+        ),
+        timeout,
+        f"job {job_id} never reached stage {stage}",
+    )
 
 
 @pytest.mark.timeout(900)  # waits up to 300 s for the job after the kill (setup.cfg's default is 300)
 def test_kill_9_of_the_inference_worker_mid_job_costs_one_attempt(client, worker, celery_app, tmp_path, database):
     samples, text = long_recording(repeats=4)
     path = write_wav(tmp_path / "long.wav", samples)
-    resp = client.post("/v1/jobs", data={"file": (io.BytesIO(path.read_bytes()), "long.wav")},
-                       content_type="multipart/form-data")
+    resp = upload(client, "long.wav", data=path.read_bytes())
     job_id = resp.get_json()["job_id"]
     assert wait_for_stage(client, job_id, "infer")["status"] == "PROCESSING"
-    wait_until(lambda: job_id in worker.batcher_stats(celery_app).get("running_jobs", []), 120,
-               f"job {job_id}'s windows never reached the model")
+    wait_until(
+        lambda: job_id in worker.batcher_stats(celery_app).get("running_jobs", []),
+        120,
+        f"job {job_id}'s windows never reached the model",
+    )
     worker.kill_inference()
     worker.restart_inference()
     worker.sweep()  # RabbitMQ has already redelivered; on Redis the sweeper puts it back
@@ -60,7 +62,10 @@ def test_kill_9_of_the_inference_worker_mid_job_costs_one_attempt(client, worker
     assert job["status"] == "COMPLETED", job
     assert job["attempts"] == 2
     # As good as faster-whisper's own pipeline on the same samples, redelivery or not.
-    assert word_error_rate(text, job["result"]["text"]) <= pipeline_wer("long_recording(4)", samples, text) + PIPELINE_MARGIN
+    assert (
+        word_error_rate(text, job["result"]["text"])
+        <= pipeline_wer("long_recording(4)", samples, text) + PIPELINE_MARGIN
+    )
     # Every delivery the pools were handed has ended (the killed one's redelivery included)
     # before counting what they stored.
     worker.handled(job_id, deliveries=1)
@@ -76,7 +81,9 @@ def wait_for_workers(celery_app, worker, timeout: float = 90) -> None:
     def answered() -> bool:
         try:
             with control_connection(celery_app) as conn:
-                return nodes <= {key for reply in celery_app.control.ping(timeout=1.0, connection=conn) for key in reply}
+                return nodes <= {
+                    key for reply in celery_app.control.ping(timeout=1.0, connection=conn) for key in reply
+                }
         except Exception:  # the broker is still coming back
             return False
 
@@ -88,7 +95,7 @@ def test_a_broker_restart_with_jobs_queued_and_running_loses_none(broker_stack, 
     from models.jobs.record import Job
 
     client, worker, celery_app = broker_stack.client, broker_stack.worker, broker_stack.celery_app
-    job_ids = [submit(client, "report.opus" if n % 3 == 0 else "fox.flac") for n in range(15)]
+    job_ids = [submit_id(client, "report.opus" if n % 3 == 0 else "fox.flac") for n in range(15)]
     wait_for_stage(client, job_ids[0], "infer")  # some run, the rest wait in the queues
     broker_stack.restart(down=2.0)
     wait_for_workers(celery_app, worker)
@@ -96,8 +103,11 @@ def test_a_broker_restart_with_jobs_queued_and_running_loses_none(broker_stack, 
     deadline, reports = time.monotonic() + 300, []
     while time.monotonic() < deadline:
         with database.session() as s:
-            left = s.scalar(select(func.count()).select_from(Job).where(Job.id.in_(job_ids),
-                                                                        Job.status.not_in(["COMPLETED", "FAILED"])))
+            left = s.scalar(
+                select(func.count())
+                .select_from(Job)
+                .where(Job.id.in_(job_ids), Job.status.not_in(["COMPLETED", "FAILED"]))
+            )
         if not left:
             break
         reports.append(worker.sweep())
@@ -107,7 +117,7 @@ def test_a_broker_restart_with_jobs_queued_and_running_loses_none(broker_stack, 
     # The service takes new work on the restarted broker. Queued behind every message sent for
     # the jobs above, this one done means the pools have taken all of those; once they run
     # none of them, any late duplicate has had its chance.
-    assert wait_for_job(client, submit(client))["status"] == "COMPLETED"
+    assert wait_for_job(client, submit_id(client))["status"] == "COMPLETED"
     wait_until(lambda: not worker.held(celery_app) & set(job_ids), 60, "the pools still hold some of the jobs")
     assert [stored_lines(worker, job_id) for job_id in job_ids] == [1] * len(job_ids)
     assert [engine_runs(database, job_id) for job_id in job_ids] == [1] * len(job_ids)
@@ -115,13 +125,13 @@ def test_a_broker_restart_with_jobs_queued_and_running_loses_none(broker_stack, 
 
 
 def test_the_same_message_twice_gives_one_transcript(client, worker, celery_app, database):
-    from tasks.broker import publish_transcribe
     from models.jobs.operations import get_job
     from models.jobs.record import Job
     from models.runtime import get_runtime
+    from tasks.broker import publish_transcribe
 
     with worker.paused(celery_app):
-        job_id = submit(client)
+        job_id = submit_id(client)
         publish_transcribe(celery_app, get_job(get_runtime(), job_id))  # the broker delivers it again
     job = wait_for_job(client, job_id)
     assert job["status"] == "COMPLETED"
@@ -142,9 +152,9 @@ def test_a_poison_job_reaches_the_dead_letters_and_replays_once_fixed(client, wo
 
     poison_path = tmp_path / "not-synced-yet.flac"
     with worker.paused(celery_app):
-        good = [submit(client) for _ in range(10)]
+        good = [submit_id(client) for _ in range(10)]
         poison = transcribe.delay(str(poison_path))
-        good += [submit(client) for _ in range(10)]
+        good += [submit_id(client) for _ in range(10)]
     jobs = [wait_for_job(client, job_id, timeout=300) for job_id in good]
     assert [j["status"] for j in jobs] == ["COMPLETED"] * 20
 
@@ -198,8 +208,9 @@ def test_two_deliveries_of_a_job_in_one_worker_run_the_engine_once(database, own
     job_id = new_job_id()
     prepared = prepare_job(rt, job_id, str(CLIPS["report.opus"]["path"]), {"language": "en"})
     answers: list[dict] = []
-    runs = [threading.Thread(target=lambda: answers.append(inference.infer_job(rt, prepared, batcher)))
-            for _ in range(2)]
+    runs = [
+        threading.Thread(target=lambda: answers.append(inference.infer_job(rt, prepared, batcher))) for _ in range(2)
+    ]
     for t in runs:
         t.start()
     for t in runs:

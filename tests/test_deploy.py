@@ -6,6 +6,7 @@ refused at start, and each process gets only its own secrets; every pod is locke
 (non-root, no privilege, no capability, no service account token) behind NetworkPolicies.
 Nothing here needs a Docker engine or a cluster, and no docker or kubectl CLI is used where
 one is installed. (`make check-deploy` scans the same files with checkov.)"""
+
 from __future__ import annotations
 
 import ast
@@ -92,7 +93,13 @@ def test_the_normaliser_follows_the_shell():
     assert expand("${A:-1} ${B-2}", {"A": "", "B": ""}) == "1 "
     assert expand("${A:-1}/x", {"A": "y"}) == "y/x"
     assert shell_argv("exec nice -n ${N:-10} celery --hostname prepare@%h") == [
-        "nice", "-n", "10", "celery", "--hostname", "prepare@%h"]
+        "nice",
+        "-n",
+        "10",
+        "celery",
+        "--hostname",
+        "prepare@%h",
+    ]
     assert container_argv(["sh", "-c", "exec a $${X:-1}"], compose=True) == ["a", "1"]
     with pytest.raises(AssertionError):
         container_argv(["sh", "-c", "exec a ${X:-1}"], compose=True)
@@ -100,6 +107,7 @@ def test_the_normaliser_follows_the_shell():
 
 
 # --- loading ----------------------------------------------------------------------------------
+
 
 def yaml_files() -> list[Path]:
     return sorted(p for p in DEPLOY.rglob("*") if p.suffix in (".yaml", ".yml"))
@@ -160,8 +168,11 @@ def filled(env: dict[str, str]) -> dict[str, str]:
 
 
 def deployment_of(process: str) -> dict:
-    found = [d for d in of_kind("Deployment").values()
-             if d["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component") == process]
+    found = [
+        d
+        for d in of_kind("Deployment").values()
+        if d["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component") == process
+    ]
     assert len(found) == 1, f"{len(found)} Deployments for the Procfile's {process!r} (by app.kubernetes.io/component)"
     return found[0]
 
@@ -178,6 +189,7 @@ def not_secret(env: dict[str, str]) -> dict[str, str]:
 
 
 # --- the checks -------------------------------------------------------------------------------
+
 
 def test_every_deployment_file_parses():
     assert {p.name for p in yaml_files()} >= {"compose.yaml", "kustomization.yaml", "keda-scaledobject.yaml"}
@@ -227,7 +239,9 @@ def test_deployment_files_name_only_settings_the_code_reads():
     files = [COMPOSE, ENV_EXAMPLE, *OWN_ENV.values(), DEPLOY / "Dockerfile", *sorted(K8S.glob("*.yaml"))]
     for path in files:
         unknown = set(SETTING.findall(path.read_text())) - read
-        assert not unknown, f"{path.relative_to(ROOT)} names settings that config/ and the Procfile never read: {unknown}"
+        assert not unknown, (
+            f"{path.relative_to(ROOT)} names settings that config/ and the Procfile never read: {unknown}"
+        )
 
 
 def test_the_settings_given_are_valid():
@@ -239,13 +253,18 @@ def test_the_settings_given_are_valid():
     assert settings.storage == "postgres" and settings.host == "0.0.0.0"
     # Flower: the ConfigMap, its own env entries and only the secrets it is given.
     container = container_of(deployment_of("flower"))
-    given = {e["name"]: (e["value"] if "value" in e else secret()[e["valueFrom"]["secretKeyRef"]["key"]])
-             for e in container["env"]}
+    given = {
+        e["name"]: (e["value"] if "value" in e else secret()[e["valueFrom"]["secretKeyRef"]["key"]])
+        for e in container["env"]
+    }
     assert Settings.from_env(filled({**config_map(), **given})).flower_basic_auth
     services = compose()["services"]
     for name in procfile():
         source = env_file(OWN_ENV["flower"]) if name == "flower" else env_file()
-        env = {**filled(not_secret(source)), **{k: str(v) for k, v in (services[name].get("environment") or {}).items()}}
+        env = {
+            **filled(not_secret(source)),
+            **{k: str(v) for k, v in (services[name].get("environment") or {}).items()},
+        }
         settings = Settings.from_env(env)
         if name == "flower":  # no database: only the broker
             assert settings.storage == "local" and settings.broker_url.startswith("redis://"), name
@@ -271,9 +290,18 @@ def test_the_examples_secrets_are_refused_at_start(tmp_path):
         assert str(err.value).startswith(name), (name, str(err.value))
         assert "python" in str(err.value) or "new-key" in str(err.value), str(err.value)
         checked.add(name)
-    assert checked >= {"WHISPERQ_ADMIN_TOKEN", "WHISPERQ_SECRET_KEY", "WHISPERQ_METRICS_TOKEN", "WHISPERQ_WEBHOOK_SECRET",
-                       "WHISPERQ_ENCRYPTION_KEYS", "FLOWER_BASIC_AUTH", "DATABASE_URL", "CELERY_BROKER_URL",
-                       "WHISPERQ_REDIS_URL", "WHISPERQ_MQTT_URL"}
+    assert checked >= {
+        "WHISPERQ_ADMIN_TOKEN",
+        "WHISPERQ_SECRET_KEY",
+        "WHISPERQ_METRICS_TOKEN",
+        "WHISPERQ_WEBHOOK_SECRET",
+        "WHISPERQ_ENCRYPTION_KEYS",
+        "FLOWER_BASIC_AUTH",
+        "DATABASE_URL",
+        "CELERY_BROKER_URL",
+        "WHISPERQ_REDIS_URL",
+        "WHISPERQ_MQTT_URL",
+    }
 
 
 def test_no_real_secrets_are_written_down():
@@ -289,6 +317,7 @@ def test_no_real_secrets_are_written_down():
         for name, value in source.items():
             if "://" in value and "@" in value:  # a password inside a URL
                 assert PLACEHOLDER in value.split("@", 1)[0], f"{name}: the URL's password must be an example"
+
     # The URLs carry the same passwords as the servers are given (each in its own file).
     def password(url: str) -> str:
         return url.split("://", 1)[1].split("@", 1)[0].split(":", 1)[1]
@@ -307,8 +336,8 @@ def test_no_real_secrets_are_written_down():
     assert env_file(OWN_ENV["flower"])["CELERY_BROKER_URL"] == env_file()["CELERY_BROKER_URL"]
     assert amqp[0] in flower_text
     # Placeholders that would work as keys are refused at start instead.
-    from config.keys import parse_keys
     from config.env import Env
+    from config.keys import parse_keys
 
     for source in (example, secret()):
         with pytest.raises(ValueError):
@@ -316,8 +345,10 @@ def test_no_real_secrets_are_written_down():
         with pytest.raises(ConfigError):
             Env(source).webhook_secret("WHISPERQ_WEBHOOK_SECRET")
     # Nothing that looks like a real key anywhere, and no secret in compose.yaml itself.
-    real_looking = re.compile(r"whsec_[A-Za-z0-9+/]{20,}|\bwq_[A-Za-z0-9_-]{16,}|[A-Za-z0-9_-]+:[A-Za-z0-9+/_-]{43}="
-                              r"|-----BEGIN|://[^:/\s]*:(?!CHANGE-ME)[^@\s]+@")
+    real_looking = re.compile(
+        r"whsec_[A-Za-z0-9+/]{20,}|\bwq_[A-Za-z0-9_-]{16,}|[A-Za-z0-9_-]+:[A-Za-z0-9+/_-]{43}="
+        r"|-----BEGIN|://[^:/\s]*:(?!CHANGE-ME)[^@\s]+@"
+    )
     for path in [COMPOSE, ENV_EXAMPLE, *OWN_ENV.values(), DEPLOY / "Dockerfile", *sorted(K8S.glob("*.yaml"))]:
         found = real_looking.findall(path.read_text())
         assert not found, f"{path.relative_to(ROOT)} holds what looks like a real secret: {found}"
@@ -332,6 +363,7 @@ def test_no_real_secrets_are_written_down():
 def test_grace_periods_cover_the_longest_job():
     """SIGTERM is Celery's warm shutdown: a worker finishes the jobs it runs, each at most its
     hard time limit for the longest audio allowed (Settings.prepare_time_limit, time_limit)."""
+
     def limits(env: dict[str, str]) -> dict[str, float]:
         s = Settings.from_env({k: v for k, v in env.items() if k == "WHISPERQ_MAX_AUDIO_SECONDS"})
         return {"prepare": s.prepare_time_limit(s.max_audio_seconds), "inference": s.time_limit(s.max_audio_seconds)}
@@ -383,8 +415,9 @@ def test_scaled_objects_scale_deployments_that_exist():
 
 def test_ports_probes_and_names_agree():
     cm = config_map()
-    offsets = ast.literal_eval(re.search(r"^OFFSETS = (\{.*\})$", (ROOT / "tasks" / "metrics.py").read_text(),
-                                         re.M).group(1))
+    offsets = ast.literal_eval(
+        re.search(r"^OFFSETS = (\{.*\})$", (ROOT / "tasks" / "metrics.py").read_text(), re.M).group(1)
+    )
     services = compose()["services"]
     # web: listens on PORT; ready on /readyz, alive on /healthz; its Service points there.
     web = container_of(deployment_of("web"))
@@ -405,12 +438,17 @@ def test_ports_probes_and_names_agree():
     assert services["flower"]["ports"] == [f"127.0.0.1:{services['flower']['environment']['FLOWER_PORT']}:5555"]
     assert "FLOWER_BASIC_AUTH" in secrets()["whisperq-flower"] and "FLOWER_BASIC_AUTH" in env_file(OWN_ENV["flower"])
     # Each Service selects pods that exist and names a port they have.
-    pods = {d["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]: d
-            for kind in ("Deployment", "StatefulSet") for d in of_kind(kind).values()}
+    pods = {
+        d["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]: d
+        for kind in ("Deployment", "StatefulSet")
+        for d in of_kind(kind).values()
+    }
     for name, svc in of_kind("Service").items():
         component = svc["spec"]["selector"]["app.kubernetes.io/component"]
         assert component in pods, name
-        named = {p["name"] for c in pods[component]["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])}
+        named = {
+            p["name"] for c in pods[component]["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])
+        }
         assert {p["targetPort"] for p in svc["spec"]["ports"]} <= named, name
     for name, sts in of_kind("StatefulSet").items():
         assert sts["spec"]["serviceName"] in of_kind("Service"), name
@@ -458,8 +496,11 @@ APP = {"web", "prepare", "inference", "notify", "beat", "mqtt"}  # the whisperq 
 
 def workloads() -> dict[str, dict]:
     """Every pod template (Deployments and StatefulSets), by app.kubernetes.io/component."""
-    return {d["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]: d
-            for kind in ("Deployment", "StatefulSet") for d in of_kind(kind).values()}
+    return {
+        d["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]: d
+        for kind in ("Deployment", "StatefulSet")
+        for d in of_kind(kind).values()
+    }
 
 
 def secrets_used(workload: dict) -> set[tuple[str, str | None]]:
@@ -468,8 +509,11 @@ def secrets_used(workload: dict) -> set[tuple[str, str | None]]:
     used = set()
     for c in pod["spec"]["containers"] + pod["spec"].get("initContainers", []):
         used |= {(e["secretRef"]["name"], None) for e in c.get("envFrom", []) if "secretRef" in e}
-        used |= {(e["valueFrom"]["secretKeyRef"]["name"], e["valueFrom"]["secretKeyRef"]["key"])
-                 for e in c.get("env", []) if "secretKeyRef" in e.get("valueFrom", {})}
+        used |= {
+            (e["valueFrom"]["secretKeyRef"]["name"], e["valueFrom"]["secretKeyRef"]["key"])
+            for e in c.get("env", [])
+            if "secretKeyRef" in e.get("valueFrom", {})
+        }
     used |= {(v["secret"]["secretName"], None) for v in pod["spec"].get("volumes", []) if "secret" in v}
     return used
 
@@ -484,8 +528,9 @@ def test_every_pod_runs_locked_down():
         assert pod["runAsNonRoot"] is True and pod["runAsUser"] >= 10000, component
         assert pod["seccompProfile"] == {"type": "RuntimeDefault"}, component
         assert not spec.get("hostNetwork") and not spec.get("hostPID") and not spec.get("hostIPC"), component
-        mounts_of = {v["name"] for v in spec.get("volumes", [])} | {t["metadata"]["name"] for t in
-                                                                   workload["spec"].get("volumeClaimTemplates", [])}
+        mounts_of = {v["name"] for v in spec.get("volumes", [])} | {
+            t["metadata"]["name"] for t in workload["spec"].get("volumeClaimTemplates", [])
+        }
         for c in spec["containers"] + spec.get("initContainers", []):
             sc = c["securityContext"]
             assert sc["allowPrivilegeEscalation"] is False and sc["runAsNonRoot"] is True, (component, c["name"])
@@ -504,8 +549,10 @@ def test_each_pod_gets_only_its_own_secrets():
     for component in APP:
         assert secrets_used(pods[component]) == {("whisperq-secrets", None)}, component
     # Flower: the broker and its login, nothing else of whisperq's (no database, no keys).
-    assert secrets_used(pods["flower"]) == {("whisperq-secrets", "CELERY_BROKER_URL"),
-                                            ("whisperq-flower", "FLOWER_BASIC_AUTH")}
+    assert secrets_used(pods["flower"]) == {
+        ("whisperq-secrets", "CELERY_BROKER_URL"),
+        ("whisperq-flower", "FLOWER_BASIC_AUTH"),
+    }
     # The backing services: their own password, from a Secret holding nothing else.
     assert secrets_used(pods["postgres"]) == {("whisperq-postgres", None)}
     assert secrets_used(pods["redis"]) == {("whisperq-redis", None)}
@@ -523,8 +570,12 @@ def selects(selector: dict, labels: dict[str, str]) -> bool:
         return False
     for e in selector.get("matchExpressions") or []:
         value = labels.get(e["key"])
-        if ((e["operator"] == "In" and value not in e["values"]) or (e["operator"] == "NotIn" and value in e["values"])
-                or (e["operator"] == "Exists" and value is None) or (e["operator"] == "DoesNotExist" and value is not None)):
+        if (
+            (e["operator"] == "In" and value not in e["values"])
+            or (e["operator"] == "NotIn" and value in e["values"])
+            or (e["operator"] == "Exists" and value is None)
+            or (e["operator"] == "DoesNotExist" and value is not None)
+        ):
             return False
     return True
 
@@ -533,22 +584,34 @@ def test_network_policies_deny_by_default_and_open_only_whats_needed():
     policies = of_kind("NetworkPolicy")
     listed = yaml.safe_load((K8S / "kustomization.yaml").read_text())["resources"]
     assert "networkpolicy.yaml" in listed
-    deny = [p for p in policies.values() if p["spec"]["podSelector"] == {} and not p["spec"].get("ingress")
-            and not p["spec"].get("egress")]
+    deny = [
+        p
+        for p in policies.values()
+        if p["spec"]["podSelector"] == {} and not p["spec"].get("ingress") and not p["spec"].get("egress")
+    ]
     assert deny and set(deny[0]["spec"]["policyTypes"]) == {"Ingress", "Egress"}
     labels = {c: w["spec"]["template"]["metadata"]["labels"] for c, w in workloads().items()}
 
     def allowed(direction: str, component: str) -> list[dict]:
         """The rules of `direction` (ingress/egress) that apply to the component's pods."""
-        return [rule for p in policies.values() if selects(p["spec"]["podSelector"], labels[component])
-                for rule in p["spec"].get(direction) or []]
+        return [
+            rule
+            for p in policies.values()
+            if selects(p["spec"]["podSelector"], labels[component])
+            for rule in p["spec"].get(direction) or []
+        ]
 
     def peers(rule: dict, key: str) -> set[str]:
         """The components of this namespace a rule's from/to names (all: no from/to at all)."""
         if key not in rule:
             return set(labels)
-        return {c for peer in rule[key] if set(peer) == {"podSelector"}
-                for c in labels if selects(peer["podSelector"], labels[c])}
+        return {
+            c
+            for peer in rule[key]
+            if set(peer) == {"podSelector"}
+            for c in labels
+            if selects(peer["podSelector"], labels[c])
+        }
 
     def ports(rule: dict) -> set[int]:
         return {p["port"] for p in rule.get("ports", [])}
@@ -579,7 +642,9 @@ def test_network_policies_deny_by_default_and_open_only_whats_needed():
         assert all("from" in r for r in allowed("ingress", component)), component
     # Outbound to the internet (audio by URL, webhooks): never private or metadata addresses.
     for component in ("prepare", "notify"):
-        blocks = [peer["ipBlock"] for r in allowed("egress", component) for peer in r.get("to", []) if "ipBlock" in peer]
+        blocks = [
+            peer["ipBlock"] for r in allowed("egress", component) for peer in r.get("to", []) if "ipBlock" in peer
+        ]
         assert blocks, component
         for block in blocks:
             if block["cidr"] == "0.0.0.0/0":
@@ -605,7 +670,9 @@ def test_compose_gives_whisperq_env_to_no_backing_service():
     assert own["redis"] == {"REDIS_PASSWORD"}
     assert own["rabbitmq"] == {"RABBITMQ_DEFAULT_USER", "RABBITMQ_DEFAULT_PASS"}
     assert own["flower"] == {"CELERY_BROKER_URL", "FLOWER_BASIC_AUTH"}
-    assert not (own["postgres"] | own["redis"] | own["rabbitmq"] | {"FLOWER_BASIC_AUTH"}) & set(env_file(commented=True))
+    assert not (own["postgres"] | own["redis"] | own["rabbitmq"] | {"FLOWER_BASIC_AUTH"}) & set(
+        env_file(commented=True)
+    )
     # The servers read their passwords from there: Redis through its shell, the images by name.
     assert "$$REDIS_PASSWORD" in str(services["redis"]["command"])
     assert "$$REDIS_PASSWORD" in str(services["redis"]["healthcheck"]["test"])

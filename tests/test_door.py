@@ -2,10 +2,10 @@
 broker messages, MQTT paths, idempotency keys, headers that lie and files swapped for links.
 Each test here failed on the code before models.pipeline.door (the note of the change that
 added it has the table)."""
+
 from __future__ import annotations
 
 import dataclasses
-import io
 import os
 import shutil
 import struct
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from helpers import CLIPS, wait_for_job, wait_for_line, wait_until
+from api import bearer, upload, wait_for_job
+from helpers import CLIPS, wait_for_line, wait_until
 
 FOX = CLIPS["fox.flac"]["path"]
 
@@ -31,7 +31,7 @@ def lying_matroska(path: Path, seconds: float, claimed: float) -> Path:
     with av.open(str(path), "w", format="matroska") as out:
         stream = out.add_stream("flac", rate=audio.SAMPLE_RATE, layout="mono")
         for start in range(0, pcm.size, 4096):
-            frame = av.AudioFrame.from_ndarray(pcm[start:start + 4096].reshape(1, -1), format="s16", layout="mono")
+            frame = av.AudioFrame.from_ndarray(pcm[start : start + 4096].reshape(1, -1), format="s16", layout="mono")
             frame.sample_rate = audio.SAMPLE_RATE
             frame.pts = start
             for packet in stream.encode(frame):
@@ -41,7 +41,7 @@ def lying_matroska(path: Path, seconds: float, claimed: float) -> Path:
     data = bytearray(path.read_bytes())
     at = data.find(b"\x44\x89\x88")  # Segment Info's Duration, a float64 in milliseconds
     assert at > 0, "no Duration element written"
-    data[at + 3:at + 11] = struct.pack(">d", claimed * 1000.0)
+    data[at + 3 : at + 11] = struct.pack(">d", claimed * 1000.0)
     path.write_bytes(bytes(data))
     assert audio.probe(path).duration == pytest.approx(claimed, abs=0.5)
     return path
@@ -77,12 +77,12 @@ class Held:
 
 # -- raw broker messages --------------------------------------------------------------------
 
+
 @pytest.mark.integration
 def test_a_raw_message_naming_a_finished_job_changes_nothing_and_returns_nothing(client, worker, settings, celery_app):
     from test_producers import message, send
 
-    resp = client.post("/v1/jobs", data={"file": (io.BytesIO(FOX.read_bytes()), "fox.flac")},
-                       content_type="multipart/form-data")
+    resp = upload(client)
     done = wait_for_job(client, resp.get_json()["job_id"])
     assert done["status"] == "COMPLETED"
     send(settings, message(done["job_id"], str(FOX), language="en"))
@@ -90,17 +90,21 @@ def test_a_raw_message_naming_a_finished_job_changes_nothing_and_returns_nothing
     answer = celery_app.AsyncResult(done["job_id"])  # the broker's result backend holds no transcript
     assert answer.state != "SUCCESS" and "text" not in (answer.result if isinstance(answer.result, dict) else {})
     again = client.get(f"/v1/jobs/{done['job_id']}").get_json()
-    assert (again["status"], again["attempts"], again["finished_at"]) == ("COMPLETED", done["attempts"],
-                                                                         done["finished_at"])
+    assert (again["status"], again["attempts"], again["finished_at"]) == (
+        "COMPLETED",
+        done["attempts"],
+        done["finished_at"],
+    )
 
 
 @pytest.mark.integration
 def test_a_raw_message_names_its_owner_only_with_the_key_itself(client, worker, settings):
     """A bare key id (what `whisperq keys list` shows) claims no one; a revoked key is refused;
     the key itself works, held to its tier's priority cap."""
+    from test_producers import message, send
+
     from models.access.apikeys import create_key, revoke_key
     from models.runtime import Runtime
-    from test_producers import message, send
 
     rt = Runtime(settings)
     victim, victim_key = create_key(rt, "victim-" + uuid.uuid4().hex[:6], "premium")
@@ -158,7 +162,9 @@ def test_a_header_that_lies_gains_nothing_at_preparation(door_rt, tmp_path):
     spool = SealedSpool(rt.storage.tmp_dir, keyring=rt.keyring)
     spool.write(fake.read_bytes())
     spool.finish()
-    job, created = intake.submit(rt, Submission(who, "api", fields={"language": "en"}, upload=spool, filename="call.mkv"))
+    job, created = intake.submit(
+        rt, Submission(who, "api", fields={"language": "en"}, upload=spool, filename="call.mkv")
+    )
     assert created and job.audio_duration == pytest.approx(10.0, abs=0.5)  # the door believed the header
     with pytest.raises(PermanentJobError, match="longer than the limit of 30 s"):
         prepare_job(rt, job.id, job.audio_ref, {})
@@ -166,6 +172,7 @@ def test_a_header_that_lies_gains_nothing_at_preparation(door_rt, tmp_path):
 
 
 # -- idempotency keys -----------------------------------------------------------------------
+
 
 def test_an_idempotency_key_reaches_no_other_owners_job(settings, database, monkeypatch):
     """An anonymous caller sending an MQTT request's idempotency key, or another key's, gets a
@@ -191,16 +198,18 @@ def test_an_idempotency_key_reaches_no_other_owners_job(settings, database, monk
         assert resp.status_code == 202 and resp.get_json()["job_id"] != theirs.id, resp.get_json()
     _alice, alice = create_key(rt, "alice-" + uuid.uuid4().hex[:6], "premium")
     _bob, bob = create_key(rt, "bob-" + uuid.uuid4().hex[:6], "premium")
-    first = web.post("/v1/jobs", json=body, headers={"Idempotency-Key": "same", "Authorization": f"Bearer {alice}"})
-    other = web.post("/v1/jobs", json=body, headers={"Idempotency-Key": "same", "Authorization": f"Bearer {bob}"})
+    first = web.post("/v1/jobs", json=body, headers={"Idempotency-Key": "same", **bearer(alice)})
+    other = web.post("/v1/jobs", json=body, headers={"Idempotency-Key": "same", **bearer(bob)})
     assert first.status_code == other.status_code == 202
     assert first.get_json()["job_id"] != other.get_json()["job_id"]
 
 
 # -- paths that belong to someone -----------------------------------------------------------
 
-def test_an_mqtt_path_in_another_keys_directory_is_refused_as_if_it_were_not_there(settings, database, tmp_path,
-                                                                                    monkeypatch):
+
+def test_an_mqtt_path_in_another_keys_directory_is_refused_as_if_it_were_not_there(
+    settings, database, tmp_path, monkeypatch
+):
     from models.access.apikeys import create_key, principal_for_key_id
     from models.runtime import Runtime
     from tasks.broker import CeleryBroker
@@ -221,8 +230,13 @@ def test_an_mqtt_path_in_another_keys_directory_is_refused_as_if_it_were_not_the
     a, b = principal_for_key_id(rt, team_a.id), principal_for_key_id(rt, team_b.id)
 
     def ask(who, path: Path):
-        return submit(app, Request("client-" + uuid.uuid4().hex[:6], uuid.uuid4().hex, None, "path",
-                                   {"path": str(path), "language": "en"}), who)
+        return submit(
+            app,
+            Request(
+                "client-" + uuid.uuid4().hex[:6], uuid.uuid4().hex, None, "path", {"path": str(path), "language": "en"}
+            ),
+            who,
+        )
 
     job, created = ask(a, inbox / "a" / "call.flac")
     assert created and job.owner == team_a.id
@@ -262,6 +276,7 @@ def test_a_file_swapped_for_a_link_after_the_door_is_not_followed(door_rt, tmp_p
 
 # -- what a message may not claim -----------------------------------------------------------
 
+
 def test_an_owner_token_names_only_the_job_and_key_it_was_sealed_for(door_rt):
     from models.errors import InvalidRequest
     from models.pipeline import door
@@ -274,18 +289,15 @@ def test_an_owner_token_names_only_the_job_and_key_it_was_sealed_for(door_rt):
 
 
 def test_an_inference_message_naming_samples_not_its_own_is_dropped(door_rt, monkeypatch):
-    import sys
-
     from celery.exceptions import Reject
 
-    import tasks.transcribe  # noqa: F401 - the module, reached below (its name is also the task's)
     from models.pipeline.messages import Prepared
     from models.speech.windows import Window
+    from tasks import transcription
 
-    module = sys.modules["tasks.transcribe"]
-    monkeypatch.setattr(module, "runtime", lambda: door_rt)
+    monkeypatch.setattr(transcription, "runtime", lambda: door_rt)
     theirs = Prepared(str(uuid.uuid4()), f"prepared/ab/{uuid.uuid4()}.npy", 1.0, (Window(((0, 16000),)),))
     with pytest.raises(Reject, match="not its own"):
-        module.infer.run(theirs.to_message())
+        transcription.infer.run(theirs.to_message())
     with pytest.raises(Reject, match="not its own"):
-        module.shadow.run(theirs.to_message())
+        transcription.shadow.run(theirs.to_message())

@@ -1,4 +1,5 @@
 """The embedded broker keeps queued messages across a restart and refuses a second instance."""
+
 import pytest
 import redis
 
@@ -30,9 +31,8 @@ def test_it_listens_on_loopback_with_a_password(tmp_path):
 
 
 def test_a_second_instance_on_the_same_data_dir_is_refused(tmp_path):
-    with EmbeddedRedis(tmp_path / "redis"):
-        with pytest.raises(RuntimeError, match="already using the embedded broker"):
-            EmbeddedRedis(tmp_path / "redis").start()
+    with EmbeddedRedis(tmp_path / "redis"), pytest.raises(RuntimeError, match="already using the embedded broker"):
+        EmbeddedRedis(tmp_path / "redis").start()
 
 
 def test_a_server_a_killed_run_left_behind_is_stopped_and_its_queue_kept(tmp_path):

@@ -1,18 +1,18 @@
 """Queue position and estimates from the per-process queue snapshot: the same places as
 counting in the database, and no query per status read of a job that has waited; and, with
 a real worker, estimates that come near when a burst's jobs really finish."""
+
 from __future__ import annotations
 
 import dataclasses
-import io
 import random
 import statistics
 from datetime import datetime, timedelta
 
 import pytest
+from api import submit
+from helpers import wait_until
 from sqlalchemy import event, select
-
-from helpers import CLIPS, wait_until
 
 
 def test_places_from_the_snapshot_match_the_database_and_cost_no_query(settings, tmp_path):
@@ -25,10 +25,25 @@ def test_places_from_the_snapshot_match_the_database_and_cost_no_query(settings,
     rng, now = random.Random(7), utcnow()
     with rt.db.session() as s:
         for n in range(60):
-            s.add(Job(id=new_job_id(), audio_ref="", status="PENDING", priority=rng.choice(["high", "normal", "low"]),
-                      created_at=now - timedelta(seconds=120 - n), audio_duration=rng.choice([None, 4.0, 9.5])))
-        running = Job(id=new_job_id(), audio_ref="", status="PENDING", priority="normal", created_at=now - timedelta(minutes=5),
-                      audio_duration=30.0, progress_seconds=10.0)
+            s.add(
+                Job(
+                    id=new_job_id(),
+                    audio_ref="",
+                    status="PENDING",
+                    priority=rng.choice(["high", "normal", "low"]),
+                    created_at=now - timedelta(seconds=120 - n),
+                    audio_duration=rng.choice([None, 4.0, 9.5]),
+                )
+            )
+        running = Job(
+            id=new_job_id(),
+            audio_ref="",
+            status="PENDING",
+            priority="normal",
+            created_at=now - timedelta(minutes=5),
+            audio_duration=30.0,
+            progress_seconds=10.0,
+        )
         s.add(running)
         running.start("w")
         running.stage = "infer"
@@ -60,7 +75,9 @@ def test_places_from_the_snapshot_match_the_database_and_cost_no_query(settings,
 
     # A job newer than the snapshot is counted exactly: a client's first answer is right.
     with rt.db.session() as s:
-        fresh = Job(id=new_job_id(), audio_ref="", status="PENDING", priority="high", created_at=utcnow(), audio_duration=4.0)
+        fresh = Job(
+            id=new_job_id(), audio_ref="", status="PENDING", priority="high", created_at=utcnow(), audio_duration=4.0
+        )
         s.add(fresh)
         s.flush()
         s.expunge(fresh)
@@ -83,8 +100,16 @@ def test_many_long_polls_share_one_reader(settings, tmp_path):
     ids = [new_job_id() for _ in range(5)]
     with rt.db.session() as s:
         for n, job_id in enumerate(ids):
-            s.add(Job(id=job_id, audio_ref="", status="PENDING", priority="normal",
-                      created_at=utcnow() - timedelta(minutes=10 - n), audio_duration=4.0))
+            s.add(
+                Job(
+                    id=job_id,
+                    audio_ref="",
+                    status="PENDING",
+                    priority="normal",
+                    created_at=utcnow() - timedelta(minutes=10 - n),
+                    audio_duration=4.0,
+                )
+            )
     with rt.db.session() as s:
         tags = {job_id: job_state(rt, s.get(Job, job_id)) for job_id in ids}
     watch, woke, lock = JobWatch(job_state, StatusCache(), step=0.2), [], threading.Lock()
@@ -142,9 +167,18 @@ def test_a_job_waits_only_behind_jobs_of_its_model(settings, tmp_path):
     rt.db.upgrade()
     now = utcnow()
     with rt.db.session() as s:
-        jobs = [Job(id=new_job_id(), audio_ref="", status="PENDING", priority="normal", model=model,
-                    created_at=now - timedelta(seconds=60 - n), audio_duration=10.0)
-                for n, model in enumerate(["base", None, "tiny.en", "base", "base", "tiny.en"])]
+        jobs = [
+            Job(
+                id=new_job_id(),
+                audio_ref="",
+                status="PENDING",
+                priority="normal",
+                model=model,
+                created_at=now - timedelta(seconds=60 - n),
+                audio_duration=10.0,
+            )
+            for n, model in enumerate(["base", None, "tiny.en", "base", "base", "tiny.en"])
+        ]
         s.add_all(jobs)
         s.flush()
         for job in jobs:
@@ -163,19 +197,19 @@ def test_a_job_waits_only_behind_jobs_of_its_model(settings, tmp_path):
     assert eta.estimate(rt, jobs[4])["queue_position"] == 2 and eta.estimate(rt, jobs[4])["estimated_start_at"]
     # a job newer than the snapshot is counted exactly, among its model's jobs
     with rt.db.session() as s:
-        fresh = Job(id=new_job_id(), audio_ref="", status="PENDING", priority="high", model="base",
-                    created_at=utcnow(), audio_duration=4.0)
+        fresh = Job(
+            id=new_job_id(),
+            audio_ref="",
+            status="PENDING",
+            priority="high",
+            model="base",
+            created_at=utcnow(),
+            audio_duration=4.0,
+        )
         s.add(fresh)
         s.flush()
         s.expunge(fresh)
     assert eta._ahead(rt, fresh).jobs == 0
-
-
-def _submit(client, name: str) -> dict:
-    resp = client.post("/v1/jobs", data={"file": (io.BytesIO(CLIPS[name]["path"].read_bytes()), name)},
-                       content_type="multipart/form-data")
-    assert resp.status_code == 202, resp.get_json()
-    return resp.get_json()
 
 
 def _finished(rt, job_id: str):
@@ -204,25 +238,36 @@ def test_a_burst_finishes_near_its_estimates(app, client, worker):
     from sqlalchemy import update
 
     from models.jobs.record import Job as JobRow
+
     with rt.db.session() as session:
-        session.execute(update(JobRow).where(JobRow.status.in_(("PENDING", "PROCESSING")))
-                        .values(status="FAILED", error="left unpublished by an earlier test"))
+        session.execute(
+            update(JobRow)
+            .where(JobRow.status.in_(("PENDING", "PROCESSING")))
+            .values(status="FAILED", error="left unpublished by an earlier test")
+        )
     for _ in range(3):  # the pool measures its speed on them (the first batch of a process loads the model)
-        job_id = _submit(client, "report.opus")["job_id"]
-        wait_until(lambda: _finished(rt, job_id), 120, f"job {job_id} finished")
-    wait_until(lambda: any((w["throughput"].get(model) or {}).get("slowdown") for w in alive(rt, "inference")), 30,
-               "the inference worker published its speed in its heartbeat")
+        job_id = submit(client, "report.opus")["job_id"]
+        wait_until(lambda job_id=job_id: _finished(rt, job_id), 120, f"job {job_id} finished")
+    wait_until(
+        lambda: any((w["throughput"].get(model) or {}).get("slowdown") for w in alive(rt, "inference")),
+        30,
+        "the inference worker published its speed in its heartbeat",
+    )
     # The door reads the heartbeats at most once a second (eta.QUEUE_SNAPSHOT_SECONDS): a burst sent
     # within that second of the last single job's status read would be estimated from the older beat.
-    wait_until(lambda: any(w.slowdown for w in eta._inference_workers(rt, model)), 30, "the door reads the measured speed")
+    wait_until(
+        lambda: any(w.slowdown for w in eta._inference_workers(rt, model)), 30, "the door reads the measured speed"
+    )
     # ... and the recent jobs (their lead from upload to inference, their typical length), also
     # cached briefly: read before these jobs finished (an earlier test's empty queue), it holds defaults.
     wait_until(lambda: eta._history(rt, model)[1] != eta.DEFAULT_DURATION, 60, "the door reads the recent jobs")
 
-    sent = [_submit(client, "report.opus") for _ in range(8)]
+    sent = [submit(client, "report.opus") for _ in range(8)]
     assert all(job["estimated_finish_at"] for job in sent), sent
-    done = {job["job_id"]: wait_until(lambda j=job["job_id"]: _finished(rt, j), 300, f"job {job['job_id']} finished")
-            for job in sent}
+    done = {
+        job["job_id"]: wait_until(lambda j=job["job_id"]: _finished(rt, j), 300, f"job {job['job_id']} finished")
+        for job in sent
+    }
 
     def at(text: str) -> float:
         return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
@@ -258,9 +303,11 @@ def test_the_speed_is_measured_by_windows_speech_and_batches_running_at_once():
     served = _Served(lanes=2, batch=2, slots=8, window=0.3, speech=0.02, slowdown={1: 1.0, 2: 2.0})
     assert served.seconds(windows=1, audio=10.0) == approx(0.5)  # one lane
     assert served.seconds(windows=8, audio=80.0) == approx(2.0 * 4.0 / 2)  # both lanes, each twice as slow
-    assert _Served(lanes=2, batch=2, slots=8, window=0.3, speech=0.02, slowdown={1: 1.0}
-                   ).seconds(windows=8, audio=80.0) == approx(4.0)  # two lanes not measured: no faster than one
-    assert _Served(lanes=2, batch=2, slots=2, window=0.3, speech=0.02, slowdown={1: 1.0, 2: 2.0}
-                   ).seconds(windows=8, audio=80.0) == approx(4.0)  # two slots fill one lane only
+    assert _Served(lanes=2, batch=2, slots=8, window=0.3, speech=0.02, slowdown={1: 1.0}).seconds(
+        windows=8, audio=80.0
+    ) == approx(4.0)  # two lanes not measured: no faster than one
+    assert _Served(lanes=2, batch=2, slots=2, window=0.3, speech=0.02, slowdown={1: 1.0, 2: 2.0}).seconds(
+        windows=8, audio=80.0
+    ) == approx(4.0)  # two slots fill one lane only
     assert _Served.of({"slots": 8, "throughput": {"tiny.en": figures}}, "tiny.en").seconds(1, 10.0) > 0
     assert _Served.of({"slots": 8, "throughput": {}}, "tiny.en").seconds(windows=4, audio=40.0) is None

@@ -1,6 +1,8 @@
 """`whisperq flower`: auth required off loopback, credentials kept out of argv, the
 RabbitMQ management API derived from the broker URL. Flower's API with and without the
 password is checked end to end in test_run.py."""
+
+import contextlib
 import os
 import subprocess
 import sys
@@ -18,10 +20,21 @@ def settings(tmp_path, **env):
     return Settings.from_env({"WHISPERQ_DATA_DIR": str(tmp_path), **env})
 
 
-@pytest.mark.parametrize("address, loopback", [
-    ("127.0.0.1", True), ("127.0.0.2", True), ("::1", True), ("[::1]", True), ("localhost", True),
-    ("", False), ("0.0.0.0", False), ("::", False), ("10.0.0.5", False), ("flower.example", False),
-])
+@pytest.mark.parametrize(
+    "address, loopback",
+    [
+        ("127.0.0.1", True),
+        ("127.0.0.2", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("localhost", True),
+        ("", False),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("10.0.0.5", False),
+        ("flower.example", False),
+    ],
+)
 def test_loopback_addresses(address, loopback):
     assert is_loopback(address) is loopback
 
@@ -36,11 +49,25 @@ def test_basic_auth_is_validated_and_masked(tmp_path):
 
 
 def test_credentials_go_through_the_environment_not_argv(tmp_path):
-    s = settings(tmp_path, FLOWER_BASIC_AUTH="ops:s3cret-flower-pass", FLOWER_ADDRESS="0.0.0.0", FLOWER_PORT="5601",
-                 CELERY_BROKER_URL="amqp://app:pa%24s@rabbit.internal:5672/whisperq")
+    s = settings(
+        tmp_path,
+        FLOWER_BASIC_AUTH="ops:s3cret-flower-pass",
+        FLOWER_ADDRESS="0.0.0.0",
+        FLOWER_PORT="5601",
+        CELERY_BROKER_URL="amqp://app:pa%24s@rabbit.internal:5672/whisperq",
+    )
     argv, env = flower_command(s, {"FLOWER_BROKER_API": "", "PATH": "/bin"})
-    assert argv[1:] == ["-m", "celery", "-A", "tasks.worker", "flower", "--address=0.0.0.0", "--port=5601",
-                        "--persistent=True", f"--db={tmp_path.resolve() / 'flower.db'}"]
+    assert argv[1:] == [
+        "-m",
+        "celery",
+        "-A",
+        "tasks.worker",
+        "flower",
+        "--address=0.0.0.0",
+        "--port=5601",
+        "--persistent=True",
+        f"--db={tmp_path.resolve() / 'flower.db'}",
+    ]
     assert not [a for a in argv if "s3cret" in a or "pa%24s" in a]
     assert env["FLOWER_BASIC_AUTH"] == "ops:s3cret-flower-pass"
     assert env["FLOWER_BROKER_API"] == "http://app:pa%24s@rabbit.internal:15672/api/"
@@ -48,13 +75,22 @@ def test_credentials_go_through_the_environment_not_argv(tmp_path):
 
 def test_broker_api_for_each_broker(tmp_path):
     assert broker_api(settings(tmp_path, CELERY_BROKER_URL="redis://127.0.0.1:6379/0")) is None
-    assert broker_api(settings(tmp_path, CELERY_BROKER_URL="amqp://127.0.0.1//")) == "http://guest:guest@127.0.0.1:15672/api/"
-    assert broker_api(settings(tmp_path, CELERY_BROKER_URL="amqps://u:p@mq.example:5671//")) == "https://u:p@mq.example:15671/api/"
-    override = settings(tmp_path, CELERY_BROKER_URL="amqp://u:p@mq//", FLOWER_BROKER_API="https://u:p@mgmt.example/api/")
+    assert (
+        broker_api(settings(tmp_path, CELERY_BROKER_URL="amqp://127.0.0.1//"))
+        == "http://guest:guest@127.0.0.1:15672/api/"
+    )
+    assert (
+        broker_api(settings(tmp_path, CELERY_BROKER_URL="amqps://u:p@mq.example:5671//"))
+        == "https://u:p@mq.example:15671/api/"
+    )
+    override = settings(
+        tmp_path, CELERY_BROKER_URL="amqp://u:p@mq//", FLOWER_BROKER_API="https://u:p@mgmt.example/api/"
+    )
     assert broker_api(override) == "https://u:p@mgmt.example/api/"
     # Redis: an inherited empty variable must not become an empty password for Flower.
-    _, env = flower_command(settings(tmp_path, CELERY_BROKER_URL="redis://h:6379/0"),
-                            {"FLOWER_BASIC_AUTH": "", "FLOWER_BROKER_API": ""})
+    _, env = flower_command(
+        settings(tmp_path, CELERY_BROKER_URL="redis://h:6379/0"), {"FLOWER_BASIC_AUTH": "", "FLOWER_BROKER_API": ""}
+    )
     assert "FLOWER_BASIC_AUTH" not in env and "FLOWER_BROKER_API" not in env
 
 
@@ -71,10 +107,10 @@ def test_flower_refuses_a_network_address_without_auth(tmp_path):
 @pytest.mark.brokers
 def test_task_events_carry_no_transcript(client, worker, celery_app):
     """Flower shows what the task events carry: ids and references, never the transcript."""
-    import io
     import threading
 
-    from helpers import CLIPS, wait_for_job, wait_until
+    from api import upload, wait_for_job
+    from helpers import wait_until
 
     events: list[dict] = []
     ready = threading.Event()
@@ -83,10 +119,8 @@ def test_task_events_carry_no_transcript(client, worker, celery_app):
 
         def capture():
             ready.set()
-            try:
+            with contextlib.suppress(Exception):  # the connection closes under it at the end
                 receiver.capture(limit=None, timeout=None, wakeup=False)
-            except Exception:  # the connection closes under it at the end
-                pass
 
         thread = threading.Thread(target=capture, daemon=True)
         thread.start()
@@ -98,14 +132,16 @@ def test_task_events_carry_no_transcript(client, worker, celery_app):
 
         with celery_app.events.default_dispatcher() as dispatcher:
             wait_until(bound, 10, "the event receiver got none of the events sent to it")
-        resp = client.post("/v1/jobs", data={"file": (io.BytesIO(CLIPS["fox.flac"]["path"].read_bytes()), "fox.flac")},
-                           content_type="multipart/form-data")
+        resp = upload(client)
         job_id = resp.get_json()["job_id"]
         done = wait_for_job(client, job_id)
         assert done["status"] == "COMPLETED"
         try:
-            wait_until(lambda: any(e.get("type") == "task-succeeded" and e.get("uuid") == job_id for e in events), 10,
-                       "no task-succeeded event")
+            wait_until(
+                lambda: any(e.get("type") == "task-succeeded" and e.get("uuid") == job_id for e in events),
+                10,
+                "no task-succeeded event",
+            )
         finally:
             receiver.should_stop = True
     succeeded = [e for e in events if e.get("type") == "task-succeeded" and e.get("uuid") == job_id]

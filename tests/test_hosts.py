@@ -1,5 +1,6 @@
 """The second host of tests/hosts.py: its own loopback and no way out, host 1's services
 through the forwarders alone, none of host 1's hidden files, and nothing left behind."""
+
 from __future__ import annotations
 
 import hashlib
@@ -15,9 +16,8 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
-
 import hosts
+import pytest
 from helpers import wait_until
 from hosts import ROOT, HostUnavailable, SecondHost, second_host
 
@@ -146,8 +146,16 @@ print(json.dumps({"secret": os.path.exists(sys.argv[1]), "tmp": sorted(os.listdi
         seen = _python(host, code, str(secret), tempfile.gettempdir(), str(host.data_dir))
     finally:
         os.unlink("/dev/shm/wq-test-host-1-only")
-    assert seen == {"secret": False, "tmp": [host.data_dir.name], "repo": True, "cwd": str(ROOT), "python": True,
-                    "data": ["written-on-host-2"], "data_mode": "0o700", "shm": []}
+    assert seen == {
+        "secret": False,
+        "tmp": [host.data_dir.name],
+        "repo": True,
+        "cwd": str(ROOT),
+        "python": True,
+        "data": ["written-on-host-2"],
+        "data_mode": "0o700",
+        "shm": [],
+    }
     # Host 2's data dir is shared by its processes and never reaches host 1's disk.
     again = _python(host, "import json, os, sys; print(json.dumps(os.listdir(sys.argv[1])))", str(host.data_dir))
     assert again == ["written-on-host-2"]
@@ -173,15 +181,28 @@ def test_url_and_env_rewrite_loopback_urls_only(host):
     assert host.forward(6379) == (address, redis_port), "one forwarder per port"
     assert host.url("redis://:s3cr@t@127.0.0.1:6379/0") == f"redis://:s3cr@t@{address}:{redis_port}/0"
     pg = host.forward(5432)[1]
-    assert host.url("db+postgresql+psycopg://u:p@localhost/whisperq?sslmode=disable") == \
-        f"db+postgresql+psycopg://u:p@{address}:{pg}/whisperq?sslmode=disable"
+    assert (
+        host.url("db+postgresql+psycopg://u:p@localhost/whisperq?sslmode=disable")
+        == f"db+postgresql+psycopg://u:p@{address}:{pg}/whisperq?sslmode=disable"
+    )
     for url in ("redis://10.1.2.3:6379/0", "sqlite:////tmp/whisperq.db", "http://example.com/"):
         with pytest.raises(ValueError):
             host.url(url)
-    env = host.env({"CELERY_BROKER_URL": "redis://127.0.0.1:6379/0", "DATABASE_URL": "sqlite:////x/whisperq.db",
-                    "PATH": "/usr/bin"}, WHISPERQ_EXTRA="1")
-    assert env == {"CELERY_BROKER_URL": f"redis://{address}:{redis_port}/0", "DATABASE_URL": "sqlite:////x/whisperq.db",
-                   "PATH": "/usr/bin", "WHISPERQ_DATA_DIR": str(host.data_dir), "WHISPERQ_EXTRA": "1"}
+    env = host.env(
+        {
+            "CELERY_BROKER_URL": "redis://127.0.0.1:6379/0",
+            "DATABASE_URL": "sqlite:////x/whisperq.db",
+            "PATH": "/usr/bin",
+        },
+        WHISPERQ_EXTRA="1",
+    )
+    assert env == {
+        "CELERY_BROKER_URL": f"redis://{address}:{redis_port}/0",
+        "DATABASE_URL": "sqlite:////x/whisperq.db",
+        "PATH": "/usr/bin",
+        "WHISPERQ_DATA_DIR": str(host.data_dir),
+        "WHISPERQ_EXTRA": "1",
+    }
 
 
 class _HalfCloseServer:
@@ -299,12 +320,23 @@ def test_nothing_is_left_after_exit():
         name, device, data_dir = host.name, host.host1_device, host.data_dir
         url = host.url("redis://127.0.0.1:6379/0")
         # A client holding a connection through the forwarder, and one process in the background.
-        holder = host.popen([PY, "-c", "import redis, sys, time; r = redis.Redis.from_url(sys.argv[1]); r.ping(); "
-                                       "print('up', flush=True); time.sleep(600)", url], stdout=subprocess.PIPE)
+        holder = host.popen(
+            [
+                PY,
+                "-c",
+                "import redis, sys, time; r = redis.Redis.from_url(sys.argv[1]); r.ping(); "
+                "print('up', flush=True); time.sleep(600)",
+                url,
+            ],
+            stdout=subprocess.PIPE,
+        )
         assert holder.stdout.readline() == b"up\n"
         host.popen(["sh", "-c", "sleep 600 & exec sleep 600"])
-        pids = wait_until(lambda: len(found := host.pids() | {host.anchor.pid}) >= 4 and found, 5,
-                          "the background processes did not start")
+        pids = wait_until(
+            lambda: len(found := host.pids() | {host.anchor.pid}) >= 4 and found,
+            5,
+            "the background processes did not start",
+        )
         assert name in _netns() and _link_exists(device) and data_dir.is_dir()
         forwarder_thread = host.forwarders.thread
     assert name not in _netns()
@@ -318,32 +350,38 @@ def test_nothing_is_left_after_exit():
 
 
 def test_an_exception_inside_still_cleans_up():
-    with pytest.raises(ZeroDivisionError):
-        with second_host() as host:
-            name, proc = host.name, host.popen(["sleep", "600"])
-            1 / 0
+    with pytest.raises(ZeroDivisionError), second_host() as host:
+        name, proc = host.name, host.popen(["sleep", "600"])
+        _ = 1 / 0
     assert name not in _netns()
     assert proc.returncode is not None and not hosts._alive(proc.pid)
 
 
 def test_kill_9_of_a_process_kills_it_and_its_children(host):
-    code = ("import json, subprocess, os, time; child = subprocess.Popen(['sleep', '600']); "
-            "print(json.dumps([os.getpid(), child.pid]), flush=True); time.sleep(600)")
+    code = (
+        "import json, subprocess, os, time; child = subprocess.Popen(['sleep', '600']); "
+        "print(json.dumps([os.getpid(), child.pid]), flush=True); time.sleep(600)"
+    )
     proc = host.popen([PY, "-c", code], stdout=subprocess.PIPE)
     own, child = json.loads(proc.stdout.readline())
     assert own == proc.pid, "the Popen's pid is the command's: nothing between them"
     assert host.pids() == {own, child}
     proc.kill()
     assert proc.wait(5) == -9
-    wait_until(lambda: not hosts._alive(own) and not hosts._alive(child), 5, "the command or its child outlived the kill")
+    wait_until(
+        lambda: not hosts._alive(own) and not hosts._alive(child), 5, "the command or its child outlived the kill"
+    )
     assert host.pids() == set()
 
 
 def test_a_process_pinned_to_a_core(host):
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("one CPU here: nothing to pin to")
-    proc = host.popen([PY, "-c", "import os, json; print(json.dumps([os.getpid(), sorted(os.sched_getaffinity(0))]))"],
-                      stdout=subprocess.PIPE, cpus="1")
+    proc = host.popen(
+        [PY, "-c", "import os, json; print(json.dumps([os.getpid(), sorted(os.sched_getaffinity(0))]))"],
+        stdout=subprocess.PIPE,
+        cpus="1",
+    )
     out, _ = proc.communicate(timeout=30)
     assert json.loads(out) == [proc.pid, [1]]
 
@@ -356,8 +394,9 @@ def test_a_crashed_runs_namespace_is_removed_at_the_next_start():
     subprocess.run(["ip", "netns", "add", stale], check=True)
     leftover = None
     try:
-        subprocess.run(["ip", "link", "add", f"{stale}h", "type", "veth", "peer", "name", f"{stale}g", "netns", stale],
-                       check=True)
+        subprocess.run(
+            ["ip", "link", "add", f"{stale}h", "type", "veth", "peer", "name", f"{stale}g", "netns", stale], check=True
+        )
         leftover = subprocess.Popen(["ip", "netns", "exec", stale, "sleep", "600"], start_new_session=True)
         mount_point = Path(tempfile.gettempdir()) / f"{stale}-data"
         mount_point.mkdir(exist_ok=True)
@@ -380,9 +419,8 @@ def test_no_namespace_is_a_skip_or_under_require_services_a_failure(monkeypatch)
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(HostUnavailable, match="root"):
         SecondHost().__enter__()
-    with pytest.raises((pytest.skip.Exception, pytest.fail.Exception), match="no second host"):
-        with second_host():
-            pass
+    with pytest.raises((pytest.skip.Exception, pytest.fail.Exception), match="no second host"), second_host():
+        pass
     assert not [name for name in hosts._live if name.startswith(f"wq-{os.getpid()}-")]
 
 
@@ -394,15 +432,39 @@ def test_a_celery_worker_on_host_2_answers_over_host_1s_broker(celery_app):
 
     with second_host(hide=[tempfile.gettempdir()]) as host:
         log = Path(tempfile.mkdtemp()) / "prepare-h2.log"
-        proc = host.popen([PY, "-m", "celery", "-A", "tasks.worker", "worker", "--pool", "prefork", "--concurrency", "2",
-                           "--queues", PREPARE_QUEUE, "--hostname", "prepare-h2@%h", "--without-mingle",
-                           "--without-gossip", "--loglevel", "INFO"],
-                          env=host.env(), stdout=log.open("w"), stderr=subprocess.STDOUT, cpus="0")
+        proc = host.popen(
+            [
+                PY,
+                "-m",
+                "celery",
+                "-A",
+                "tasks.worker",
+                "worker",
+                "--pool",
+                "prefork",
+                "--concurrency",
+                "2",
+                "--queues",
+                PREPARE_QUEUE,
+                "--hostname",
+                "prepare-h2@%h",
+                "--without-mingle",
+                "--without-gossip",
+                "--loglevel",
+                "INFO",
+            ],
+            env=host.env(),
+            stdout=log.open("w"),
+            stderr=subprocess.STDOUT,
+            cpus="0",
+        )
         try:
             deadline, nodes = time.monotonic() + 60, []
             while not nodes and time.monotonic() < deadline:
                 assert proc.poll() is None, log.read_text()
-                nodes = [n for reply in celery_app.control.ping(timeout=1.0) for n in reply if n.startswith("prepare-h2@")]
+                nodes = [
+                    n for reply in celery_app.control.ping(timeout=1.0) for n in reply if n.startswith("prepare-h2@")
+                ]
             assert nodes == [f"prepare-h2@{host.hostname}"], log.read_text()
             pool = host.pids()
             assert proc.pid in pool and len(pool) == 3, "the worker and its two pool processes"

@@ -1,10 +1,10 @@
 """Real broker, real worker process, real model, real audio."""
-import io
+
 import shutil
 
 import pytest
-
-from helpers import CLIPS, wait_for_job, wait_for_line, word_error_rate
+from api import upload, wait_for_job
+from helpers import CLIPS, wait_for_line, word_error_rate
 
 pytestmark = [pytest.mark.integration, pytest.mark.brokers]
 
@@ -12,8 +12,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.brokers]
 @pytest.mark.parametrize("name", ["fox.flac", "report.opus"])
 def test_upload_comes_back_completed_with_the_right_words(client, worker, name):
     clip = CLIPS[name]
-    resp = client.post("/v1/jobs", data={"file": (io.BytesIO(clip["path"].read_bytes()), name), "language": "en"},
-                       content_type="multipart/form-data")
+    resp = upload(client, name, language="en")
     assert resp.status_code == 202, resp.get_json()
     job = wait_for_job(client, resp.get_json()["job_id"])
     assert job["status"] == "COMPLETED", job
@@ -82,13 +81,12 @@ def test_undecodable_audio_fails_the_job_with_a_reason(client, worker, tmp_path)
 def test_a_long_silent_upload_fails_in_prepare_with_a_reason(client, worker, tmp_path):
     """The door decodes only the start of a file; silence past it is found in prepare."""
     import numpy as np
-
     from helpers import write_wav
+
     from models.speech.audio import DOOR_SECONDS
 
     quiet = write_wav(tmp_path / "quiet.wav", np.zeros(int(16000 * (DOOR_SECONDS + 3)), dtype=np.float32))
-    resp = client.post("/v1/jobs", data={"file": (io.BytesIO(quiet.read_bytes()), "quiet.wav")},
-                       content_type="multipart/form-data")
+    resp = upload(client, "quiet.wav", data=quiet.read_bytes())
     assert resp.status_code == 202, resp.get_json()
     job = wait_for_job(client, resp.get_json()["job_id"])
     assert job["status"] == "FAILED" and "silent" in job["error"], job
@@ -105,14 +103,17 @@ def test_missing_file_fails_with_a_reason(client, worker, tmp_path):
 
 
 def test_duplicate_delivery_of_a_completed_job_does_nothing(client, worker, celery_app):
-    resp = client.post("/v1/jobs", data={"file": (io.BytesIO(CLIPS["fox.flac"]["path"].read_bytes()), "fox.flac")},
-                       content_type="multipart/form-data")
+    resp = upload(client)
     job = wait_for_job(client, resp.get_json()["job_id"])
     assert job["status"] == "COMPLETED"
     # The broker hands the same message out again (a redelivery after a lost ack): nothing runs,
     # and nothing is answered (the transcript stays in the job row, never in the result backend).
-    again = celery_app.send_task("whisperq.transcribe", args=[f"audio/{job['job_id'][:2]}/{job['job_id']}.flac"],
-                                 kwargs={}, task_id=job["job_id"])
+    again = celery_app.send_task(
+        "whisperq.transcribe",
+        args=[f"audio/{job['job_id'][:2]}/{job['job_id']}.flac"],
+        kwargs={},
+        task_id=job["job_id"],
+    )
     wait_for_line(worker, f"job {job['job_id']} already COMPLETED; duplicate delivery ignored")
     assert again.state != "SUCCESS"
     after = client.get(f"/v1/jobs/{job['job_id']}").get_json()

@@ -1,4 +1,4 @@
-from datetime import timezone
+from datetime import UTC
 
 import pytest
 
@@ -31,10 +31,15 @@ def test_a_job_moves_pending_processing_completed(database):
         j.complete("hi", "en", [{"start": 0.0, "end": 1.0, "text": "hi"}], 1.0)
     done = load(database, job.id)
     assert done.state is JobStatus.COMPLETED
-    assert done.result() == {"job_id": job.id, "text": "hi", "language": "en", "duration": 1.0,
-                             "segments": [{"start": 0.0, "end": 1.0, "text": "hi"}]}
+    assert done.result() == {
+        "job_id": job.id,
+        "text": "hi",
+        "language": "en",
+        "duration": 1.0,
+        "segments": [{"start": 0.0, "end": 1.0, "text": "hi"}],
+    }
     for stamp in (done.created_at, done.started_at, done.finished_at):
-        assert stamp.tzinfo is not None and stamp.utcoffset() == timezone.utc.utcoffset(None)
+        assert stamp.tzinfo is not None and stamp.utcoffset() == UTC.utcoffset(None)
     assert done.created_at <= done.started_at <= done.finished_at
     assert done.to_dict()["finished_at"].endswith("Z")
 

@@ -1,5 +1,6 @@
 """Logs: JSON lines naming the job, and no transcript in Celery's success line. A real
 job's logs (web and workers under `whisperq run`) are checked in test_run.py."""
+
 import json
 import logging
 import sys
@@ -134,8 +135,9 @@ def test_access_log_atoms_stay_a_mapping_without_the_referrer_query():
     class Atoms(dict):  # gunicorn's SafeAtoms: a dict subclass the access format reads from
         pass
 
-    atoms = Atoms(h="127.0.0.1", r="GET /v1/jobs HTTP/1.1", s=200, f="https://app.example/?session=abc",
-                  D=1500, U="/v1/jobs")
+    atoms = Atoms(
+        h="127.0.0.1", r="GET /v1/jobs HTTP/1.1", s=200, f="https://app.example/?session=abc", D=1500, U="/v1/jobs"
+    )
     rec = logging.LogRecord("gunicorn.access", logging.INFO, __file__, 1, '%(h)s "%(r)s" %(s)s "%(f)s"', (), None)
     rec.args = atoms
     RedactUrls().filter(rec)
@@ -166,11 +168,13 @@ def test_sql_parameters_stay_out_of_errors_and_echo(tmp_path, caplog):
     things = Table("things", MetaData(), Column("id", Integer, primary_key=True), Column("secret", String, unique=True))
     things.create(db.engine)
     db.engine.echo = True
-    with caplog.at_level(logging.INFO, logger="sqlalchemy.engine"):
-        with pytest.raises(IntegrityError) as raised:
-            with db.session() as session:
-                session.execute(insert(things).values(secret="sk-bound-value-1"))
-                session.execute(insert(things).values(secret="sk-bound-value-1"))
+    with (
+        caplog.at_level(logging.INFO, logger="sqlalchemy.engine"),
+        pytest.raises(IntegrityError) as raised,
+        db.session() as session,
+    ):
+        session.execute(insert(things).values(secret="sk-bound-value-1"))
+        session.execute(insert(things).values(secret="sk-bound-value-1"))
     assert "UNIQUE constraint failed" in str(raised.value)
     assert "sk-bound-value-1" not in str(raised.value)
     assert caplog.records and "sk-bound-value-1" not in caplog.text

@@ -1,5 +1,6 @@
 """The prepare -> inference message (models.pipeline.messages): typed on both sides, versioned,
 checked where the inference pool takes it."""
+
 import json
 
 import pytest
@@ -12,10 +13,18 @@ JOB = "0a0a0a0a-0000-4000-8000-00000000abcd"
 
 
 def prepared(**changes) -> Prepared:
-    fields = dict(job_id=JOB, samples_ref="prepared/0a/x.npy", duration=61.5,
-                  windows=(Window(((0, 480_000),)), Window(((480_000, 700_000), (720_000, 984_000)))),
-                  language="en", task="transcribe", priority="high", word_timestamps=True, prompt="Kubernetes",
-                  temperature=0.2)
+    fields = dict(
+        job_id=JOB,
+        samples_ref="prepared/0a/x.npy",
+        duration=61.5,
+        windows=(Window(((0, 480_000),)), Window(((480_000, 700_000), (720_000, 984_000)))),
+        language="en",
+        task="transcribe",
+        priority="high",
+        word_timestamps=True,
+        prompt="Kubernetes",
+        temperature=0.2,
+    )
     fields.update(changes)
     return Prepared(**fields)
 
@@ -29,22 +38,34 @@ def test_a_message_survives_json_both_ways():
 
 def test_a_message_from_before_versioning_is_read_as_version_one():
     """What the prepare pool sent before messages had a schema: in flight during an upgrade."""
-    old = {"job_id": JOB, "prepared": "prepared/0a/x.npy", "duration": 12.0, "windows": [[0, 192000]],
-           "language": None, "task": "transcribe", "priority": "normal", "word_timestamps": False,
-           "prompt": None, "temperature": None}
+    old = {
+        "job_id": JOB,
+        "prepared": "prepared/0a/x.npy",
+        "duration": 12.0,
+        "windows": [[0, 192000]],
+        "language": None,
+        "task": "transcribe",
+        "priority": "normal",
+        "word_timestamps": False,
+        "prompt": None,
+        "temperature": None,
+    }
     message = Prepared.from_message(old)
     assert message.windows == (Window(((0, 192000),)),) and message.temperature == 0.0 and message.language is None
 
 
-@pytest.mark.parametrize("change, words", [
-    ({"job_id": None}, "'job_id' is None"),
-    ({"prepared": 7}, "'prepared' is 7, not str"),
-    ({"duration": "long"}, "'duration' is 'long'"),
-    ({"windows": [["a", "b"]]}, "windows are not lists of [start, end]"),
-    ({"windows": "0-10"}, "'windows' is '0-10'"),
-    ({"word_timestamps": "yes"}, "'word_timestamps' is 'yes', not bool"),
-    ({"schema": "one"}, "schema 'one' is not a version number"),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"job_id": None}, "'job_id' is None"),
+        ({"prepared": 7}, "'prepared' is 7, not str"),
+        ({"duration": "long"}, "'duration' is 'long'"),
+        ({"windows": [["a", "b"]]}, "windows are not lists of [start, end]"),
+        ({"windows": "0-10"}, "'windows' is '0-10'"),
+        ({"word_timestamps": "yes"}, "'word_timestamps' is 'yes', not bool"),
+        ({"schema": "one"}, "schema 'one' is not a version number"),
+    ],
+)
 def test_a_malformed_message_says_what_is_wrong(change, words):
     wire = dict(prepared().to_message(), **change)
     with pytest.raises(MalformedMessage) as caught:
@@ -79,8 +100,16 @@ def test_the_inference_task_fails_a_job_whose_message_is_malformed(database):
     rt = runtime()
     job_id = new_job_id()
     with rt.db.session() as session:
-        session.add(Job(id=job_id, audio_ref="audio/none.flac", priority="normal", attempts=1,
-                        status=JobStatus.PROCESSING.value, stage=Stage.QUEUED.value))
+        session.add(
+            Job(
+                id=job_id,
+                audio_ref="audio/none.flac",
+                priority="normal",
+                attempts=1,
+                status=JobStatus.PROCESSING.value,
+                stage=Stage.QUEUED.value,
+            )
+        )
     bad = dict(prepared(job_id=job_id).to_message(), windows="0-10")
     result = infer.apply(args=[bad], task_id=job_id)  # run here, as a worker would run it
     assert result.failed() and isinstance(result.result, MalformedMessage)
@@ -102,8 +131,17 @@ def test_a_message_for_a_model_this_deployment_does_not_serve_fails_its_job(data
     rt = runtime()
     job_id = new_job_id()
     with rt.db.session() as session:
-        session.add(Job(id=job_id, audio_ref="audio/none.flac", priority="normal", attempts=1, model="large-v9",
-                        status=JobStatus.PROCESSING.value, stage=Stage.QUEUED.value))
+        session.add(
+            Job(
+                id=job_id,
+                audio_ref="audio/none.flac",
+                priority="normal",
+                attempts=1,
+                model="large-v9",
+                status=JobStatus.PROCESSING.value,
+                stage=Stage.QUEUED.value,
+            )
+        )
     result = infer.apply(args=[prepared(job_id=job_id, model="large-v9").to_message()], task_id=job_id)
     assert result.failed() and isinstance(result.result, PermanentJobError)
     job = get_job(rt, job_id)

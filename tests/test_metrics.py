@@ -1,10 +1,11 @@
 """Prometheus metrics: /metrics against the real broker and database, a worker's own
 metrics after real jobs (in-process, and from a real prefork worker's port), and the
 deploy files (alert rules, dashboard, KEDA, the autoscaler's decision)."""
+
 from __future__ import annotations
 
+import contextlib
 import importlib.util
-import io
 import json
 import logging
 import re
@@ -19,9 +20,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from api import submit_id, wait_for_job
+from helpers import CLIPS, need_service, wait_until
 from prometheus_client.parser import text_string_to_metric_families
-
-from helpers import CLIPS, need_service, wait_for_job, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -29,8 +30,11 @@ DEPLOY = ROOT / "deploy"
 
 def parse(text: str) -> dict[tuple, float]:
     """(sample name, sorted labels) -> value."""
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def scrape(client) -> dict[tuple, float]:
@@ -74,14 +78,30 @@ def test_alert_thresholds_and_metrics_port_come_from_the_environment():
     from config import ConfigError, Settings
 
     s = Settings.from_env({})
-    assert (s.metrics_port, s.alert_queue_age_seconds, s.alert_queue_depth, s.alert_failure_rate,
-            s.alert_dead_letters, s.alert_disk_free_bytes) == (0, 600.0, 1000, 0.05, 1, 5 * 1024**3)
-    s = Settings.from_env({"WHISPERQ_METRICS_PORT": "9200", "WHISPERQ_ALERT_FAILURE_RATE": "0.2",
-                           "WHISPERQ_ALERT_DISK_FREE_BYTES": "1000"})
+    assert (
+        s.metrics_port,
+        s.alert_queue_age_seconds,
+        s.alert_queue_depth,
+        s.alert_failure_rate,
+        s.alert_dead_letters,
+        s.alert_disk_free_bytes,
+    ) == (0, 600.0, 1000, 0.05, 1, 5 * 1024**3)
+    s = Settings.from_env(
+        {
+            "WHISPERQ_METRICS_PORT": "9200",
+            "WHISPERQ_ALERT_FAILURE_RATE": "0.2",
+            "WHISPERQ_ALERT_DISK_FREE_BYTES": "1000",
+        }
+    )
     assert (s.metrics_port, s.alert_failure_rate, s.alert_disk_free_bytes) == (9200, 0.2, 1000)
-    for name, bad in (("WHISPERQ_METRICS_PORT", "70000"), ("WHISPERQ_ALERT_QUEUE_DEPTH", "lots"),
-                      ("WHISPERQ_ALERT_FAILURE_RATE", "1.5"), ("WHISPERQ_ALERT_QUEUE_AGE_SECONDS", "-1"),
-                      ("WHISPERQ_ALERT_DEAD_LETTERS", "-1"), ("WHISPERQ_ALERT_DISK_FREE_BYTES", "5GB")):
+    for name, bad in (
+        ("WHISPERQ_METRICS_PORT", "70000"),
+        ("WHISPERQ_ALERT_QUEUE_DEPTH", "lots"),
+        ("WHISPERQ_ALERT_FAILURE_RATE", "1.5"),
+        ("WHISPERQ_ALERT_QUEUE_AGE_SECONDS", "-1"),
+        ("WHISPERQ_ALERT_DEAD_LETTERS", "-1"),
+        ("WHISPERQ_ALERT_DISK_FREE_BYTES", "5GB"),
+    ):
         with pytest.raises(ConfigError, match=name):
             Settings.from_env({name: bad})
 
@@ -102,16 +122,29 @@ def test_metrics_report_the_database_as_it_is(client, app, settings, celery_app)
         Job(status="PENDING", priority="high", audio_ref="x", created_at=now - timedelta(seconds=400)),
         Job(status="PENDING", priority="high", audio_ref="x", created_at=now - timedelta(seconds=5)),
         # a retry not due yet waits, but its age counts from when it falls due
-        Job(status="PENDING", priority="low", audio_ref="x", created_at=now - timedelta(hours=5),
-            next_attempt_at=now + timedelta(seconds=60), attempts=1),
-        Job(status="PROCESSING", stage="queued", priority="normal", audio_ref="x", created_at=now,
-            started_at=now - timedelta(seconds=90), attempts=1),
+        Job(
+            status="PENDING",
+            priority="low",
+            audio_ref="x",
+            created_at=now - timedelta(hours=5),
+            next_attempt_at=now + timedelta(seconds=60),
+            attempts=1,
+        ),
+        Job(
+            status="PROCESSING",
+            stage="queued",
+            priority="normal",
+            audio_ref="x",
+            created_at=now,
+            started_at=now - timedelta(seconds=90),
+            attempts=1,
+        ),
         Job(status="PROCESSING", stage="infer", priority="normal", audio_ref="x", created_at=now, attempts=1),
         Job(status="FAILED", priority="normal", audio_ref="x", created_at=now, error="gave up"),
         Job(status="COMPLETED", priority="low", audio_ref="x", created_at=now),
     ]
     ids = [job.id or str(uuid.uuid4()) for job in rows]
-    for job, job_id in zip(rows, ids):
+    for job, job_id in zip(rows, ids, strict=True):
         job.id = job_id
     worker_id = f"metrics-test-{uuid.uuid4().hex[:8]}"
     with rt.db.session() as session:
@@ -132,21 +165,25 @@ def test_metrics_report_the_database_as_it_is(client, app, settings, celery_app)
             assert value(samples, "whisperq_jobs_waiting", priority=tier, stage="prepare") == pending
             assert value(samples, "whisperq_jobs_waiting", priority=tier, stage="inference") == queued
         assert value(samples, "whisperq_jobs_running", stage="inference") == sum(
-            j.status == "PROCESSING" and j.stage == "infer" for j in jobs)
+            j.status == "PROCESSING" and j.stage == "infer" for j in jobs
+        )
         assert value(samples, "whisperq_dead_letters") == dead >= 1
 
         def oldest(js, since):
             return max((time.time() - since(j).timestamp() for j in js), default=0.0)
 
-        due = [j for j in jobs
-               if j.status == "PENDING" and (j.next_attempt_at is None or j.next_attempt_at <= utcnow())]
+        due = [
+            j for j in jobs if j.status == "PENDING" and (j.next_attempt_at is None or j.next_attempt_at <= utcnow())
+        ]
         expected = oldest(due, lambda j: j.next_attempt_at or j.queued_at or j.created_at)
         assert expected >= 400
         assert value(samples, "whisperq_queue_oldest_age_seconds", queue="whisperq.prepare") == pytest.approx(
-            expected, abs=3)
+            expected, abs=3
+        )
         queued = [j for j in jobs if j.status == "PROCESSING" and j.stage == "queued"]
         assert value(samples, "whisperq_queue_oldest_age_seconds", queue="whisperq.inference") == pytest.approx(
-            oldest(queued, lambda j: j.started_at), abs=3)
+            oldest(queued, lambda j: j.started_at), abs=3
+        )
 
         live = alive(rt)
         for pool in ("prepare", "inference", "notify"):
@@ -160,11 +197,13 @@ def test_metrics_report_the_database_as_it_is(client, app, settings, celery_app)
             where = where.parent
         free = shutil.disk_usage(where).free
         assert value(samples, "whisperq_data_dir_free_bytes") == pytest.approx(free, rel=0.01, abs=64 * 1024**2)
-        for name, expected_limit in (("queue_age_seconds", settings.alert_queue_age_seconds),
-                                     ("queue_depth", settings.alert_queue_depth),
-                                     ("failure_rate", settings.alert_failure_rate),
-                                     ("dead_letters", settings.alert_dead_letters),
-                                     ("disk_free_bytes", settings.alert_disk_free_bytes)):
+        for name, expected_limit in (
+            ("queue_age_seconds", settings.alert_queue_age_seconds),
+            ("queue_depth", settings.alert_queue_depth),
+            ("failure_rate", settings.alert_failure_rate),
+            ("dead_letters", settings.alert_dead_letters),
+            ("disk_free_bytes", settings.alert_disk_free_bytes),
+        ):
             assert value(samples, "whisperq_alert_threshold", name=name) == expected_limit
         for source in ("broker", "database", "disk"):
             assert value(samples, "whisperq_metrics_source_up", source=source) == 1.0
@@ -173,10 +212,13 @@ def test_metrics_report_the_database_as_it_is(client, app, settings, celery_app)
         with rt.db.session() as session:
             session.execute(delete(Job).where(Job.id == ids[0]))
         assert value(scrape(client), "whisperq_jobs_waiting", priority="high", stage="prepare") == value(
-            samples, "whisperq_jobs_waiting", priority="high", stage="prepare")
+            samples, "whisperq_jobs_waiting", priority="high", stage="prepare"
+        )
         app.extensions["whisperq_metrics"].invalidate()
-        assert value(scrape(client), "whisperq_jobs_waiting", priority="high", stage="prepare") == value(
-            samples, "whisperq_jobs_waiting", priority="high", stage="prepare") - 1
+        assert (
+            value(scrape(client), "whisperq_jobs_waiting", priority="high", stage="prepare")
+            == value(samples, "whisperq_jobs_waiting", priority="high", stage="prepare") - 1
+        )
     finally:
         forget(rt, worker_id)
         with rt.db.session() as session:
@@ -252,7 +294,8 @@ def test_a_real_job_is_observed_in_the_worker_registry(settings, database, tmp_p
     assert delta("whisperq_job_inference_seconds_sum") == pytest.approx(inference, abs=1e-3)
     assert delta("whisperq_job_end_to_end_seconds_count", priority="high") == 1
     assert delta("whisperq_job_end_to_end_seconds_sum", priority="high") == pytest.approx(
-        (job.finished_at - job.created_at).total_seconds(), abs=1e-3)
+        (job.finished_at - job.created_at).total_seconds(), abs=1e-3
+    )
     assert delta("whisperq_real_time_factor_count") == 1
     assert delta("whisperq_real_time_factor_sum") == pytest.approx(inference / job.audio_duration, rel=1e-3)
     assert delta("whisperq_jobs_finished_total", status="COMPLETED") == 1
@@ -264,7 +307,8 @@ def test_a_real_job_is_observed_in_the_worker_registry(settings, database, tmp_p
     assert delta("whisperq_batch_wait_seconds_count") == delta("whisperq_batch_size_count")
     # A histogram's +Inf bucket holds every observation.
     assert total(after, "whisperq_job_inference_seconds_bucket", le="+Inf") == total(
-        after, "whisperq_job_inference_seconds_count")
+        after, "whisperq_job_inference_seconds_count"
+    )
     assert value(after, "process_resident_memory_bytes") > 10 * 1024**2
     assert value(after, "whisperq_worker_info", pool="inference", hostname="test", worker_id="t", mode="threads") == 1
 
@@ -283,11 +327,10 @@ def test_a_rolled_back_change_counts_nothing(settings, database):
     metrics.enable()
     try:
         before = total(parse(generate_latest(metrics.registry()).decode()), "whisperq_jobs_finished_total")
-        with pytest.raises(RuntimeError):
-            with rt.db.session() as session:
-                session.get(Job, job_id).fail("about to be rolled back")
-                session.flush()
-                raise RuntimeError("rollback")
+        with pytest.raises(RuntimeError), rt.db.session() as session:
+            session.get(Job, job_id).fail("about to be rolled back")
+            session.flush()
+            raise RuntimeError("rollback")
         with rt.db.session() as session:
             session.get(Job, job_id).fail("for real")
         after = parse(generate_latest(metrics.registry()).decode())
@@ -309,8 +352,11 @@ def test_worker_metrics_listen_on_loopback_unless_told(monkeypatch, caplog):
     monkeypatch.setattr(worker_metrics, "registry_for", lambda *a, **k: object())
     monkeypatch.setattr(worker_metrics, "listen", lambda registry, host, candidates: bound.append(host) or 9201)
     monkeypatch.setitem(worker_metrics._state, "prefork", False)
-    for env, address in (({"HOST": "0.0.0.0"}, "127.0.0.1"), ({"WHISPERQ_METRICS_ADDRESS": "0.0.0.0"}, "0.0.0.0"),
-                         ({"WHISPERQ_METRICS_ADDRESS": "::1"}, "::1")):
+    for env, address in (
+        ({"HOST": "0.0.0.0"}, "127.0.0.1"),
+        ({"WHISPERQ_METRICS_ADDRESS": "0.0.0.0"}, "0.0.0.0"),
+        ({"WHISPERQ_METRICS_ADDRESS": "::1"}, "::1"),
+    ):
         s = Settings.from_env({"WHISPERQ_METRICS_PORT": "9200", **env})
         assert s.metrics_address == address
         worker = SimpleNamespace(app=SimpleNamespace(conf=SimpleNamespace(whisperq_settings=s)), hostname="w@h")
@@ -349,7 +395,7 @@ def _broker_counts(celery_app) -> dict[tuple[str, str], int]:
         if is_redis(celery_app.conf.broker_url):
             client = conn.default_channel.client
             for queue in queues:
-                for step, key in zip(REDIS_PRIORITY_STEPS, redis_queue_keys(celery_app, queue)):
+                for step, key in zip(REDIS_PRIORITY_STEPS, redis_queue_keys(celery_app, queue), strict=True):
                     out[(queue, STEP_TIERS[step])] = out.get((queue, STEP_TIERS[step]), 0) + client.llen(key)
         else:
             for queue in queues:
@@ -360,23 +406,17 @@ def _broker_counts(celery_app) -> dict[tuple[str, str], int]:
                     assert "NOT_FOUND" in str(exc) or "404" in str(exc), exc
                     out[(queue, "all")] = 0
                 finally:
-                    try:
+                    with contextlib.suppress(Exception):
                         channel.close()
-                    except Exception:
-                        pass
     return out
 
 
 def _depths(samples) -> dict[tuple[str, str], int]:
-    return {(dict(ls)["queue"], dict(ls)["priority"]): int(v)
-            for (n, ls), v in samples.items() if n == "whisperq_queue_depth"}
-
-
-def _submit(client, priority: str) -> str:
-    resp = client.post("/v1/jobs", data={"file": (io.BytesIO(CLIPS["fox.flac"]["path"].read_bytes()), "fox.flac"),
-                                         "priority": priority, "language": "en"}, content_type="multipart/form-data")
-    assert resp.status_code == 202, resp.get_json()
-    return resp.get_json()["job_id"]
+    return {
+        (dict(ls)["queue"], dict(ls)["priority"]): int(v)
+        for (n, ls), v in samples.items()
+        if n == "whisperq_queue_depth"
+    }
 
 
 @pytest.mark.integration
@@ -403,22 +443,30 @@ def test_queue_depth_per_priority_is_the_brokers_own(client, app, worker, celery
 
     with worker.paused(celery_app):
         samples0, broker0 = look()
-        ids = [_submit(client, tier) for tier, n in queued.items() for _ in range(n)]
+        ids = [submit_id(client, priority=tier, language="en") for tier, n in queued.items() for _ in range(n)]
         samples1, broker1 = look()
         for tier, n in queued.items():
             if redis:
                 assert broker1[(PREPARE_QUEUE, tier)] - broker0[(PREPARE_QUEUE, tier)] == n
-            assert (value(samples1, "whisperq_jobs_waiting", priority=tier, stage="prepare")
-                    - value(samples0, "whisperq_jobs_waiting", priority=tier, stage="prepare")) == n
+            assert (
+                value(samples1, "whisperq_jobs_waiting", priority=tier, stage="prepare")
+                - value(samples0, "whisperq_jobs_waiting", priority=tier, stage="prepare")
+            ) == n
         if not redis:
             assert broker1[(PREPARE_QUEUE, "all")] - broker0[(PREPARE_QUEUE, "all")] == sum(queued.values())
         assert value(samples1, "whisperq_queue_oldest_age_seconds", queue=PREPARE_QUEUE) > 0
 
         # A prefork preparation worker serving its metrics takes them to the inference queue.
         base = free_port()
-        extra = start_worker(celery_app, tmp_path, f"prepare-metrics-{uuid.uuid4().hex[:6]}", PREPARE_QUEUE,
-                             extra_env={"WHISPERQ_METRICS_PORT": str(base)})
+        extra = start_worker(
+            celery_app,
+            tmp_path,
+            f"prepare-metrics-{uuid.uuid4().hex[:6]}",
+            PREPARE_QUEUE,
+            extra_env={"WHISPERQ_METRICS_PORT": str(base)},
+        )
         try:
+
             def stages() -> list:
                 with rt.db.session() as session:
                     return [session.get(Job, job_id).stage for job_id in ids]
@@ -428,8 +476,10 @@ def test_queue_depth_per_priority_is_the_brokers_own(client, app, worker, celery
             for tier, n in queued.items():
                 if redis:
                     assert broker2[(INFERENCE_QUEUE, tier)] - broker1[(INFERENCE_QUEUE, tier)] == n
-                assert (value(samples2, "whisperq_jobs_waiting", priority=tier, stage="inference")
-                        - value(samples1, "whisperq_jobs_waiting", priority=tier, stage="inference")) == n
+                assert (
+                    value(samples2, "whisperq_jobs_waiting", priority=tier, stage="inference")
+                    - value(samples1, "whisperq_jobs_waiting", priority=tier, stage="inference")
+                ) == n
             if not redis:
                 assert broker2[(INFERENCE_QUEUE, "all")] - broker1[(INFERENCE_QUEUE, "all")] == sum(queued.values())
             assert value(samples2, "whisperq_workers_alive", pool="prepare") == len(alive(rt, "prepare")) >= 2
@@ -505,8 +555,18 @@ def test_deploy_files_use_the_metrics_that_exist(app):
     dashboard = json.loads((DEPLOY / "grafana-dashboard.json").read_text())
     assert dashboard["schemaVersion"] >= 36 and dashboard["uid"] == "whisperq"
     titles = " ".join(p["title"].lower() for p in dashboard["panels"])
-    for topic in ("queue depth", "oldest", "throughput", "latency", "batch size", "real-time factor",
-                  "workers alive", "dead letters", "memory", "free"):
+    for topic in (
+        "queue depth",
+        "oldest",
+        "throughput",
+        "latency",
+        "batch size",
+        "real-time factor",
+        "workers alive",
+        "dead letters",
+        "memory",
+        "free",
+    ):
         assert topic in titles, topic
     assert any("histogram_quantile" in t["expr"] for p in dashboard["panels"] for t in p["targets"])
     assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
@@ -522,20 +582,29 @@ def test_alert_rules_and_queries_pass_promtool(tmp_path):
     promtool = shutil.which("promtool")
     if promtool is None:
         need_service("promtool is not installed (Debian: apt-get install prometheus)")
-    out = subprocess.run([promtool, "check", "rules", str(DEPLOY / "prometheus-alerts.yml")],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [promtool, "check", "rules", str(DEPLOY / "prometheus-alerts.yml")], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     # Every dashboard and KEDA query, checked as recording rules.
     exprs = {k: v for k, v in _exprs().items() if not k.startswith("alert ")}
-    rules = {"groups": [{"name": "queries", "rules": [{"record": f"check:q{i}", "expr": e}
-                                                     for i, e in enumerate(exprs.values())]}]}
+    rules = {
+        "groups": [
+            {"name": "queries", "rules": [{"record": f"check:q{i}", "expr": e} for i, e in enumerate(exprs.values())]}
+        ]
+    }
     path = tmp_path / "queries.yml"
     path.write_text(yaml.safe_dump(rules))
     out = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
     # And the alerts fire when, and only when, they should (series made up in the fixture).
-    out = subprocess.run([promtool, "test", "rules", "prometheus-alerts-test.yml"], cwd=ROOT / "tests" / "fixtures",
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [promtool, "test", "rules", "prometheus-alerts-test.yml"],
+        cwd=ROOT / "tests" / "fixtures",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -573,11 +642,15 @@ whisperq_jobs_waiting{priority="normal",stage="inference"} 0
 whisperq_jobs_waiting{priority="low",stage="inference"} 30
 whisperq_queue_depth{priority="high",queue="whisperq.prepare"} 500
 """
-    redis = autoscale.decide(common + """
+    redis = autoscale.decide(
+        common
+        + """
 whisperq_queue_depth{priority="high",queue="whisperq.inference"} 12
 whisperq_queue_depth{priority="normal",queue="whisperq.inference"} 0
 whisperq_queue_depth{priority="low",queue="whisperq.inference"} 28
-""", args)
+""",
+        args,
+    )
     assert redis["depth"] == {"high": 12, "normal": 0, "low": 28}
     assert redis["slots"] == 8 and redis["running"] == 4
     assert redis["workers"] == 3  # 4 running + 12 high + 28/4 low = 23 slots
@@ -598,8 +671,12 @@ def test_without_a_token_metrics_answer_this_machine_only(app):
     for local in ("127.0.0.1", "::1", "127.0.0.2", "::ffff:127.0.0.1"):
         resp = client.get("/metrics", environ_base={"REMOTE_ADDR": local})
         assert resp.status_code == 200 and "metrics-visibility-test" in resp.get_data(as_text=True)
-    for remote, headers in (("10.1.2.3", {}), ("192.0.2.7", {}), ("127.0.0.1", {"X-Forwarded-For": "203.0.113.9"}),
-                            ("127.0.0.1", {"Forwarded": "for=203.0.113.9"})):
+    for remote, headers in (
+        ("10.1.2.3", {}),
+        ("192.0.2.7", {}),
+        ("127.0.0.1", {"X-Forwarded-For": "203.0.113.9"}),
+        ("127.0.0.1", {"Forwarded": "for=203.0.113.9"}),
+    ):
         resp = client.get("/metrics", environ_base={"REMOTE_ADDR": remote}, headers=headers)
         assert resp.status_code == 403, (remote, headers)
         body = resp.get_data(as_text=True)
@@ -615,8 +692,9 @@ def test_with_a_token_metrics_need_it_from_anywhere(settings, database):
     client = secured.test_client()
     for remote in ("127.0.0.1", "10.1.2.3"):
         assert client.get("/metrics", environ_base={"REMOTE_ADDR": remote}).status_code == 401
-        ok = client.get("/metrics", environ_base={"REMOTE_ADDR": remote},
-                        headers={"Authorization": "Bearer scrape-secret-1"})
+        ok = client.get(
+            "/metrics", environ_base={"REMOTE_ADDR": remote}, headers={"Authorization": "Bearer scrape-secret-1"}
+        )
         assert ok.status_code == 200 and "whisperq_jobs" in ok.get_data(as_text=True)
         wrong = client.get("/metrics", environ_base={"REMOTE_ADDR": remote}, headers={"Authorization": "Bearer nope"})
         assert wrong.status_code == 401

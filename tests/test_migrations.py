@@ -1,21 +1,22 @@
 """Schema migrations (Alembic, models/migrations) on SQLite and PostgreSQL: a database made
 before the schema had revisions is brought up with its rows; a new one is made from the
 revisions; either way the result is exactly the tables the models declare."""
+
 from __future__ import annotations
 
 import threading
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from helpers import need_service
 from sqlalchemy import create_engine, inspect, select, text
 
-from helpers import need_service
-from models.db import Base, Database
 from models import migrations
+from models.db import Base, Database
 
 FIXTURES = Path(__file__).parent / "fixtures" / "schema"
 PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -31,7 +32,7 @@ def database_url(request, tmp_path):
     try:
         with admin.connect() as conn:
             conn.execute(text(f'CREATE DATABASE "{name}"'))
-    except Exception as exc:  # noqa: BLE001 - any failure to reach PostgreSQL
+    except Exception as exc:
         admin.dispose()
         need_service(f"PostgreSQL at 127.0.0.1:5432 ({exc.__class__.__name__})")
     try:
@@ -59,10 +60,13 @@ def _make_as_before_revisions(db: Database, drop: tuple[str, ...] = ()) -> str:
         for column in drop:  # an older version still: a column added later is missing
             conn.exec_driver_sql(f"DROP INDEX IF EXISTS ix_jobs_{column}")
             conn.exec_driver_sql(f"ALTER TABLE jobs DROP COLUMN {column}")
-        conn.execute(text(
-            "INSERT INTO jobs (id, status, task, priority, audio_ref, audio_owned, created_at, attempts, filename) "
-            "VALUES (:id, 'COMPLETED', 'transcribe', 'normal', 'a/b.flac', :owned, :at, 1, 'talk.flac')"),
-            {"id": job_id, "owned": True, "at": datetime(2026, 11, 1, tzinfo=timezone.utc)})
+        conn.execute(
+            text(
+                "INSERT INTO jobs (id, status, task, priority, audio_ref, audio_owned, created_at, attempts, filename) "
+                "VALUES (:id, 'COMPLETED', 'transcribe', 'normal', 'a/b.flac', :owned, :at, 1, 'talk.flac')"
+            ),
+            {"id": job_id, "owned": True, "at": datetime(2026, 11, 1, tzinfo=UTC)},
+        )
     return job_id
 
 
@@ -109,7 +113,7 @@ def test_processes_starting_at_once_upgrade_once(database_url):
     def start(db: Database) -> None:
         try:
             db.upgrade()
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=start, args=(db,)) for db in databases]

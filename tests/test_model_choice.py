@@ -1,15 +1,17 @@
 """Models by name: a registry from the configuration, chosen per job, routed to an inference
 pool of their own, and named with their version in every result. The suite serves two
 (conftest): tiny.en, the default, and the multilingual base of the base-model extra."""
+
 import hashlib
-import io
 import os
+import re
 from pathlib import Path
 
 import pytest
+from api import upload, wait_for_job
+from helpers import CLIPS, wait_until, word_error_rate
 
 from config import ConfigError, Settings
-from helpers import CLIPS, wait_for_job, wait_until, word_error_rate
 
 BASE_VERSION = "sha256:d01c3014881c9c6f3133c182f3d2887eb6ca1c789a7538c5c007196857a0a6a9"
 
@@ -23,12 +25,19 @@ def settings_with(tmp_path, **env) -> Settings:
 
 
 def test_the_registry_names_each_model_its_weights_and_options(tmp_path):
-    s = settings_with(tmp_path, WHISPERQ_MODELS="tiny.en=bundled:tiny.en, base=bundled:base;beam=2;compute=int8",
-                      WHISPERQ_DEFAULT_MODEL="base")
+    s = settings_with(
+        tmp_path,
+        WHISPERQ_MODELS="tiny.en=bundled:tiny.en, base=bundled:base;beam=2;compute=int8",
+        WHISPERQ_DEFAULT_MODEL="base",
+    )
     assert [m.name for m in s.models] == ["tiny.en", "base"] and s.default_model == "base"
     assert s.model().name == "base" and s.model("whisper-1").name == "base" and s.model("tiny.en").beam_size == 5
-    assert (s.model("base").beam_size, s.model("base").compute_type, s.model("base").engine) == (2, "int8", "faster-whisper")
-    with pytest.raises(LookupError, match="model 'large' is not served here; the models are: tiny.en, base"):
+    assert (s.model("base").beam_size, s.model("base").compute_type, s.model("base").engine) == (
+        2,
+        "int8",
+        "faster-whisper",
+    )
+    with pytest.raises(LookupError, match=re.escape("model 'large' is not served here; the models are: tiny.en, base")):
         s.model("large")
 
 
@@ -42,17 +51,20 @@ def test_without_a_registry_the_one_model_of_before(tmp_path):
     assert [(m.name, m.weights) for m in own.models] == [("my-model-v2", str(model_dir))]
 
 
-@pytest.mark.parametrize("value, words", [
-    ("tiny.en", "is not NAME=WEIGHTS"),
-    ("Tiny=bundled:tiny.en", "must be lowercase letters"),
-    ("whisper-1=bundled:tiny.en", "not 'whisper-1'"),
-    ("a=bundled:large-v3", "bundled weights are bundled:tiny.en, bundled:base"),
-    ("a=models/tiny", "must be an absolute path"),
-    ("a=/nonexistent/ct2", "neither a CTranslate2 model directory"),
-    ("a=bundled:tiny.en;beam=99", "option 'beam=99' is not one of"),
-    ("a=bundled:tiny.en, a=bundled:base", "the name 'a' is given twice"),
-    (" , ", "names no model"),
-])
+@pytest.mark.parametrize(
+    "value, words",
+    [
+        ("tiny.en", "is not NAME=WEIGHTS"),
+        ("Tiny=bundled:tiny.en", "must be lowercase letters"),
+        ("whisper-1=bundled:tiny.en", "not 'whisper-1'"),
+        ("a=bundled:large-v3", "bundled weights are bundled:tiny.en, bundled:base"),
+        ("a=models/tiny", "must be an absolute path"),
+        ("a=/nonexistent/ct2", "neither a CTranslate2 model directory"),
+        ("a=bundled:tiny.en;beam=99", "option 'beam=99' is not one of"),
+        ("a=bundled:tiny.en, a=bundled:base", "the name 'a' is given twice"),
+        (" , ", "names no model"),
+    ],
+)
 def test_a_bad_registry_says_what_to_fix(tmp_path, value, words):
     with pytest.raises(ConfigError, match="WHISPERQ_MODELS") as caught:
         settings_with(tmp_path, WHISPERQ_MODELS=value)
@@ -60,7 +72,9 @@ def test_a_bad_registry_says_what_to_fix(tmp_path, value, words):
 
 
 def test_the_default_model_must_be_one_served(tmp_path):
-    with pytest.raises(ConfigError, match="WHISPERQ_DEFAULT_MODEL='large' is not one of the models served: tiny.en"):
+    with pytest.raises(
+        ConfigError, match=re.escape("WHISPERQ_DEFAULT_MODEL='large' is not one of the models served: tiny.en")
+    ):
         settings_with(tmp_path, WHISPERQ_MODELS="tiny.en=bundled:tiny.en", WHISPERQ_DEFAULT_MODEL="large")
 
 
@@ -80,7 +94,7 @@ def test_each_extra_model_has_its_own_inference_queue(tmp_path):
 
 
 def test_a_models_version_is_its_weights_hash_kept_beside_the_data(tmp_path, monkeypatch):
-    from models.speech import catalog
+    from models.registry import catalog
     from models.speech.engines import bundled_model_path
 
     s = settings_with(tmp_path, WHISPERQ_MODELS="tiny.en=bundled:tiny.en")
@@ -94,17 +108,22 @@ def test_a_models_version_is_its_weights_hash_kept_beside_the_data(tmp_path, mon
 
 
 def test_the_base_model_is_joined_into_the_data_dir_and_checked(tmp_path):
-    from models.speech import catalog
+    from models.registry import catalog
 
     target = catalog.assemble_base(tmp_path)
     assert hashlib.sha256((target / "model.bin").read_bytes()).hexdigest() == catalog.BASE_SHA256
-    assert sorted(p.name for p in target.iterdir()) == [".verified", "config.json", "model.bin", "tokenizer.json",
-                                                        "vocabulary.txt"]
+    assert sorted(p.name for p in target.iterdir()) == [
+        ".verified",
+        "config.json",
+        "model.bin",
+        "tokenizer.json",
+        "vocabulary.txt",
+    ]
     assert catalog.assemble_base(tmp_path) == target  # once
 
 
 def test_base_weights_that_are_not_the_expected_ones_are_refused(tmp_path, monkeypatch):
-    from models.speech import catalog
+    from models.registry import catalog
 
     monkeypatch.setattr(catalog, "BASE_SHA256", "0" * 64)
     with pytest.raises(catalog.WeightsUnavailable, match="reinstall them"):
@@ -135,14 +154,15 @@ def _tamper(model_bin: Path) -> None:
 
 
 def test_swapped_weights_changed_on_disk_are_refused_and_the_previous_keep_serving(
-        settings, database, tmp_path, monkeypatch, caplog):
+    settings, database, tmp_path, monkeypatch, caplog
+):
     import dataclasses
 
     from click.testing import CliRunner
 
+    from models.registry import loader
+    from models.registry.swaps import ActiveWeights, ModelWeights, WeightsChanged, swap, verify_weights
     from models.runtime import Runtime
-    from models.speech import loader
-    from models.speech.swaps import ActiveWeights, ModelWeights, WeightsChanged, swap, verify_weights
     from web.cli import cli
 
     name = "next"  # tiny.en's weights under another name (conftest)
@@ -163,7 +183,7 @@ def test_swapped_weights_changed_on_disk_are_refused_and_the_previous_keep_servi
         assert rt.engine_for(name) == f"engine of {good}"
         row = swap(settings, database, name, str(bad))
         _tamper(bad / "model.bin")
-        with caplog.at_level("ERROR", logger="models.speech.swaps"):
+        with caplog.at_level("ERROR", logger="models.registry.swaps"):
             assert rt.engine_for(name) == f"engine of {good}"  # the engine before keeps serving
             assert rt.engine_for(name) == f"engine of {good}"
         assert loaded == [str(good)]  # the changed weights were never loaded
@@ -191,29 +211,31 @@ def test_the_models_are_listed_with_version_languages_and_workers(client, worker
     data = {m["id"]: m for m in client.get("/v1/models").get_json()["data"]}
     assert list(data) == ["whisper-1", "tiny.en", "base", "next"]
     assert data["tiny.en"]["version"].startswith("sha256:") and len(data["tiny.en"]["version"]) == 71
-    assert (data["tiny.en"]["multilingual"], data["tiny.en"]["languages"], data["tiny.en"]["default"]) == (False, ["en"], True)
+    assert (data["tiny.en"]["multilingual"], data["tiny.en"]["languages"], data["tiny.en"]["default"]) == (
+        False,
+        ["en"],
+        True,
+    )
     assert data["tiny.en"]["served"] is True  # the suite's inference pool
-    assert (data["base"]["version"], data["base"]["multilingual"], data["base"]["default"]) == (BASE_VERSION, True, False)
+    assert (data["base"]["version"], data["base"]["multilingual"], data["base"]["default"]) == (
+        BASE_VERSION,
+        True,
+        False,
+    )
     assert "de" in data["base"]["languages"] and data["base"]["engine"] == "faster-whisper"
     assert data["whisper-1"]["alias_of"] == "tiny.en" and data["whisper-1"]["version"] == data["tiny.en"]["version"]
 
 
-def _submit(client, name: str, **fields):
-    clip = CLIPS[name]
-    return client.post("/v1/jobs", data={"file": (io.BytesIO(clip["path"].read_bytes()), name), **fields},
-                       content_type="multipart/form-data")
-
-
 def test_an_unknown_model_is_400_naming_the_models(client):
-    resp = _submit(client, "fox.flac", model="large-v3")
+    resp = upload(client, "fox.flac", model="large-v3")
     assert resp.status_code == 400
     assert "model 'large-v3' is not served here; the models are: tiny.en, base" in resp.get_json()["error"]["message"]
 
 
 def test_an_english_only_model_refuses_another_language_and_translation(client):
-    resp = _submit(client, "fox.flac", model="tiny.en", language="de")
+    resp = upload(client, "fox.flac", model="tiny.en", language="de")
     assert resp.status_code == 400 and "the model 'tiny.en' is English-only" in resp.get_json()["error"]["message"]
-    resp = _submit(client, "fox.flac", task="translate")
+    resp = upload(client, "fox.flac", task="translate")
     assert resp.status_code == 400 and "'tiny.en' is English-only" in resp.get_json()["error"]["message"]
 
 
@@ -221,7 +243,7 @@ def test_a_model_no_worker_serves_is_refused_and_nothing_kept(client, settings):
     from tasks import transcribe
 
     before = sorted(p.name for p in (settings.data_dir / "audio").rglob("*") if p.is_file())
-    resp = _submit(client, "fox.flac", model="base")
+    resp = upload(client, "fox.flac", model="base")
     assert resp.status_code == 503
     error = resp.get_json()["error"]
     assert error["code"] == "model_not_served" and "-Q whisperq.inference.base" in error["message"]
@@ -237,13 +259,17 @@ def test_each_model_runs_in_its_own_pool_and_every_result_names_what_made_it(cli
     two-language recording comes back in both languages, each part in its own."""
     from conftest import start_worker, stop_worker
 
-    base = start_worker(celery_app, tmp_path, "inference-base", "whisperq.inference.base", pool="threads",
-                        concurrency=4)
+    base = start_worker(
+        celery_app, tmp_path, "inference-base", "whisperq.inference.base", pool="threads", concurrency=4
+    )
     try:
-        wait_until(lambda: {m["id"]: m for m in client.get("/v1/models").get_json()["data"]}["base"]["served"], 30,
-                   "the base worker's heartbeat did not arrive")
-        mixed = _submit(client, "bilingual.opus", model="base")
-        plain = _submit(client, "fox.flac", language="en")
+        wait_until(
+            lambda: {m["id"]: m for m in client.get("/v1/models").get_json()["data"]}["base"]["served"],
+            30,
+            "the base worker's heartbeat did not arrive",
+        )
+        mixed = upload(client, "bilingual.opus", model="base")
+        plain = upload(client, "fox.flac", language="en")
         assert mixed.status_code == plain.status_code == 202, (mixed.get_json(), plain.get_json())
         assert mixed.get_json()["model"] == "base" and plain.get_json()["model"] == "tiny.en"
 
@@ -277,13 +303,15 @@ def test_delay_takes_a_model(worker, celery_app, tmp_path):
     import shutil
 
     from conftest import start_worker, stop_worker
+
     from tasks import transcribe
 
     path = tmp_path / "shared" / "fox.flac"
     path.parent.mkdir()
     shutil.copy(CLIPS["fox.flac"]["path"], path)
-    base = start_worker(celery_app, tmp_path, "inference-base-delay", "whisperq.inference.base", pool="threads",
-                        concurrency=2)
+    base = start_worker(
+        celery_app, tmp_path, "inference-base-delay", "whisperq.inference.base", pool="threads", concurrency=2
+    )
     try:
         result = transcribe.delay(str(path), model="base", language="en").get(timeout=300)
         assert result["model"]["name"] == "base" and result["model"]["version"] == BASE_VERSION

@@ -1,8 +1,10 @@
 """GET /v1/models: every caller sees the models and aliases it may name; only an admin sees how
 aliases split their jobs (A/B weights) and which models are shadowed."""
+
 import os
 
 import pytest
+from api import bearer
 
 from config import Settings
 
@@ -11,13 +13,19 @@ from config import Settings
 def routed_app(settings, database):
     from web import create_app
 
-    s = Settings.from_env({**os.environ, "WHISPERQ_ALIASES": "default=tiny.en:90|base:10",
-                           "WHISPERQ_DEFAULT_MODEL": "default", "WHISPERQ_SHADOW": "tiny.en=base:20"})
+    s = Settings.from_env(
+        {
+            **os.environ,
+            "WHISPERQ_ALIASES": "default=tiny.en:90|base:10",
+            "WHISPERQ_DEFAULT_MODEL": "default",
+            "WHISPERQ_SHADOW": "tiny.en=base:20",
+        }
+    )
     return create_app({"SETTINGS": s, "TESTING": True})
 
 
 def _models(client, token=None):
-    resp = client.get("/v1/models", headers={"Authorization": f"Bearer {token}"} if token else {})
+    resp = client.get("/v1/models", headers=bearer(token))
     assert resp.status_code == 200, resp.get_json()
     return {m["id"]: m for m in resp.get_json()["data"]}
 

@@ -5,55 +5,55 @@ request sent twice makes one job; and nothing is lost while Mosquitto restarts, 
 away or killed. Each test uses topics of its own (a fresh prefix), and the bridge runs as its
 own process, as the Procfile's `mqtt` line does. The settings, the request reading and the
 Procfile's optional line are checked without a broker."""
+
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
-import sys
-import threading
-import time
 import uuid
 from pathlib import Path
 
 import pytest
-
-from helpers import CLIPS, FIXTURES, Receiver, need_service, wait_until, word_error_rate
-
-ROOT = Path(__file__).resolve().parent.parent
-MOSQUITTO = ("127.0.0.1", 1883)
-MOSQUITTO_CONF = Path("/etc/mosquitto/mosquitto.conf")
-FOX, REPORT = str(FIXTURES / "fox.flac"), str(FIXTURES / "report.opus")
-TEXTS = {FOX: CLIPS["fox.flac"]["text"], REPORT: CLIPS["report.opus"]["text"]}
-
+from helpers import FIXTURES, Receiver, need_service, wait_until
+from mqtt_harness import FOX, REPORT, ROOT, Listener, check_result, job_rows, replies_owed
 
 # --- without a broker ----------------------------------------------------------------------------
+
 
 def test_settings_from_the_environment():
     from config import ConfigError
     from config.mqtt import MqttSettings, configured
 
-    mq = MqttSettings.from_env({"WHISPERQ_MQTT_URL": "mqtts://bridge:p%40ss@mqtt.internal",
-                                "WHISPERQ_MQTT_CLIENTS": "billing=3f0c, *=9a1b"})
+    mq = MqttSettings.from_env(
+        {"WHISPERQ_MQTT_URL": "mqtts://bridge:p%40ss@mqtt.internal", "WHISPERQ_MQTT_CLIENTS": "billing=3f0c, *=9a1b"}
+    )
     assert (mq.host, mq.port, mq.tls, mq.username, mq.password) == ("mqtt.internal", 8883, True, "bridge", "p@ss")
     assert (mq.client_id, mq.request_topic, mq.reply_prefix, mq.protocol) == (
-        "whisperq-bridge", "whisperq/requests/+", "whisperq/replies", "5")
+        "whisperq-bridge",
+        "whisperq/requests/+",
+        "whisperq/replies",
+        "5",
+    )
     assert mq.clients == (("billing", "3f0c"), ("*", "9a1b"))
     assert mq.client_of("whisperq/requests/billing") == "billing" and mq.client_of("whisperq/other/billing") is None
-    assert "p@ss" not in json.dumps(mq.describe()) and mq.describe()["broker"] == "mqtts://bridge:***@mqtt.internal:8883"
+    assert (
+        "p@ss" not in json.dumps(mq.describe()) and mq.describe()["broker"] == "mqtts://bridge:***@mqtt.internal:8883"
+    )
     assert MqttSettings.from_env({"WHISPERQ_MQTT_URL": "mqtt://127.0.0.1"}).port == 1883
     assert configured({"WHISPERQ_MQTT_URL": "mqtt://h"}) and not configured({"WHISPERQ_MQTT_URL": " "})
-    for env, named in [({}, "WHISPERQ_MQTT_URL is not set"),
-                       ({"WHISPERQ_MQTT_URL": "http://h"}, "WHISPERQ_MQTT_URL has scheme 'http'"),
-                       ({"WHISPERQ_MQTT_URL": "mqtt://h/x"}, "no path"),
-                       ({"WHISPERQ_MQTT_URL": "mqtt://h", "WHISPERQ_MQTT_REQUEST_TOPIC": "a/#"}, "exactly one '+'"),
-                       ({"WHISPERQ_MQTT_URL": "mqtt://h", "WHISPERQ_MQTT_REQUEST_TOPIC": "a/+/+"}, "exactly one '+'"),
-                       ({"WHISPERQ_MQTT_URL": "mqtt://h", "WHISPERQ_MQTT_REPLY_PREFIX": "r/+"}, "without wildcards"),
-                       ({"WHISPERQ_MQTT_URL": "mqtt://h", "WHISPERQ_MQTT_CLIENTS": "bad name=k"}, "NAME=KEY_ID"),
-                       ({"WHISPERQ_MQTT_URL": "mqtt://h", "WHISPERQ_MQTT_PROTOCOL": "4"}, "WHISPERQ_MQTT_PROTOCOL")]:
+    for env, named in [
+        ({}, "WHISPERQ_MQTT_URL is not set"),
+        ({"WHISPERQ_MQTT_URL": "http://h"}, "WHISPERQ_MQTT_URL has scheme 'http'"),
+        ({"WHISPERQ_MQTT_URL": "mqtt://h/x"}, "no path"),
+        ({"WHISPERQ_MQTT_URL": "mqtt://h", "WHISPERQ_MQTT_REQUEST_TOPIC": "a/#"}, "exactly one '+'"),
+        ({"WHISPERQ_MQTT_URL": "mqtt://h", "WHISPERQ_MQTT_REQUEST_TOPIC": "a/+/+"}, "exactly one '+'"),
+        ({"WHISPERQ_MQTT_URL": "mqtt://h", "WHISPERQ_MQTT_REPLY_PREFIX": "r/+"}, "without wildcards"),
+        ({"WHISPERQ_MQTT_URL": "mqtt://h", "WHISPERQ_MQTT_CLIENTS": "bad name=k"}, "NAME=KEY_ID"),
+        ({"WHISPERQ_MQTT_URL": "mqtt://h", "WHISPERQ_MQTT_PROTOCOL": "4"}, "WHISPERQ_MQTT_PROTOCOL"),
+    ]:
         with pytest.raises(ConfigError, match=named.replace("+", r"\+")):
             MqttSettings.from_env(env)
 
@@ -63,10 +63,19 @@ def test_a_request_is_read_with_its_reply_topic_and_correlation_id():
     from web.mqtt.requests import Refused, read_request
 
     mq = MqttSettings.from_env({"WHISPERQ_MQTT_URL": "mqtt://h"})
-    req = read_request(mq, "whisperq/requests/alice", json.dumps(
-        {"audio_ref": FOX, "correlation_id": "c1", "reply_to": "whisperq/replies/alice/calls", "language": "en"}).encode())
-    assert (req.client, req.correlation_id, req.reply_topic, req.source) == ("alice", "c1", "whisperq/replies/alice/calls",
-                                                                             "path")
+    req = read_request(
+        mq,
+        "whisperq/requests/alice",
+        json.dumps(
+            {"audio_ref": FOX, "correlation_id": "c1", "reply_to": "whisperq/replies/alice/calls", "language": "en"}
+        ).encode(),
+    )
+    assert (req.client, req.correlation_id, req.reply_topic, req.source) == (
+        "alice",
+        "c1",
+        "whisperq/replies/alice/calls",
+        "path",
+    )
     assert req.body == {"path": FOX, "language": "en"}
 
     class V5:  # MQTT v5's response topic and correlation data stand in for the payload's
@@ -82,17 +91,22 @@ def test_a_request_is_read_with_its_reply_topic_and_correlation_id():
 
     # Another client's topic is never a reply topic: the error goes to the requester's own.
     other = refused({"path": FOX, "correlation_id": "c", "reply_to": "whisperq/replies/bob"})
-    assert (other.code, other.reply_topic) == ("forbidden", "whisperq/replies/alice") and "reply_to must be" in str(other)
+    assert (other.code, other.reply_topic) == ("forbidden", "whisperq/replies/alice") and "reply_to must be" in str(
+        other
+    )
     assert refused({"path": FOX, "correlation_id": "c", "reply_to": "whisperq/replies/alice2"}).code == "forbidden"
     assert "correlation_id is missing" in str(refused({"path": FOX}))
     assert "not JSON" in str(refused(b"\xff not json"))
-    assert "exactly one of 'audio_url'" in str(refused({"path": FOX, "audio_url": "https://e.com/a",
-                                                                 "correlation_id": "c"}))
+    assert "exactly one of 'audio_url'" in str(
+        refused({"path": FOX, "audio_url": "https://e.com/a", "correlation_id": "c"})
+    )
     assert "unknown field(s) 'colour'" in str(refused({"path": FOX, "correlation_id": "c", "colour": "red"}))
     assert "must not be retained" in str(refused({"path": FOX, "correlation_id": "c"}, retained=True))
     assert refused(b"x" * (65 * 1024)).code == "too_large"
-    assert refused({"path": FOX, "correlation_id": "c"}, topic="whisperq/requests/b%20d").reply_topic == \
-        "whisperq/replies/b%20d"
+    assert (
+        refused({"path": FOX, "correlation_id": "c"}, topic="whisperq/requests/b%20d").reply_topic
+        == "whisperq/replies/b%20d"
+    )
 
 
 def test_the_procfile_line_runs_only_where_the_bridge_is_configured():
@@ -108,232 +122,6 @@ def test_the_procfile_line_runs_only_where_the_bridge_is_configured():
 
 # --- against Mosquitto ---------------------------------------------------------------------------
 
-def mosquitto_up(timeout: float = 1.0) -> bool:
-    try:
-        with socket.create_connection(MOSQUITTO, timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
-@pytest.fixture()
-def mosquitto():
-    if not mosquitto_up():
-        need_service(f"Mosquitto on {MOSQUITTO[0]}:{MOSQUITTO[1]} is unreachable")
-    return MOSQUITTO
-
-
-@pytest.fixture()
-def prefix(mosquitto):
-    return f"wqtest-{uuid.uuid4().hex[:10]}"
-
-
-class Listener:
-    """An MQTT v5 client on a persistent session (so it misses nothing while Mosquitto
-    restarts) that reads every reply under PREFIX/replies/#, and publishes requests."""
-
-    def __init__(self, prefix: str, address=MOSQUITTO, user: tuple[str, str] | None = None, reading: str | None = None,
-                 ca: str | None = None):
-        import paho.mqtt.client as mqtt
-        from paho.mqtt.packettypes import PacketTypes
-        from paho.mqtt.properties import Properties
-
-        self.prefix, self.address, self.messages, self.cond = prefix, address, [], threading.Condition()
-        self.client_id = f"{prefix}-{user[0] if user else 'listener'}"
-        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=mqtt.MQTTv5)
-        if user is not None:
-            self.client.username_pw_set(*user)
-        if ca is not None:
-            self.client.tls_set(ca_certs=ca)
-        self.client.reconnect_delay_set(1, 2)
-        self.client.on_connect = lambda c, *_: c.subscribe(reading or f"{prefix}/replies/#", qos=1)
-        self.subscribed = threading.Event()
-        self.client.on_subscribe = lambda *_: self.subscribed.set()
-        self.client.on_message = self._received
-        expiry = Properties(PacketTypes.CONNECT)
-        expiry.SessionExpiryInterval = 600 if address == MOSQUITTO else 0
-        self.client.connect(*address, keepalive=10, clean_start=False, properties=expiry)
-        self.client.loop_start()
-        assert self.subscribed.wait(10), "the listener's subscription was not acknowledged"
-
-    def _received(self, _client, _userdata, message) -> None:
-        correlation = getattr(message.properties, "CorrelationData", None)
-        with self.cond:
-            self.messages.append((message.topic, json.loads(message.payload), correlation))
-            self.cond.notify_all()
-
-    def send(self, client: str, payload, properties: dict | None = None) -> None:
-        from paho.mqtt.packettypes import PacketTypes
-        from paho.mqtt.properties import Properties
-
-        props = None
-        if properties:
-            props = Properties(PacketTypes.PUBLISH)
-            for name, value in properties.items():
-                setattr(props, name, value)
-        data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-        # back from a broker restart: paho reconnects by itself
-        wait_until(self.client.is_connected, 30, "the listener did not reconnect to Mosquitto")
-        info = self.client.publish(f"{self.prefix}/requests/{client}", data, qos=1, properties=props)
-        info.wait_for_publish(10)
-
-    def replies(self, correlation_id: str | None = None, kind: str | None = None) -> list[dict]:
-        with self.cond:
-            return [m for _t, m, _c in self.messages
-                    if (correlation_id is None or m.get("correlation_id") == correlation_id)
-                    and (kind is None or m["type"] == kind)]
-
-    def wait_for(self, check, timeout: float = 120.0, what: str = "replies"):
-        deadline = time.monotonic() + timeout
-        with self.cond:
-            while not check():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise AssertionError(f"no {what} within {timeout} s; got {json.dumps(self.messages)[:3000]}")
-                self.cond.wait(min(left, 0.5))
-
-    def results(self, correlation_ids, timeout: float = 180.0) -> dict[str, dict]:
-        self.wait_for(lambda: all(self.replies(c, "result") for c in correlation_ids), timeout,
-                      f"results for all of {sorted(correlation_ids)}")
-        return {c: self.replies(c, "result")[0] for c in correlation_ids}
-
-    def close(self) -> None:
-        self.client.disconnect()
-        self.client.loop_stop()
-        if self.address == MOSQUITTO:
-            _forget_session(self.client_id)
-
-
-def _forget_session(client_id: str) -> None:
-    """Connect once with a clean start and no expiry, so Mosquitto drops the session."""
-    import paho.mqtt.client as mqtt
-
-    if not mosquitto_up():
-        return
-    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
-    try:
-        client.connect(*MOSQUITTO, keepalive=10, clean_start=True)
-        client.loop_start()
-        wait_until(client.is_connected, 10, "no connection to Mosquitto to drop the session with")
-        client.disconnect()
-        client.loop_stop()
-    except OSError:
-        pass
-
-
-class BridgeProcess:
-    """`whisperq mqtt` as its own process, on this suite's database, broker and data dir."""
-
-    def __init__(self, prefix: str, tmp: Path, **env: str):
-        self.prefix, self.tmp, self.starts, self.proc = prefix, tmp, 0, None
-        self.env = dict(os.environ, WHISPERQ_MQTT_URL=f"mqtt://{MOSQUITTO[0]}:{MOSQUITTO[1]}",
-                        WHISPERQ_MQTT_CLIENT_ID=f"{prefix}-bridge", WHISPERQ_MQTT_REQUEST_TOPIC=f"{prefix}/requests/+",
-                        WHISPERQ_MQTT_REPLY_PREFIX=f"{prefix}/replies", WHISPERQ_MQTT_SESSION_EXPIRY="10m",
-                        WHISPERQ_LOG_FORMAT="text")
-        self.env.update(env)
-
-    @property
-    def log(self) -> Path:
-        return self.tmp / f"bridge-{self.starts}.log"
-
-    def start(self, wait: bool = True) -> "BridgeProcess":
-        self.starts += 1
-        self.proc = subprocess.Popen([str(Path(sys.executable).with_name("whisperq")), "mqtt"], cwd=ROOT, env=self.env,
-                                     stdout=self.log.open("w"), stderr=subprocess.STDOUT)
-        if wait:
-            self.wait_for_line("subscribed to", 60)
-        return self
-
-    def wait_for_line(self, text: str, timeout: float) -> None:
-        def seen() -> bool:
-            if self.proc.poll() is not None and text not in self.output():
-                raise AssertionError(f"the bridge exited with {self.proc.returncode}:\n{self.output()}")
-            return text in self.output()
-
-        try:
-            wait_until(seen, timeout, f"no {text!r} in the bridge's log")
-        except AssertionError:
-            raise AssertionError(f"the bridge did not log {text!r} within {timeout} s:\n{self.output()}") from None
-
-    def output(self) -> str:
-        return "\n".join((self.tmp / f"bridge-{n}.log").read_text(errors="replace") for n in range(1, self.starts + 1))
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                assert self.proc.wait(30) == 0, self.output()
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-                raise AssertionError(f"the bridge did not stop on SIGTERM within 30 s:\n{self.output()}")
-
-    def kill(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
-
-
-@pytest.fixture()
-def listener(prefix):
-    found = Listener(prefix)
-    yield found
-    found.close()
-
-
-def bridges(prefix: str, tmp_path):
-    """Start bridges with `make(**env)`; each still running is killed, and the bridge's
-    session forgotten, when the test ends (a fixture's body: `yield from bridges(...)`)."""
-    made: list[BridgeProcess] = []
-
-    def make(**env: str) -> BridgeProcess:
-        made.append(BridgeProcess(prefix, tmp_path, **env))
-        return made[-1]
-
-    yield make
-    for one in made:
-        if one.proc is not None and one.proc.poll() is None:
-            one.kill()
-    _forget_session(f"{prefix}-bridge")
-
-
-@pytest.fixture()
-def bridge(prefix, tmp_path, worker):
-    yield from bridges(prefix, tmp_path)
-
-
-def job_rows(settings) -> int:
-    from sqlalchemy import func, select
-
-    from models.db import Database
-    from models.jobs.record import Job
-
-    db = Database(settings.database_url)
-    try:
-        with db.session() as session:
-            return session.scalar(select(func.count()).select_from(Job))
-    finally:
-        db.dispose()
-
-
-def replies_owed(settings) -> int:
-    from models.db import Database
-    from models.delivery.mqtt_replies import MqttReply
-
-    db = Database(settings.database_url)
-    try:
-        with db.session() as session:
-            return session.query(MqttReply).count()
-    finally:
-        db.dispose()
-
-
-def check_result(result: dict, path: str) -> dict:
-    assert result["status"] == "COMPLETED", result
-    job = result["job"]
-    assert job["job_id"] == result["job_id"] and job["status"] == "COMPLETED"
-    assert word_error_rate(TEXTS[path], job["result"]["text"]) <= 0.05, job["result"]["text"]
-    return job
-
 
 @pytest.mark.integration
 def test_requests_get_their_status_changes_and_results(bridge, listener, prefix, client, settings):
@@ -343,17 +131,28 @@ def test_requests_get_their_status_changes_and_results(bridge, listener, prefix,
     fox = (FIXTURES / "fox.flac").read_bytes()
     with Receiver({"/fox.flac": (200, {"Content-Type": "audio/flac"}, fox)}) as receiver:
         listener.send("alice", {"path": FOX, "correlation_id": "by-path", "language": "en", "word_timestamps": True})
-        listener.send("alice", {"audio_url": receiver.url("/fox.flac"), "correlation_id": "by-url",
-                                "reply_to": f"{prefix}/replies/alice/calls", "priority": "high"})
-        listener.send("bob", {"audio_ref": REPORT, "temperature": 0},
-                      properties={"ResponseTopic": f"{prefix}/replies/bob/v5", "CorrelationData": b"by-v5"})
+        listener.send(
+            "alice",
+            {
+                "audio_url": receiver.url("/fox.flac"),
+                "correlation_id": "by-url",
+                "reply_to": f"{prefix}/replies/alice/calls",
+                "priority": "high",
+            },
+        )
+        listener.send(
+            "bob",
+            {"audio_ref": REPORT, "temperature": 0},
+            properties={"ResponseTopic": f"{prefix}/replies/bob/v5", "CorrelationData": b"by-v5"},
+        )
         results = listener.results(["by-path", "by-url", "by-v5"])
     for correlation, path in (("by-path", FOX), ("by-url", FOX), ("by-v5", REPORT)):
         job = check_result(results[correlation], path)
         # The result is the job as GET /v1/jobs/<id> shows it, transcript and all.
         shown = client.get(f"/v1/jobs/{job['job_id']}").get_json()
-        assert {k: v for k, v in job.items() if not k.endswith("_url") and k != "transcript_urls"} == \
-               {k: v for k, v in shown.items() if not k.endswith("_url") and k != "transcript_urls"}
+        assert {k: v for k, v in job.items() if not k.endswith("_url") and k != "transcript_urls"} == {
+            k: v for k, v in shown.items() if not k.endswith("_url") and k != "transcript_urls"
+        }
         # Status changes came first: every message but the last is a status, the last the result.
         messages = listener.replies(correlation)
         assert [m["type"] for m in messages][-1] == "result" and len(messages) >= 2, messages
@@ -361,7 +160,9 @@ def test_requests_get_their_status_changes_and_results(bridge, listener, prefix,
         assert messages[0]["status"] in ("PENDING", "PROCESSING")
     assert results["by-path"]["job"]["word_timestamps"] is True
     assert results["by-path"]["job"]["result"]["segments"][0]["words"]
-    assert results["by-url"]["job"]["priority"] == "high" and results["by-url"]["job"]["audio_url"].endswith("/fox.flac")
+    assert results["by-url"]["job"]["priority"] == "high" and results["by-url"]["job"]["audio_url"].endswith(
+        "/fox.flac"
+    )
     topics = {m["correlation_id"]: (t, c) for t, m, c in listener.messages}
     assert topics["by-path"] == (f"{prefix}/replies/alice", b"by-path")
     assert topics["by-url"] == (f"{prefix}/replies/alice/calls", b"by-url")
@@ -423,16 +224,20 @@ def test_a_request_sent_twice_makes_one_job_owned_by_its_clients_key(bridge, lis
     from models.runtime import Runtime
 
     record, _secret = create_key(Runtime(settings), name=f"mqtt-{uuid.uuid4().hex[:6]}", tier="standard")
-    bridge(WHISPERQ_MQTT_PROTOCOL="3.1.1", WHISPERQ_ALLOW_ANONYMOUS="false",
-           WHISPERQ_MQTT_CLIENTS=f"carol={record.id}").start()
+    bridge(
+        WHISPERQ_MQTT_PROTOCOL="3.1.1", WHISPERQ_ALLOW_ANONYMOUS="false", WHISPERQ_MQTT_CLIENTS=f"carol={record.id}"
+    ).start()
     before = job_rows(settings)
     request = {"path": FOX, "correlation_id": "twice"}
     listener.send("carol", request)
     listener.send("carol", request)
     listener.send("carol", {"path": REPORT, "correlation_id": "twice"})  # the same id, another request
     listener.send("dave", {"path": FOX, "correlation_id": "no-key"})
-    listener.wait_for(lambda: listener.replies("twice", "result") and listener.replies("no-key"), 120,
-                      "the result, and the refusal of the client without a key")
+    listener.wait_for(
+        lambda: listener.replies("twice", "result") and listener.replies("no-key"),
+        120,
+        "the result, and the refusal of the client without a key",
+    )
     job = check_result(listener.replies("twice", "result")[0], FOX)
     assert job["priority"] == "normal"  # the standard tier's default
     from models.jobs.operations import get_job
@@ -453,51 +258,12 @@ def test_a_request_sent_twice_makes_one_job_owned_by_its_clients_key(bridge, lis
 
 # --- restarts -----------------------------------------------------------------------------------
 
-def _mosquitto_pid() -> int:
-    found = subprocess.run(["pgrep", "-x", "mosquitto"], capture_output=True, text=True).stdout.split()
-    if len(found) != 1:
-        need_service(f"one local mosquitto process to restart (found {len(found)})")
-    return int(found[0])
-
-
-def _start_mosquitto() -> None:
-    if not mosquitto_up():
-        subprocess.run(["mosquitto", "-d", "-c", str(MOSQUITTO_CONF)], check=True, timeout=30)
-    wait_until(lambda: mosquitto_up(0.5), 30, "Mosquitto did not come back")
-
-
-@pytest.fixture()
-def restartable_mosquitto(mosquitto):
-    """Stops Mosquitto (SIGTERM: it saves its sessions and queued messages, persistence being
-    on) and starts it again as it was started; it is running again after the test, always."""
-    if shutil.which("mosquitto") is None or not MOSQUITTO_CONF.exists():
-        need_service(f"the mosquitto command and {MOSQUITTO_CONF}, to restart the broker")
-    conf = MOSQUITTO_CONF.read_text().split()
-    if "persistence" not in conf or conf[conf.index("persistence") + 1] != "true":
-        need_service(f"{MOSQUITTO_CONF} with persistence true (a restart without it drops every session)")
-    _mosquitto_pid()
-
-    def restart(down: float = 3.0, during=None) -> None:
-        pid = _mosquitto_pid()
-        os.kill(pid, signal.SIGTERM)
-        wait_until(lambda: not Path(f"/proc/{pid}").exists(), 30, "Mosquitto did not stop")
-        try:
-            time.sleep(down)  # the outage itself, as long as asked: not a wait for an event
-            if during is not None:
-                during()
-        finally:
-            _start_mosquitto()
-
-    try:
-        yield restart
-    finally:
-        _start_mosquitto()
-
 
 @pytest.mark.integration
 @pytest.mark.timeout(900)  # a Mosquitto restart, then waits of 240 + 120 s (setup.cfg's default is 300)
-def test_nothing_is_lost_while_mosquitto_restarts_and_the_bridge_is_away(bridge, listener, restartable_mosquitto,
-                                                                         settings):
+def test_nothing_is_lost_while_mosquitto_restarts_and_the_bridge_is_away(
+    bridge, listener, restartable_mosquitto, settings
+):
     """Jobs that finish while Mosquitto is down and the bridge is killed (its unsent replies
     die with it: they come from the database), requests sent while no bridge runs, and
     requests sent while Mosquitto restarts under running jobs: every request gets its result,
@@ -514,8 +280,11 @@ def test_nothing_is_lost_while_mosquitto_restarts_and_the_bridge_is_away(bridge,
         listener.send("alice", {"path": paths[correlation], "correlation_id": correlation})
 
     def accepted(names) -> dict[str, str]:
-        listener.wait_for(lambda: all(listener.replies(c, "status") or listener.replies(c, "result") for c in names),
-                          60, f"the first reply of each of {names}")
+        listener.wait_for(
+            lambda: all(listener.replies(c, "status") or listener.replies(c, "result") for c in names),
+            60,
+            f"the first reply of each of {names}",
+        )
         return {c: listener.replies(c)[0]["job_id"] for c in names}
 
     before = job_rows(settings)
@@ -525,8 +294,11 @@ def test_nothing_is_lost_while_mosquitto_restarts_and_the_bridge_is_away(bridge,
     jobs = accepted(first)
 
     def meanwhile() -> None:  # Mosquitto is down: the jobs finish, their results cannot go out
-        wait_until(lambda: all(get_job(rt, j).state.finished for j in jobs.values()), 120,
-                   "the jobs did not finish while Mosquitto was down")
+        wait_until(
+            lambda: all(get_job(rt, j).state.finished for j in jobs.values()),
+            120,
+            "the jobs did not finish while Mosquitto was down",
+        )
         bridged.kill()  # what paho held for the broker is gone: what is owed is in the database
 
     restartable_mosquitto(down=1.0, during=meanwhile)
@@ -551,7 +323,7 @@ def test_nothing_is_lost_while_mosquitto_restarts_and_the_bridge_is_away(bridge,
 
 @pytest.mark.integration
 def test_the_acl_example_keeps_each_client_to_its_own_topics(bridge, tmp_path, settings, mosquitto):
-    """deploy/mosquitto/whisperq.acl (the README's example) on a Mosquitto of the test's own,
+    """deploy/mosquitto/whisperq.acl (the example in docs/clients/mqtt.md) on a Mosquitto of the test's own,
     over TLS (mqtts://, its certificate checked against WHISPERQ_MQTT_CA and the host name),
     with a password for the bridge and for each client: alice gets her result; she can neither
     submit as bob nor read his replies, nor have the bridge publish on his topics."""
@@ -560,24 +332,57 @@ def test_the_acl_example_keeps_each_client_to_its_own_topics(bridge, tmp_path, s
     if shutil.which("mosquitto_passwd") is None or shutil.which("openssl") is None:
         need_service("mosquitto_passwd and openssl, for the ACL test's password file and certificate")
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-                    "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
-                    "-addext", "subjectAltName=DNS:localhost"], check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     acl = ROOT / "deploy" / "mosquitto" / "whisperq.acl"
-    assert acl.read_text().strip() in (ROOT / "README.md").read_text()  # the README shows the file as it is
+    assert (
+        acl.read_text().strip() in (ROOT / "docs" / "clients" / "mqtt.md").read_text()
+    )  # the docs show the file as it is
     passwords = {name: secrets.token_urlsafe(12) for name in ("whisperq-bridge", "alice", "bob")}
     for n, (name, password) in enumerate(passwords.items()):
-        subprocess.run(["mosquitto_passwd", *(["-c"] if n == 0 else []), "-b", str(tmp_path / "passwd"), name, password],
-                       check=True, capture_output=True, timeout=30)
+        subprocess.run(
+            ["mosquitto_passwd", *(["-c"] if n == 0 else []), "-b", str(tmp_path / "passwd"), name, password],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     (tmp_path / "mosquitto.conf").write_text(
         f"listener {port} 127.0.0.1\ncertfile {cert}\nkeyfile {key}\nallow_anonymous false\n"
-        f"password_file {tmp_path / 'passwd'}\nacl_file {acl}\npersistence false\nuser root\n")
-    broker = subprocess.Popen(["mosquitto", "-c", str(tmp_path / "mosquitto.conf")], stdout=subprocess.DEVNULL,
-                              stderr=(tmp_path / "mosquitto.log").open("w"))
+        f"password_file {tmp_path / 'passwd'}\nacl_file {acl}\npersistence false\nuser root\n"
+    )
+    broker = subprocess.Popen(
+        ["mosquitto", "-c", str(tmp_path / "mosquitto.conf")],
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp_path / "mosquitto.log").open("w"),
+    )
     try:
+
         def listening() -> bool:
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
@@ -587,11 +392,15 @@ def test_the_acl_example_keeps_each_client_to_its_own_topics(bridge, tmp_path, s
                 return False
 
         wait_until(listening, 20, "the TLS Mosquitto is not listening")
-        bridge(WHISPERQ_MQTT_URL=f"mqtts://whisperq-bridge:{passwords['whisperq-bridge']}@localhost:{port}",
-               WHISPERQ_MQTT_CA=str(cert), WHISPERQ_MQTT_REQUEST_TOPIC="whisperq/requests/+",
-               WHISPERQ_MQTT_REPLY_PREFIX="whisperq/replies").start()
-        alice = Listener("whisperq", ("localhost", port), ("alice", passwords["alice"]), "whisperq/replies/alice/#",
-                         ca=str(cert))
+        bridge(
+            WHISPERQ_MQTT_URL=f"mqtts://whisperq-bridge:{passwords['whisperq-bridge']}@localhost:{port}",
+            WHISPERQ_MQTT_CA=str(cert),
+            WHISPERQ_MQTT_REQUEST_TOPIC="whisperq/requests/+",
+            WHISPERQ_MQTT_REPLY_PREFIX="whisperq/replies",
+        ).start()
+        alice = Listener(
+            "whisperq", ("localhost", port), ("alice", passwords["alice"]), "whisperq/replies/alice/#", ca=str(cert)
+        )
         bob = Listener("whisperq", ("localhost", port), ("bob", passwords["bob"]), "whisperq/replies/#", ca=str(cert))
         try:
             before = job_rows(settings)

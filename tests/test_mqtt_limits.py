@@ -5,6 +5,7 @@ reads no more, and the broker keeps the rest), and every request is answered, no
 shipped Mosquitto configuration's limits are checked on a Mosquitto of the test's own; and that
 Mosquitto still keeps a Receive Maximum slot for each message too big for its subscriber, which
 is why the bridge announces no MQTT v5 Maximum Packet Size."""
+
 from __future__ import annotations
 
 import json
@@ -16,15 +17,14 @@ import threading
 from pathlib import Path
 
 import pytest
-
 from helpers import FIXTURES, need_service, wait_until
-from test_mqtt import FOX, MOSQUITTO, ROOT, _forget_session, bridges, check_result
-from test_mqtt import bridge, listener, mosquitto, prefix  # noqa: F401 (fixtures)
+from mqtt_harness import FOX, MOSQUITTO, ROOT, bridges, check_result, forget_session
 
 SHIPPED_CONF = ROOT / "deploy" / "mosquitto" / "whisperq.conf"
 
 
 # --- without a broker ----------------------------------------------------------------------------
+
 
 def test_the_queue_bound_is_a_setting_with_a_clear_error():
     from config import ConfigError
@@ -57,7 +57,7 @@ def test_the_shipped_mosquitto_conf_bounds_packets_and_queues():
     # Above the largest request (one the bridge would take is never cut by the broker) and well
     # above it, for replies (results carry the transcript); far below MQTT's 256 MiB.
     assert 64 * MAX_PACKET <= conf["max_packet_size"] <= 64 * 1024 * 1024
-    assert 0 < conf["max_queued_messages"] <= 100_000 and 0 < conf["max_queued_bytes"] <= 1024 ** 3
+    assert 0 < conf["max_queued_messages"] <= 100_000 and 0 < conf["max_queued_bytes"] <= 1024**3
     assert 0 < conf["max_inflight_messages"] <= 100
 
 
@@ -65,13 +65,18 @@ def _limits(path: Path) -> dict[str, int]:
     found = {}
     for line in path.read_text().splitlines():
         words = line.split("#", 1)[0].split()
-        if len(words) == 2 and words[0] in ("max_packet_size", "max_queued_messages", "max_queued_bytes",
-                                            "max_inflight_messages"):
+        if len(words) == 2 and words[0] in (
+            "max_packet_size",
+            "max_queued_messages",
+            "max_queued_bytes",
+            "max_inflight_messages",
+        ):
             found[words[0]] = int(words[1])
     return found
 
 
 # --- against Mosquitto ---------------------------------------------------------------------------
+
 
 @pytest.fixture()
 def bridge_alone(prefix, tmp_path, database):
@@ -122,8 +127,9 @@ def test_a_flood_bigger_than_the_queue_waits_at_the_broker_and_memory_stays_boun
         [reply] = listener.replies(name)
         assert reply["type"] == "error" and "there is no file" in reply["error"]["message"], reply
     bridged.stop()
-    stats = re.search(r"at most (\d+) requests queued, WHISPERQ_MQTT_QUEUE \d+; waited for room (\d+) times",
-                      bridged.output())
+    stats = re.search(
+        r"at most (\d+) requests queued, WHISPERQ_MQTT_QUEUE \d+; waited for room (\d+) times", bridged.output()
+    )
     assert stats is not None, bridged.output()[-3000:]
     print(f"bridge peak RSS before the flood {before} KiB, grown by {grown} KiB during it; {stats.group(0)}")
     assert int(stats.group(1)) <= bound
@@ -289,4 +295,4 @@ def test_mosquitto_keeps_a_receive_slot_for_each_message_too_big_for_its_subscri
         sub.loop_stop()
         pub.disconnect()
         pub.loop_stop()
-        _forget_session(f"{prefix}-sub")
+        forget_session(f"{prefix}-sub")

@@ -1,7 +1,7 @@
 """The OpenAI-compatible endpoint, driven by the official `openai` client against a real
 HTTP server, real workers and real audio."""
-import pytest
 
+import pytest
 from helpers import CLIPS, LiveServer, word_error_rate
 
 pytestmark = pytest.mark.integration
@@ -53,8 +53,9 @@ def test_an_invalid_file_raises_bad_request(openai_client):
     error = raised.value.body
     assert error["type"] == "invalid_request_error" and "decoded" in error["message"] and error["param"] == "file"
     with pytest.raises(openai.BadRequestError, match="does not exist"):
-        openai_client.audio.transcriptions.create(model="no-such-model",
-                                                  file=("a.flac", CLIPS["fox.flac"]["path"].read_bytes()))
+        openai_client.audio.transcriptions.create(
+            model="no-such-model", file=("a.flac", CLIPS["fox.flac"]["path"].read_bytes())
+        )
     with pytest.raises(openai.BadRequestError, match="response_format"):
         transcribe(openai_client, response_format="docx")
 
@@ -73,9 +74,12 @@ def test_past_the_wait_it_answers_202_with_the_job(client, settings, database, w
 
     app = create_app({"SETTINGS": dataclasses.replace(settings, sync_wait_seconds=0.0), "TESTING": True})
     with LiveServer(app) as server, worker.paused(celery_app):
-        resp = requests.post(f"{server.url}/v1/audio/transcriptions",
-                             files={"file": ("fox.flac", CLIPS["fox.flac"]["path"].read_bytes())},
-                             data={"model": "whisper-1"}, timeout=30)
+        resp = requests.post(
+            f"{server.url}/v1/audio/transcriptions",
+            files={"file": ("fox.flac", CLIPS["fox.flac"]["path"].read_bytes())},
+            data={"model": "whisper-1"},
+            timeout=30,
+        )
     assert resp.status_code == 202, resp.text
     body = resp.json()
     assert resp.headers["Location"] == body["status_url"] and body["id"] in body["status_url"]

@@ -1,15 +1,27 @@
 """The openai-whisper engine: the CTranslate2 converter, and that it transcribes like faster-whisper."""
+
+import itertools
 import os
 
 import numpy as np
 import pytest
-
 from helpers import CLIPS, need_service, word_error_rate
-from models.speech.engines import FasterWhisperEngine, bundled_model_path, is_multilingual
-from models.speech import audio
 
-TINY_EN = {"n_mels": 80, "n_audio_ctx": 1500, "n_audio_state": 384, "n_audio_head": 6, "n_audio_layer": 4,
-           "n_vocab": 51864, "n_text_ctx": 448, "n_text_state": 384, "n_text_head": 6, "n_text_layer": 4}
+from models.speech import audio
+from models.speech.engines import bundled_model_path, is_multilingual
+
+TINY_EN = {
+    "n_mels": 80,
+    "n_audio_ctx": 1500,
+    "n_audio_state": 384,
+    "n_audio_head": 6,
+    "n_audio_layer": 4,
+    "n_vocab": 51864,
+    "n_text_ctx": 448,
+    "n_text_state": 384,
+    "n_text_head": 6,
+    "n_text_layer": 4,
+}
 
 
 @pytest.fixture(scope="module")
@@ -18,8 +30,10 @@ def torch():
         import torch
         import whisper  # noqa: F401
     except ImportError as exc:
-        need_service(f"the openai-whisper engine needs its extra ({exc}): "
-                     "pip install torch==2.13.0 && pip install -e '.[openai-whisper]'")
+        need_service(
+            f"the openai-whisper engine needs its extra ({exc}): "
+            "pip install torch==2.13.0 && pip install -e '.[openai-whisper]'"
+        )
     return torch
 
 
@@ -28,9 +42,14 @@ def settings(torch, tmp_path_factory):
     """Settings that select the engine, on a data dir of this module's own."""
     from config import Settings
 
-    return Settings.from_env({"WHISPERQ_DATA_DIR": str(tmp_path_factory.mktemp("openai-engine")),
-                              "WHISPERQ_ENGINE": "openai-whisper", "WHISPERQ_DEVICE": "cpu",
-                              "WHISPERQ_INPUT_DIRS": os.environ["WHISPERQ_INPUT_DIRS"]})
+    return Settings.from_env(
+        {
+            "WHISPERQ_DATA_DIR": str(tmp_path_factory.mktemp("openai-engine")),
+            "WHISPERQ_ENGINE": "openai-whisper",
+            "WHISPERQ_DEVICE": "cpu",
+            "WHISPERQ_INPUT_DIRS": os.environ["WHISPERQ_INPUT_DIRS"],
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -38,19 +57,14 @@ def checkpoint(settings):
     """The default model of the engine: the bundled tiny.en, converted into the data dir."""
     from models.speech.openai_engine import checkpoint_path
 
-    return checkpoint_path(settings)
+    return checkpoint_path(settings, bundled_model_path())
 
 
 @pytest.fixture(scope="module")
-def engine(checkpoint):
+def openai_engine(checkpoint):
     from models.speech.openai_engine import OpenAIWhisperEngine
 
     return OpenAIWhisperEngine(checkpoint, device="cpu")
-
-
-@pytest.fixture(scope="module")
-def reference():
-    return FasterWhisperEngine(bundled_model_path(), device="cpu")
 
 
 def clip(name: str) -> np.ndarray:
@@ -72,7 +86,7 @@ def test_the_bundled_model_converts_once_into_the_data_dir_and_loads_strictly(to
     # The web process reads the dims without torch, to refuse languages an English-only model lacks.
     assert checkpoint_dims(checkpoint) == TINY_EN and not is_multilingual(checkpoint)
     mtime = (settings.data_dir / "models" / "tiny.en.pt").stat().st_mtime_ns
-    assert checkpoint_path(settings) == checkpoint
+    assert checkpoint_path(settings, bundled_model_path()) == checkpoint
     assert (settings.data_dir / "models" / "tiny.en.pt").stat().st_mtime_ns == mtime  # converted once
     assert not [p for p in (settings.data_dir / "models").iterdir() if p.name != "tiny.en.pt"]  # no temp left
 
@@ -90,7 +104,7 @@ def test_converted_tensors_are_the_ctranslate2_ones(torch, checkpoint):
     same("encoder.conv1.weight", raw["encoder/conv1/weight"])
     same("encoder.positional_embedding", raw["encoder/position_encodings/encodings"])
     qkv = np.split(raw["encoder/layer_0/self_attention/linear_0/weight"], 3)
-    for part, name in zip(qkv, ("query", "key", "value")):
+    for part, name in zip(qkv, ("query", "key", "value"), strict=True):
         same(f"encoder.blocks.0.attn.{name}.weight", part)
     assert not np.any(np.split(raw["encoder/layer_0/self_attention/linear_0/bias"], 3)[1])  # key: no bias
     same("encoder.blocks.0.attn.value.bias", np.split(raw["encoder/layer_0/self_attention/linear_0/bias"], 3)[2])
@@ -112,8 +126,18 @@ def test_an_int8_model_written_by_ctranslate2_is_dequantized(torch, tmp_path):
 
     from models.speech.convert import convert, weight_dtype
 
-    dims = {"n_mels": 80, "n_audio_ctx": 12, "n_audio_state": 64, "n_audio_head": 2, "n_audio_layer": 2,
-            "n_vocab": 300, "n_text_ctx": 16, "n_text_state": 64, "n_text_head": 2, "n_text_layer": 2}
+    dims = {
+        "n_mels": 80,
+        "n_audio_ctx": 12,
+        "n_audio_state": 64,
+        "n_audio_head": 2,
+        "n_audio_layer": 2,
+        "n_vocab": 300,
+        "n_text_ctx": 16,
+        "n_text_state": 64,
+        "n_text_head": 2,
+        "n_text_layer": 2,
+    }
     torch.manual_seed(0)
     model = Whisper(ModelDimensions(**dims))
     for p in model.parameters():
@@ -183,32 +207,35 @@ def test_an_int8_model_written_by_ctranslate2_is_dequantized(torch, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["fox.flac", "report.opus"])
-def test_clips_come_out_right_and_as_faster_whisper_reads_them(engine, reference, name):
-    t = engine.transcribe(clip(name), language="en")
+def test_clips_come_out_right_and_as_faster_whisper_reads_them(openai_engine, bundled_engine, name):
+    t = openai_engine.transcribe(clip(name), language="en")
     assert word_error_rate(CLIPS[name]["text"], t.text) <= 0.2, t.text
     assert t.language == "en" and t.segments and 0.0 <= t.segments[0].start < 0.5  # the first word, not the window
-    theirs = reference.transcribe(clip(name), language="en")
+    theirs = bundled_engine.transcribe(clip(name), language="en")
     assert word_error_rate(theirs.text, t.text) <= 0.05, (theirs.text, t.text)
 
 
-def test_a_batch_of_mixed_windows_equals_the_windows_one_by_one(engine):
+def test_a_batch_of_mixed_windows_equals_the_windows_one_by_one(openai_engine):
     fox, report = clip("fox.flac"), clip("report.opus")
     windows, offsets = [report, fox, report[: 16000 * 3]], [0.0, 31.5, 60.0]
-    batched = engine.transcribe_batch(windows, offsets, "en")
-    alone = [engine.transcribe_batch([w], [o], "en")[0] for w, o in zip(windows, offsets)]
+    batched = openai_engine.transcribe_batch(windows, offsets, "en")
+    alone = [openai_engine.transcribe_batch([w], [o], "en")[0] for w, o in zip(windows, offsets, strict=True)]
     assert batched == alone
     assert batched[1][0].start == 31.5  # times are offset by the window's start
 
 
-def test_word_timestamps(engine, reference):
-    ours = engine.transcribe_batch([clip("fox.flac")], [2.0], "en", word_timestamps=True)[0]
+def test_word_timestamps(openai_engine, bundled_engine):
+    ours = openai_engine.transcribe_batch([clip("fox.flac")], [2.0], "en", word_timestamps=True)[0]
     words = [w for s in ours for w in s.words]
     assert " ".join(w["word"] for w in words) == " ".join(s.text for s in ours)
-    assert words[0]["start"] >= 2.0 and all(a["end"] <= b["start"] + 1e-6 for a, b in zip(words, words[1:]))
-    theirs = [w for s in reference.transcribe_batch([clip("fox.flac")], [2.0], "en", word_timestamps=True)[0]
-              for w in s.words]
+    assert words[0]["start"] >= 2.0 and all(a["end"] <= b["start"] + 1e-6 for a, b in itertools.pairwise(words))
+    theirs = [
+        w
+        for s in bundled_engine.transcribe_batch([clip("fox.flac")], [2.0], "en", word_timestamps=True)[0]
+        for w in s.words
+    ]
     assert [w["word"].lower() for w in words] == [w["word"].lower() for w in theirs]
-    assert max(abs(a["start"] - b["start"]) for a, b in zip(words, theirs)) <= 0.2
+    assert max(abs(a["start"] - b["start"]) for a, b in zip(words, theirs, strict=True)) <= 0.2
 
 
 def test_settings_take_a_checkpoint_file_only_for_this_engine(settings, checkpoint):

@@ -1,15 +1,13 @@
 """GET /openapi.json: a valid OpenAPI document that describes exactly the routes the app
 has, and real responses (jobs in every state, transcripts, dead letters) that conform to it."""
+
 from __future__ import annotations
 
 import re
 
 import pytest
-
-from helpers import make_job
 import schemathesis
-
-from models.jobs.record import Job
+from helpers import make_job
 
 DESCRIBED = ("/healthz", "/readyz", "/metrics", "/openapi.json")
 ADMIN = {"Authorization": "Bearer test-admin-token"}
@@ -23,13 +21,13 @@ def document(client):
 
 
 @pytest.fixture()
-def api_schema(app):
+def app_schema(app):
     return schemathesis.openapi.from_wsgi("/openapi.json", app)
 
 
-def test_the_document_is_valid_openapi(document, api_schema):
+def test_the_document_is_valid_openapi(document, app_schema):
     assert document["openapi"] == "3.0.3"
-    api_schema.validate()  # against the OpenAPI 3.0 meta-schema
+    app_schema.validate()  # against the OpenAPI 3.0 meta-schema
     scheme = document["components"]["securitySchemes"]["bearerAuth"]
     assert (scheme["type"], scheme["scheme"]) == ("http", "bearer")
 
@@ -45,8 +43,9 @@ def _routes(app) -> set[tuple[str, str]]:
 
 
 def test_every_route_is_described_and_every_description_is_a_route(app, document):
-    described = {(path, method) for path, item in document["paths"].items()
-                 for method in item if method != "parameters"}
+    described = {
+        (path, method) for path, item in document["paths"].items() for method in item if method != "parameters"
+    }
     routes = _routes(app)
     assert routes - described == set(), "routes missing from web/openapi.py"
     assert described - routes == set(), "web/openapi.py describes routes the app does not have"
@@ -80,31 +79,39 @@ def conforms(document, api_schema, path: str, method: str, resp) -> None:
 
 def _job(rt, **kwargs):
 
-    fields = dict(filename="call.mp3", duration=4.2, language=None, priority="normal",
-                  audio_url="http://127.0.0.1:9/call.mp3")
+    fields = dict(
+        filename="call.mp3", duration=4.2, language=None, priority="normal", audio_url="http://127.0.0.1:9/call.mp3"
+    )
     fields.update(kwargs)
     return make_job(rt, None, **fields).id
 
 
-def test_real_responses_conform(app, client, document, api_schema):
-    from models.jobs.deadletter import bury
+def test_real_responses_conform(app, client, document, app_schema):
+    from models.jobs.deadletter import move_to_dead_letters
     from models.jobs.operations import complete_job
 
     rt = app.extensions["whisperq"]
-    segments = [{"start": 0.0, "end": 1.5, "text": " The quick brown fox.",
-                 "words": [{"word": " The", "start": 0.0, "end": 0.4, "probability": 0.9}]},
-                {"start": 1.5, "end": 4.2, "text": " Jumps."}]
+    segments = [
+        {
+            "start": 0.0,
+            "end": 1.5,
+            "text": " The quick brown fox.",
+            "words": [{"word": " The", "start": 0.0, "end": 0.4, "probability": 0.9}],
+        },
+        {"start": 1.5, "end": 4.2, "text": " Jumps."},
+    ]
     done = _job(rt, word_timestamps=True)
-    complete_job(rt, done, {"text": "The quick brown fox. Jumps.", "language": "en", "segments": segments,
-                            "duration": 4.2})
+    complete_job(
+        rt, done, {"text": "The quick brown fox. Jumps.", "language": "en", "segments": segments, "duration": 4.2}
+    )
     waiting = _job(rt, callback_url="http://127.0.0.1:9/hook", priority="high")
     failed = _job(rt)
-    bury(rt, failed, "whisperq.transcribe", "the audio could not be fetched", "Traceback ...")
+    move_to_dead_letters(rt, failed, "whisperq.transcribe", "the audio could not be fetched", "Traceback ...")
 
     def check(path, method, url, status, **kw):
         resp = getattr(client, method)(url, **kw)
         assert resp.status_code == status, resp.get_data(as_text=True)
-        conforms(document, api_schema, path, method, resp)
+        conforms(document, app_schema, path, method, resp)
         return resp
 
     for job_id in (done, waiting, failed):
@@ -116,13 +123,19 @@ def test_real_responses_conform(app, client, document, api_schema):
         check("/v1/jobs/{job_id}/transcript", "get", f"/v1/jobs/{done}/transcript?format={fmt}&download=1", 200)
     check("/v1/jobs/{job_id}/transcript", "get", f"/v1/jobs/{waiting}/transcript", 409)
     check("/v1/jobs/{job_id}/transcript", "get", f"/v1/jobs/{done}/transcript?format=docx", 400)
-    check("/v1/jobs/{job_id}/transcript", "put", f"/v1/jobs/{done}/transcript", 200,
-          json={"text": "The quick brown fox jumps.", "segments": [{"start": 0, "end": 4.2, "text": "The quick…"}]})
+    check(
+        "/v1/jobs/{job_id}/transcript",
+        "put",
+        f"/v1/jobs/{done}/transcript",
+        200,
+        json={"text": "The quick brown fox jumps.", "segments": [{"start": 0, "end": 4.2, "text": "The quick…"}]},
+    )
     check("/v1/jobs/{job_id}", "get", f"/v1/jobs/{done}", 200)  # with its correction
     check("/v1/jobs/{job_id}/transcript", "put", f"/v1/jobs/{waiting}/transcript", 409, json={"text": "x"})
     check("/v1/jobs/{job_id}/transcript", "put", f"/v1/jobs/{done}/transcript", 400, json={"text": 7})
-    check("/v1/jobs/{job_id}/transcript", "put", f"/v1/jobs/{done}/transcript", 415, data="x",
-          content_type="text/plain")
+    check(
+        "/v1/jobs/{job_id}/transcript", "put", f"/v1/jobs/{done}/transcript", 415, data="x", content_type="text/plain"
+    )
     check("/v1/jobs/{job_id}/cancel", "post", f"/v1/jobs/{done}/cancel", 409)
     check("/v1/jobs/{job_id}/cancel", "post", f"/v1/jobs/{waiting}/cancel", 200)
     check("/v1/jobs/{job_id}", "delete", f"/v1/jobs/{waiting}", 204)
@@ -141,4 +154,4 @@ def test_real_responses_conform(app, client, document, api_schema):
     check("/metrics", "get", "/metrics", 200)
     check("/metrics", "get", "/metrics", 200, headers={"Accept": "application/openmetrics-text"})
     ready = client.get("/readyz")
-    conforms(document, api_schema, "/readyz", "get", ready)
+    conforms(document, app_schema, "/readyz", "get", ready)

@@ -3,14 +3,14 @@
 The job page is rendered from stub jobs here, so every state and every optional field
 (queue position, progress, estimates, words, a partial transcript) is covered whatever
 the job store holds; tests/test_browser.py drives the same pages in Chromium."""
+
 import html
-import io
 import re
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
-
-from helpers import CLIPS, stored_files
+from api import upload
+from helpers import stored_files
 
 
 def test_form_offers_file_language_and_priority(client):
@@ -48,7 +48,11 @@ def test_an_english_only_model_offers_english_alone(settings, database):
     language = re.search(r'<select name="language".*?</select>', page, re.S).group(0)
     assert "de" in re.findall(r'<option value="(\w*)"', language)
     models = re.search(r'<select name="model".*?</select>', page, re.S).group(0)
-    assert re.findall(r'<option value="([\w.]*)"( selected)?', models) == [("tiny.en", " selected"), ("base", ""), ("next", "")]
+    assert re.findall(r'<option value="([\w.]*)"( selected)?', models) == [
+        ("tiny.en", " selected"),
+        ("base", ""),
+        ("next", ""),
+    ]
 
 
 def test_pages_load_only_local_scripts_and_styles(client):
@@ -71,9 +75,7 @@ def csrf(client) -> str:
 
 
 def test_form_upload_redirects_to_the_job_page(client, published):
-    resp = client.post("/", data={"file": (io.BytesIO(CLIPS["fox.flac"]["path"].read_bytes()), "fox.flac"),
-                                  "priority": "low", "language": "", "csrf_token": csrf(client)},
-                       content_type="multipart/form-data")
+    resp = upload(client, path="/", priority="low", language="", csrf_token=csrf(client))
     assert resp.status_code == 303
     job_id = resp.headers["Location"].rsplit("/", 1)[-1]
     assert len(published) == 1 and published[0][0]["id"] == job_id
@@ -93,8 +95,7 @@ def test_form_upload_redirects_to_the_job_page(client, published):
 
 def test_form_shows_the_error_and_keeps_nothing(client, settings, published):
     before = stored_files(settings)
-    resp = client.post("/", data={"file": (io.BytesIO(b"not audio at all" * 100), "x.mp3"), "csrf_token": csrf(client)},
-                       content_type="multipart/form-data")
+    resp = upload(client, "x.mp3", data=b"not audio at all" * 100, path="/", csrf_token=csrf(client))
     assert resp.status_code == 415
     page = resp.get_data(as_text=True)
     alert = re.search(r'<p class="error" role="alert" id="error">(.*?)</p>', page, re.S)
@@ -105,16 +106,14 @@ def test_form_shows_the_error_and_keeps_nothing(client, settings, published):
 
 def test_form_without_its_csrf_token_is_refused_and_keeps_nothing(client, settings, published):
     before = stored_files(settings)
-    resp = client.post("/", data={"file": (io.BytesIO(CLIPS["fox.flac"]["path"].read_bytes()), "fox.flac"),
-                                  "csrf_token": "forged"}, content_type="multipart/form-data")
+    resp = upload(client, path="/", csrf_token="forged")
     assert resp.status_code == 403
     assert "security token" in resp.get_data(as_text=True)
     assert stored_files(settings) == before and published == []
 
 
 def test_form_keeps_the_chosen_options_after_an_error(client):
-    resp = client.post("/", data={"priority": "high", "language": "en", "csrf_token": csrf(client)},
-                       content_type="multipart/form-data")
+    resp = upload(client, None, path="/", priority="high", language="en", csrf_token=csrf(client))
     assert resp.status_code == 400
     page = resp.get_data(as_text=True)
     assert "No audio file: send it as the multipart form field" in page
@@ -130,14 +129,22 @@ def test_job_page_for_unknown_id_is_a_404_page(client):
 
 # --- the job page in each state, from stub jobs ---------------------------------------
 
+
 class StubJob:
     def __init__(self, **fields):
         self.id = fields.setdefault("job_id", "stub-job")
         self.fields = fields
 
     def to_dict(self):
-        base = {"status": "PENDING", "filename": "talk.mp3", "priority": "normal", "language": None,
-                "audio_duration": 75.25, "error": None, "result": None}
+        base = {
+            "status": "PENDING",
+            "filename": "talk.mp3",
+            "priority": "normal",
+            "language": None,
+            "audio_duration": 75.25,
+            "error": None,
+            "result": None,
+        }
         return dict(base, **self.fields)
 
 
@@ -148,6 +155,7 @@ def job_page(client, monkeypatch):
         resp = client.get("/jobs/stub-job")
         assert resp.status_code == 200
         return resp.get_data(as_text=True)
+
     return render
 
 
@@ -159,11 +167,15 @@ def element(page, id_):
 
 
 def test_a_waiting_job_shows_its_place_and_estimates(job_page):
-    soon = datetime.now(timezone.utc) + timedelta(seconds=21)
-    later = datetime.now(timezone.utc) + timedelta(seconds=65)
-    page = job_page(status="PENDING", queue_position=3, progress=0.0,
-                    estimated_start_at=soon.isoformat().replace("+00:00", "Z"),
-                    estimated_finish_at=later.isoformat().replace("+00:00", "Z"))
+    soon = datetime.now(UTC) + timedelta(seconds=21)
+    later = datetime.now(UTC) + timedelta(seconds=65)
+    page = job_page(
+        status="PENDING",
+        queue_position=3,
+        progress=0.0,
+        estimated_start_at=soon.isoformat().replace("+00:00", "Z"),
+        estimated_finish_at=later.isoformat().replace("+00:00", "Z"),
+    )
     assert element(page, "status")[1] == "Waiting in the queue"
     assert element(page, "queue")[1] == "3 jobs ahead of yours"
     assert element(page, "eta")[1] == "Starts in about 20 s · done in about 1 min"
@@ -178,7 +190,7 @@ def test_a_job_without_the_optional_fields_still_renders(job_page):
     page = job_page(status="PROCESSING", queue_position=None, progress=None, estimated_start_at=None)
     assert element(page, "status")[1] == "Transcribing"
     assert "hidden" in element(page, "queue")[0] and "hidden" in element(page, "eta")[0]
-    assert 'value=' not in element(page, "progress")[0]  # an indeterminate bar
+    assert "value=" not in element(page, "progress")[0]  # an indeterminate bar
     page = job_page(status="PROCESSING", stage="prepare")  # the keys missing altogether
     assert element(page, "status")[1] == "Transcribing" and "hidden" in element(page, "queue")[0]
     assert element(page, "status-detail")[1] == "Decoding the audio"
@@ -186,8 +198,9 @@ def test_a_job_without_the_optional_fields_still_renders(job_page):
 
 def test_a_running_job_has_no_place_in_the_queue(job_page):
     """The API gives a job on the speech model queue_position 0: it is not "next" any more."""
-    page = job_page(status="PROCESSING", stage="infer", queue_position=0, progress=0.25,
-                    estimated_start_at="2020-01-01T00:00:00Z")
+    page = job_page(
+        status="PROCESSING", stage="infer", queue_position=0, progress=0.25, estimated_start_at="2020-01-01T00:00:00Z"
+    )
     assert "hidden" in element(page, "queue")[0] and "hidden" in element(page, "eta")[0]
     assert 'value="0.25"' in element(page, "progress")[0]
     page = job_page(status="PROCESSING", stage="prepare", queue_position=1)  # decoded, waiting for the model
@@ -208,11 +221,19 @@ def test_the_job_page_hands_job_js_its_data_in_attributes(job_page):
 
 
 def test_a_completed_job_shows_the_transcript_words_and_downloads(job_page):
-    result = {"text": "Hello there. General Kenobi.", "language": "en", "segments": [
-        {"start": 0.0, "end": 1.5, "text": " Hello there.",
-         "words": [{"start": 0.0, "end": 0.6, "word": " Hello"}, {"start": 0.62, "end": 1.5, "word": " there."}]},
-        {"start": 61.25, "end": 63.0, "text": " General Kenobi."},
-    ]}
+    result = {
+        "text": "Hello there. General Kenobi.",
+        "language": "en",
+        "segments": [
+            {
+                "start": 0.0,
+                "end": 1.5,
+                "text": " Hello there.",
+                "words": [{"start": 0.0, "end": 0.6, "word": " Hello"}, {"start": 0.62, "end": 1.5, "word": " there."}],
+            },
+            {"start": 61.25, "end": 63.0, "text": " General Kenobi."},
+        ],
+    }
     page = job_page(status="COMPLETED", progress=1.0, result=result)
     assert element(page, "status")[1] == "Done"
     assert "refresh" not in page and "hidden" in element(page, "progress")[0]
@@ -250,16 +271,35 @@ def test_a_cancelled_job_shows_its_partial_transcript(job_page):
     assert "hidden" in element(page, "result")[0]
 
 
-@pytest.mark.parametrize("seconds, words", [(0, "a moment"), (4, "a moment"), (21, "about 20 s"), (54, "about 55 s"),
-                                            (60, "about 1 min"), (150, "about 2 min"), (3 * 3600, "about 3 h")])
+@pytest.mark.parametrize(
+    "seconds, words",
+    [
+        (0, "a moment"),
+        (4, "a moment"),
+        (21, "about 20 s"),
+        (54, "about 55 s"),
+        (60, "about 1 min"),
+        (150, "about 2 min"),
+        (3 * 3600, "about 3 h"),
+    ],
+)
 def test_relative_times(seconds, words):
     from web.pages import about
 
     assert about(seconds) == words
 
 
-@pytest.mark.parametrize("seconds, text", [(0, "00:00.0"), (4.24, "00:04.2"), (61.25, "01:01.3"), (599.96, "10:00.0"),
-                                           (3725.5, "1:02:05.5"), (None, "00:00.0")])
+@pytest.mark.parametrize(
+    "seconds, text",
+    [
+        (0, "00:00.0"),
+        (4.24, "00:04.2"),
+        (61.25, "01:01.3"),
+        (599.96, "10:00.0"),
+        (3725.5, "1:02:05.5"),
+        (None, "00:00.0"),
+    ],
+)
 def test_clock(seconds, text):
     from web.pages import clock
 

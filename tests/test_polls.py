@@ -1,6 +1,7 @@
 """Status polls: an unchanged job is answered from memory (web.statuscache) without letting one
 key read another's job, a client polling faster than Retry-After is told to slow down
 (web.pollrate), and `?wait=N` without If-None-Match waits for a change."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -8,9 +9,9 @@ import threading
 import time
 
 import pytest
-from sqlalchemy import event, text
-
+from api import bearer
 from helpers import make_job, wait_until
+from sqlalchemy import event, text
 
 
 def build(settings, **changes):
@@ -30,12 +31,7 @@ def keys(secure):
     from models.access.apikeys import create_key
 
     rt = secure.extensions["whisperq"]
-    return {name: create_key(rt, f"{name}-polls", "standard", admin=name == "ops")
-            for name in ("alice", "bob", "ops")}
-
-
-def bearer(token: str) -> dict:
-    return {"Authorization": f"Bearer {token}"}
+    return {name: create_key(rt, f"{name}-polls", "standard", admin=name == "ops") for name in ("alice", "bob", "ops")}
 
 
 def pending(rt, owner=None):
@@ -116,8 +112,11 @@ def test_a_change_made_elsewhere_shows_within_a_step(secure, keys):
     assert client.get(f"/v1/jobs/{job.id}", headers=alice).json["status"] == "PENDING"
     with rt.db.engine.begin() as conn:  # as another process would: around this process's sessions
         conn.execute(text("UPDATE jobs SET status = 'PROCESSING', stage = 'infer' WHERE id = :id"), {"id": job.id})
-    wait_until(lambda: client.get(f"/v1/jobs/{job.id}", headers=alice).json["status"] == "PROCESSING", 10,
-               "the cached PENDING answer was not replaced")
+    wait_until(
+        lambda: client.get(f"/v1/jobs/{job.id}", headers=alice).json["status"] == "PROCESSING",
+        10,
+        "the cached PENDING answer was not replaced",
+    )
 
 
 def test_a_poller_faster_than_retry_after_gets_429(settings, database):

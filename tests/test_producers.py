@@ -1,13 +1,14 @@
 """A job submitted by a producer that is not Celery: the message of docs/messages (checked
 against its JSON schema) written with a plain broker client, redis-py or pika."""
+
 import base64
 import json
 import uuid
 from pathlib import Path
 
 import pytest
-
-from helpers import CLIPS, ROOT, wait_for_job
+from api import wait_for_job
+from helpers import CLIPS, ROOT
 
 pytestmark = [pytest.mark.integration, pytest.mark.brokers]
 
@@ -19,9 +20,18 @@ AMQP = {"high": 9, "normal": 5, "low": 1}  # RabbitMQ: the message priority of e
 def message(job_id: str, audio: str, **options) -> dict:
     """The message as docs/producers.md writes it, in any language."""
     message = {
-        "headers": {"lang": "py", "task": "whisperq.transcribe", "id": job_id, "root_id": job_id,
-                    "parent_id": None, "group": None, "retries": 0, "eta": None, "expires": None,
-                    "origin": "a-producer-in-another-language"},
+        "headers": {
+            "lang": "py",
+            "task": "whisperq.transcribe",
+            "id": job_id,
+            "root_id": job_id,
+            "parent_id": None,
+            "group": None,
+            "retries": 0,
+            "eta": None,
+            "expires": None,
+            "origin": "a-producer-in-another-language",
+        },
         "body": [[audio], options, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}],
     }
     import jsonschema
@@ -35,10 +45,18 @@ def send_redis(url: str, msg: dict, priority: str) -> None:
 
     envelope = {
         "body": base64.b64encode(json.dumps(msg["body"]).encode()).decode(),
-        "content-encoding": "utf-8", "content-type": "application/json", "headers": msg["headers"],
-        "properties": {"correlation_id": msg["headers"]["id"], "reply_to": "", "delivery_mode": 2,
-                       "delivery_info": {"exchange": "whisperq", "routing_key": "prepare"},
-                       "priority": STEPS[priority], "body_encoding": "base64", "delivery_tag": str(uuid.uuid4())},
+        "content-encoding": "utf-8",
+        "content-type": "application/json",
+        "headers": msg["headers"],
+        "properties": {
+            "correlation_id": msg["headers"]["id"],
+            "reply_to": "",
+            "delivery_mode": 2,
+            "delivery_info": {"exchange": "whisperq", "routing_key": "prepare"},
+            "priority": STEPS[priority],
+            "body_encoding": "base64",
+            "delivery_tag": str(uuid.uuid4()),
+        },
     }
     queue = "whisperq.prepare" + (f":{STEPS[priority]}" if STEPS[priority] else "")
     client = redis.Redis.from_url(url)
@@ -53,10 +71,19 @@ def send_amqp(url: str, msg: dict, priority: str) -> None:
     channel = connection.channel()
     channel.confirm_delivery()
     channel.basic_publish(
-        exchange="whisperq", routing_key="prepare", body=json.dumps(msg["body"]).encode(), mandatory=True,
-        properties=pika.BasicProperties(content_type="application/json", content_encoding="utf-8",
-                                        headers=msg["headers"], correlation_id=msg["headers"]["id"],
-                                        delivery_mode=2, priority=AMQP[priority]))
+        exchange="whisperq",
+        routing_key="prepare",
+        body=json.dumps(msg["body"]).encode(),
+        mandatory=True,
+        properties=pika.BasicProperties(
+            content_type="application/json",
+            content_encoding="utf-8",
+            headers=msg["headers"],
+            correlation_id=msg["headers"]["id"],
+            delivery_mode=2,
+            priority=AMQP[priority],
+        ),
+    )
     connection.close()
 
 
@@ -73,8 +100,19 @@ def send(settings, msg: dict, priority: str = "normal") -> None:
 
 def test_a_job_written_by_a_plain_broker_client_completes(client, worker, settings):
     job_id = str(uuid.uuid4())
-    send(settings, message(job_id, str(CLIPS["fox.flac"]["path"]), language="en", priority="high",
-                           word_timestamps=True, prompt="A fox.", temperature=0.0), priority="high")
+    send(
+        settings,
+        message(
+            job_id,
+            str(CLIPS["fox.flac"]["path"]),
+            language="en",
+            priority="high",
+            word_timestamps=True,
+            prompt="A fox.",
+            temperature=0.0,
+        ),
+        priority="high",
+    )
     job = wait_for_job(client, job_id, timeout=180)
     assert job["status"] == "COMPLETED", job
     assert job["priority"] == "high" and "fox" in job["result"]["text"].lower()

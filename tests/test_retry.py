@@ -1,7 +1,8 @@
 """The one retry policy (models.retry): what is retried, how long the waits are, when it
 gives up. The tasks, the sweeper, preparation and the webhooks all ask it."""
+
 import random
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -17,24 +18,35 @@ from models.errors import (
 from models.retry import RetryPolicy, Verdict, classify, classify_status
 
 
-@pytest.mark.parametrize("exc, verdict", [
-    (PermanentJobError("missing file"), Verdict.PERMANENT),
-    (JobExpired("expired"), Verdict.PERMANENT),
-    (JobCancelled("cancelled"), Verdict.PERMANENT),
-    (AttemptsExhausted("lost three times"), Verdict.EXHAUSTED),
-    (TransientJobError("storage hiccup"), Verdict.TRANSIENT),
-    (JobTimeLimitExceeded("time limit"), Verdict.TRANSIENT),
-    (MemoryError(), Verdict.TRANSIENT),  # what the service cannot tell apart is tried again
-    (ConnectionResetError(), Verdict.TRANSIENT),
-])
+@pytest.mark.parametrize(
+    "exc, verdict",
+    [
+        (PermanentJobError("missing file"), Verdict.PERMANENT),
+        (JobExpired("expired"), Verdict.PERMANENT),
+        (JobCancelled("cancelled"), Verdict.PERMANENT),
+        (AttemptsExhausted("lost three times"), Verdict.EXHAUSTED),
+        (TransientJobError("storage hiccup"), Verdict.TRANSIENT),
+        (JobTimeLimitExceeded("time limit"), Verdict.TRANSIENT),
+        (MemoryError(), Verdict.TRANSIENT),  # what the service cannot tell apart is tried again
+        (ConnectionResetError(), Verdict.TRANSIENT),
+    ],
+)
 def test_failures_are_classified(exc, verdict):
     assert classify(exc) is verdict
 
 
-@pytest.mark.parametrize("status, verdict", [
-    (429, Verdict.TRANSIENT), (500, Verdict.TRANSIENT), (503, Verdict.TRANSIENT),
-    (400, Verdict.PERMANENT), (401, Verdict.PERMANENT), (404, Verdict.PERMANENT), (410, Verdict.PERMANENT),
-])
+@pytest.mark.parametrize(
+    "status, verdict",
+    [
+        (429, Verdict.TRANSIENT),
+        (500, Verdict.TRANSIENT),
+        (503, Verdict.TRANSIENT),
+        (400, Verdict.PERMANENT),
+        (401, Verdict.PERMANENT),
+        (404, Verdict.PERMANENT),
+        (410, Verdict.PERMANENT),
+    ],
+)
 def test_http_answers_are_classified(status, verdict):
     assert classify_status(status) is verdict
 
@@ -48,8 +60,15 @@ def _settings(tmp_path, monkeypatch, **env) -> Settings:
 
 
 def test_jobs_get_their_attempts_with_full_jitter_up_to_the_cap(tmp_path, monkeypatch):
-    policy = RetryPolicy.for_jobs(_settings(tmp_path, monkeypatch, WHISPERQ_MAX_ATTEMPTS="4",
-                                            WHISPERQ_RETRY_BASE_SECONDS="2", WHISPERQ_RETRY_MAX_SECONDS="10"))
+    policy = RetryPolicy.for_jobs(
+        _settings(
+            tmp_path,
+            monkeypatch,
+            WHISPERQ_MAX_ATTEMPTS="4",
+            WHISPERQ_RETRY_BASE_SECONDS="2",
+            WHISPERQ_RETRY_MAX_SECONDS="10",
+        )
+    )
     rng = random.Random(7)
     for attempts, ceiling in [(1, 2), (2, 4), (3, 8)]:
         waits = [policy.backoff(attempts, rng) for _ in range(2000)]
@@ -61,7 +80,7 @@ def test_jobs_get_their_attempts_with_full_jitter_up_to_the_cap(tmp_path, monkey
 
 def test_webhooks_retry_for_a_time_not_a_count(tmp_path, monkeypatch):
     policy = RetryPolicy.for_webhooks(_settings(tmp_path, monkeypatch, WHISPERQ_WEBHOOK_RETRY_WINDOW="600"))
-    first = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    first = datetime(2026, 1, 1, tzinfo=UTC)
     assert policy.next_delay(500, first, first + timedelta(seconds=599)) is not None
     assert policy.next_delay(1, first, first + timedelta(seconds=601)) is None
     assert max(policy.backoff(60) for _ in range(300)) <= 3600

@@ -2,17 +2,18 @@
 a candidate, hot-swapping a model's weights under a burst, re-running a job on another model
 and replaying a dead letter on one. The suite serves tiny.en (the default), base and `next`
 (tiny.en's weights until a test swaps them: conftest)."""
-import io
+
 import os
 import time
 import uuid
 from collections import Counter
 
 import pytest
+from api import submit_id, upload, wait_for_job
 from click.testing import CliRunner
+from helpers import CLIPS, wait_until, word_error_rate
 
 from config import ConfigError, Settings
-from helpers import CLIPS, wait_for_job, wait_until, word_error_rate
 
 BASE_VERSION = "sha256:d01c3014881c9c6f3133c182f3d2887eb6ca1c789a7538c5c007196857a0a6a9"
 
@@ -20,12 +21,6 @@ BASE_VERSION = "sha256:d01c3014881c9c6f3133c182f3d2887eb6ca1c789a7538c5c00719685
 def routed(**env) -> Settings:
     """The suite's settings (its database, data dir, broker) with these routes."""
     return Settings.from_env({**os.environ, **env})
-
-
-def _submit(client, name: str, **fields):
-    clip = CLIPS[name]
-    return client.post("/v1/jobs", data={"file": (io.BytesIO(clip["path"].read_bytes()), name), **fields},
-                       content_type="multipart/form-data")
 
 
 def _whisperq(*args: str):
@@ -38,8 +33,12 @@ def _whisperq(*args: str):
 
 
 def test_an_alias_splits_by_weight_and_a_job_draws_once(tmp_path):
-    s = routed(WHISPERQ_DATA_DIR=str(tmp_path), WHISPERQ_ALIASES="default=tiny.en:90|base:10, accurate=base",
-               WHISPERQ_DEFAULT_MODEL="default", WHISPERQ_SHADOW="tiny.en=base:20")
+    s = routed(
+        WHISPERQ_DATA_DIR=str(tmp_path),
+        WHISPERQ_ALIASES="default=tiny.en:90|base:10, accurate=base",
+        WHISPERQ_DEFAULT_MODEL="default",
+        WHISPERQ_SHADOW="tiny.en=base:20",
+    )
     assert s.default_model == "tiny.en" and s.routes.default == "default"  # the heaviest variant holds the main queue
     job = str(uuid.uuid4())
     assert s.choose(None, job) == s.choose(None, job) == s.choose("default", job)  # the same draw, however often
@@ -48,17 +47,20 @@ def test_an_alias_splits_by_weight_and_a_job_draws_once(tmp_path):
     assert s.choose("base", job)[2] is None  # base has no shadow
 
 
-@pytest.mark.parametrize("env, words", [
-    ({"WHISPERQ_ALIASES": "fast"}, "is not ALIAS=MODEL:WEIGHT"),
-    ({"WHISPERQ_ALIASES": "fast=large:1"}, "'large' is not a model of WHISPERQ_MODELS"),
-    ({"WHISPERQ_ALIASES": "fast=tiny.en:0"}, "must be a whole number from 1 to 1000"),
-    ({"WHISPERQ_ALIASES": "base=tiny.en"}, "already the name of a model"),
-    ({"WHISPERQ_ALIASES": "ab=tiny.en|tiny.en"}, "'tiny.en' is named twice"),
-    ({"WHISPERQ_SHADOW": "tiny.en=tiny.en:10"}, "two different models"),
-    ({"WHISPERQ_SHADOW": "tiny.en=base:150"}, "a percentage from 1 to 100"),
-    ({"WHISPERQ_SHADOW": "tiny.en=base"}, "a percentage from 1 to 100"),
-    ({"WHISPERQ_DEFAULT_MODEL": "nope"}, "is not one of the models served"),
-])
+@pytest.mark.parametrize(
+    "env, words",
+    [
+        ({"WHISPERQ_ALIASES": "fast"}, "is not ALIAS=MODEL:WEIGHT"),
+        ({"WHISPERQ_ALIASES": "fast=large:1"}, "'large' is not a model of WHISPERQ_MODELS"),
+        ({"WHISPERQ_ALIASES": "fast=tiny.en:0"}, "must be a whole number from 1 to 1000"),
+        ({"WHISPERQ_ALIASES": "base=tiny.en"}, "already the name of a model"),
+        ({"WHISPERQ_ALIASES": "ab=tiny.en|tiny.en"}, "'tiny.en' is named twice"),
+        ({"WHISPERQ_SHADOW": "tiny.en=tiny.en:10"}, "two different models"),
+        ({"WHISPERQ_SHADOW": "tiny.en=base:150"}, "a percentage from 1 to 100"),
+        ({"WHISPERQ_SHADOW": "tiny.en=base"}, "a percentage from 1 to 100"),
+        ({"WHISPERQ_DEFAULT_MODEL": "nope"}, "is not one of the models served"),
+    ],
+)
 def test_bad_routes_say_what_to_fix(tmp_path, env, words):
     with pytest.raises(ConfigError, match=words):
         routed(WHISPERQ_DATA_DIR=str(tmp_path), **env)
@@ -68,8 +70,12 @@ def test_the_draw_splits_job_ids_by_the_weights(tmp_path):
     """The draw is a function of the job id alone (a SHA-256 of it), so its split is checked over
     100,000 fixed, distinct ids: the weights' shares within half a percent, and the shadow's
     share of its model's jobs. Fixed ids give the same counts every run: nothing left to luck."""
-    s = routed(WHISPERQ_DATA_DIR=str(tmp_path), WHISPERQ_ALIASES="default=tiny.en:90|base:10, three=tiny.en:5|base:3|next:2",
-               WHISPERQ_DEFAULT_MODEL="default", WHISPERQ_SHADOW="tiny.en=base:20")
+    s = routed(
+        WHISPERQ_DATA_DIR=str(tmp_path),
+        WHISPERQ_ALIASES="default=tiny.en:90|base:10, three=tiny.en:5|base:3|next:2",
+        WHISPERQ_DEFAULT_MODEL="default",
+        WHISPERQ_SHADOW="tiny.en=base:20",
+    )
     ids = [str(uuid.UUID(int=n, version=4)) for n in range(100_000)]
     draws = [s.choose(None, job_id) for job_id in ids]
     models = Counter(model for model, _route, _shadow in draws)
@@ -77,7 +83,9 @@ def test_the_draw_splits_job_ids_by_the_weights(tmp_path):
     shadowed = Counter(shadow for model, _route, shadow in draws if model == "tiny.en")
     assert abs(shadowed["base"] / models["tiny.en"] - 0.20) <= 0.005, shadowed
     three = Counter(s.choose("three", job_id)[0] for job_id in ids)
-    assert all(abs(three[name] / len(ids) - share) <= 0.005 for name, share in (("tiny.en", .5), ("base", .3), ("next", .2))), three
+    assert all(
+        abs(three[name] / len(ids) - share) <= 0.005 for name, share in (("tiny.en", 0.5), ("base", 0.3), ("next", 0.2))
+    ), three
 
 
 def test_ab_split_over_hundreds_of_jobs_through_the_api_is_the_weights(settings, database, monkeypatch):
@@ -90,8 +98,11 @@ def test_ab_split_over_hundreds_of_jobs_through_the_api_is_the_weights(settings,
     from tasks.broker import CeleryBroker
     from web import create_app
 
-    s = routed(WHISPERQ_ALIASES="default=tiny.en:90|base:10", WHISPERQ_DEFAULT_MODEL="default",
-               WHISPERQ_SHADOW="tiny.en=base:20")
+    s = routed(
+        WHISPERQ_ALIASES="default=tiny.en:90|base:10",
+        WHISPERQ_DEFAULT_MODEL="default",
+        WHISPERQ_SHADOW="tiny.en=base:20",
+    )
     app = create_app({"SETTINGS": s, "TESTING": True})
     rt = app.extensions["whisperq"]
     sent: list[str] = []
@@ -105,10 +116,12 @@ def test_ab_split_over_hundreds_of_jobs_through_the_api_is_the_weights(settings,
         alias = next(m for m in data if m["id"] == "default")
         assert alias["variants"] == [{"id": "tiny.en", "weight": 90}, {"id": "base", "weight": 10}]
         assert alias["default"] is True and next(m for m in data if m["id"] == "tiny.en")["shadow"] == {
-            "candidate": "base", "percent": 20}
+            "candidate": "base",
+            "percent": 20,
+        }
         models, shadows = Counter(), Counter()
         for _ in range(300):
-            resp = _submit(client, "fox.flac")
+            resp = upload(client, "fox.flac")
             assert resp.status_code == 202, resp.get_json()
             body = resp.get_json()
             assert body["route"] == "default"
@@ -120,7 +133,7 @@ def test_ab_split_over_hundreds_of_jobs_through_the_api_is_the_weights(settings,
         assert abs(models["base"] / 300 - 0.10) <= 5 * (0.10 * 0.90 / 300) ** 0.5, models  # 0.087
         assert abs(shadows["base"] / models["tiny.en"] - 0.20) <= 5 * (0.20 * 0.80 / models["tiny.en"]) ** 0.5, shadows
         # naming the model outright skips the draw
-        assert _submit(client, "fox.flac", model="base").get_json()["route"] is None
+        assert upload(client, "fox.flac", model="base").get_json()["route"] is None
     finally:
         forget(rt, fake)
         for job_id in sent:
@@ -132,10 +145,10 @@ def test_an_alias_with_a_variant_no_worker_serves_is_refused(settings, database)
 
     s = routed(WHISPERQ_ALIASES="trial=tiny.en:50|base:50")
     client = create_app({"SETTINGS": s, "TESTING": True}).test_client()
-    resp = _submit(client, "fox.flac", model="trial")
+    resp = upload(client, "fox.flac", model="trial")
     assert resp.status_code == 503
     assert "no inference worker serves the model 'base' (a variant of 'trial')" in resp.get_json()["error"]["message"]
-    resp = _submit(client, "fox.flac", model="trial", language="de")
+    resp = upload(client, "fox.flac", model="trial", language="de")
     assert resp.status_code == 400 and "'tiny.en' is English-only" in resp.get_json()["error"]["message"]
 
 
@@ -144,7 +157,7 @@ def test_an_alias_with_a_variant_no_worker_serves_is_refused(settings, database)
 
 def test_swaps_stack_and_each_rollback_takes_one_off(settings, database, tmp_path):
     from models.errors import InvalidRequest
-    from models.speech.swaps import ActiveWeights, ModelWeights, history, rollback, swap
+    from models.registry.swaps import ActiveWeights, ModelWeights, history, rollback, swap
     from models.speech.engines import bundled_model_path
 
     name = "next"
@@ -183,11 +196,18 @@ def test_swaps_stack_and_each_rollback_takes_one_off(settings, database, tmp_pat
 def extra_pool(celery_app, database, tmp_path_factory):
     """An inference worker for base and next (threads, four jobs at once), beside the suite's pools."""
     from conftest import start_worker, stop_worker
+
     from models.jobs.workers import served_models
     from models.runtime import Runtime
 
-    pool = start_worker(celery_app, tmp_path_factory.mktemp("extra"), "inference-extra",
-                        "whisperq.inference.base,whisperq.inference.next", pool="threads", concurrency=4)
+    pool = start_worker(
+        celery_app,
+        tmp_path_factory.mktemp("extra"),
+        "inference-extra",
+        "whisperq.inference.base,whisperq.inference.next",
+        pool="threads",
+        concurrency=4,
+    )
     rt = Runtime(Settings.from_env())
     wait_until(lambda: {"base", "next"} <= served_models(rt), 30, "the extra pool's heartbeat did not arrive")
     yield pool
@@ -205,16 +225,18 @@ def test_a_shadow_decodes_apart_and_its_agreement_is_recorded(client, worker, ex
 
     s = routed(WHISPERQ_SHADOW="tiny.en=base:100")
     shadowed = create_app({"SETTINGS": s, "TESTING": True}).test_client()
-    ids = [_submit(shadowed, "report.opus", language="en").get_json()["job_id"] for _ in range(2)]
+    ids = [upload(shadowed, "report.opus", language="en").get_json()["job_id"] for _ in range(2)]
     for job_id in ids:
         job = wait_for_job(client, job_id, timeout=300)
         assert job["status"] == "COMPLETED" and job["result"]["model"]["name"] == "tiny.en"
         assert "shadow" not in job and "shadow" not in job["result"]
+
     def compared() -> list:
         with database.session() as session:
             rows = session.query(ShadowResult).filter(ShadowResult.job_id.in_(ids)).all()
-            return [(r.job_id, r.model, r.model_version, r.primary_model, r.wer, r.text) for r in rows
-                    if r.wer is not None]
+            return [
+                (r.job_id, r.model, r.model_version, r.primary_model, r.wer, r.text) for r in rows if r.wer is not None
+            ]
 
     done = wait_until(lambda: len(found := compared()) == 2 and found, 120, "the shadows were not both compared")
     assert sorted(d[0] for d in done) == sorted(ids), done
@@ -235,26 +257,25 @@ def test_a_shadow_decodes_apart_and_its_agreement_is_recorded(client, worker, ex
 @pytest.mark.brokers
 @pytest.mark.timeout(1500)  # waits of 300 + 600 + 300 s (setup.cfg's default is 300)
 def test_a_hot_swap_under_a_burst_loses_nothing_and_each_job_names_the_weights_that_ran_it(
-        client, worker, extra_pool, database):
+    client, worker, extra_pool, database
+):
     """`next` runs tiny.en's weights; mid-burst it is swapped to base's, with no restart. Every job
     completes once; a job's recorded version is the engine that decoded it — base detects the
     German half of the two-language clip window by window, tiny.en cannot — and jobs that start
     after the swap run on the new weights. Rollback is one command."""
     from models.jobs.record import Job
-    from models.speech.swaps import CHECK_EVERY, ModelWeights
+    from models.registry.swaps import CHECK_EVERY, ModelWeights
 
     def submit(n):
-        out = []
-        for _ in range(n):
-            resp = _submit(client, "bilingual.opus", model="next")
-            assert resp.status_code == 202, resp.get_json()
-            out.append(resp.get_json()["job_id"])
-        return out
+        return [submit_id(client, "bilingual.opus", model="next") for _ in range(n)]
 
     try:
         first = submit(4)
-        before = wait_until(lambda: [j for j in first if client.get(f"/v1/jobs/{j}").get_json()["status"] == "COMPLETED"],
-                            300, "none of the first jobs completed")
+        before = wait_until(
+            lambda: [j for j in first if client.get(f"/v1/jobs/{j}").get_json()["status"] == "COMPLETED"],
+            300,
+            "none of the first jobs completed",
+        )
         swapped = _whisperq("models", "swap", "next", "bundled:base")
         assert swapped.exit_code == 0 and "rollback next" in swapped.output, swapped.output
         middle = submit(2)  # submitted at the moment of the swap: either weights, named truly
@@ -294,7 +315,7 @@ def test_a_hot_swap_under_a_burst_loses_nothing_and_each_job_names_the_weights_t
 @pytest.mark.brokers
 @pytest.mark.timeout(900)  # waits of 120 + 300 + 300 s (setup.cfg's default is 300)
 def test_a_rerun_on_another_model_is_a_new_job_linked_to_the_first(client, worker, extra_pool, settings):
-    resp = _submit(client, "fox.flac", language="en")
+    resp = upload(client, "fox.flac", language="en")
     first = wait_for_job(client, resp.get_json()["job_id"])
     assert first["status"] == "COMPLETED" and first["result"]["model"]["name"] == "tiny.en"
 
@@ -329,16 +350,16 @@ def test_a_rerun_on_another_model_is_a_new_job_linked_to_the_first(client, worke
 @pytest.mark.brokers
 @pytest.mark.timeout(900)  # waits up to 300 s for the replay (setup.cfg's default is 300)
 def test_a_dead_letter_is_replayed_on_another_model(client, worker, extra_pool, settings, monkeypatch):
-    from models.jobs.deadletter import bury
+    from models.jobs.deadletter import move_to_dead_letters
     from models.runtime import Runtime
     from tasks.broker import CeleryBroker
 
     held: list[str] = []
     with monkeypatch.context() as m:  # the job is recorded, never sent: then it "fails" for good
         m.setattr(CeleryBroker, "publish_job", lambda self, job, **kw: held.append(job.id))
-        job_id = _submit(client, "fox.flac", language="en").get_json()["job_id"]
+        job_id = upload(client, "fox.flac", language="en").get_json()["job_id"]
     rt = Runtime(settings)
-    bury(rt, job_id, "whisperq.infer", "the model crashed", None)
+    move_to_dead_letters(rt, job_id, "whisperq.infer", "the model crashed", None)
     assert client.get(f"/v1/jobs/{job_id}").get_json()["status"] == "FAILED"
     bad = _whisperq("dlq", "replay", "--model", "large-v9", job_id)
     assert bad.exit_code == 1 and "not served here" in bad.output

@@ -6,10 +6,10 @@ The deployment here is the module's own: a broker of its own (a RabbitMQ vhost w
 runs on RabbitMQ, else a private Redis) so that the suite's pools never see its jobs, on the
 database of its own on the suite's PostgreSQL server (the local one beside a SQLite run).
 """
+
 from __future__ import annotations
 
 import dataclasses
-import io
 import shutil
 import subprocess
 import time
@@ -18,14 +18,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pytest
-from sqlalchemy import select
-
+from api import submit_id, upload
 from conftest import Pools, _state, stop_worker
 from helpers import CLIPS, long_recording, need_service, write_wav
 from hosts import second_host
+from sqlalchemy import select
 
-pytestmark = [pytest.mark.integration, pytest.mark.hosts,
-              pytest.mark.timeout(1200)]  # a second host's set-up, then waits of up to 360 s
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.hosts,
+    pytest.mark.timeout(1200),
+]  # a second host's set-up, then waits of up to 360 s
 
 TEST_POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/whisperq_test"
 VHOST = "whisperq-hosts"
@@ -57,11 +60,12 @@ class Cluster:
         audio = CLIPS[clip]["path"].read_bytes()
 
         def one(i: int) -> str:
-            resp = self.client.application.test_client().post(
-                "/v1/jobs", data={"file": (io.BytesIO(audio), f"burst-{i}{CLIPS[clip]['path'].suffix}"),
-                                  "language": "en"}, content_type="multipart/form-data")
-            assert resp.status_code == 202, resp.get_json()
-            return resp.get_json()["job_id"]
+            return submit_id(
+                self.client.application.test_client(),
+                f"burst-{i}{CLIPS[clip]['path'].suffix}",
+                data=audio,
+                language="en",
+            )
 
         with ThreadPoolExecutor(4) as pool:
             return list(pool.map(one, range(n)))
@@ -106,8 +110,9 @@ def _vhost(url: str) -> str:
     ctl = ["rabbitmqctl", "-q"]
     subprocess.run([*ctl, "delete_vhost", VHOST], capture_output=True, timeout=60)
     subprocess.run([*ctl, "add_vhost", VHOST], check=True, capture_output=True, timeout=60)
-    subprocess.run([*ctl, "set_permissions", "-p", VHOST, "guest", ".*", ".*", ".*"], check=True,
-                   capture_output=True, timeout=60)
+    subprocess.run(
+        [*ctl, "set_permissions", "-p", VHOST, "guest", ".*", ".*", ".*"], check=True, capture_output=True, timeout=60
+    )
     from urllib.parse import urlsplit
 
     parts = urlsplit(url)
@@ -135,8 +140,9 @@ def cluster(settings):
             conn.execute(text(f"CREATE DATABASE {DATABASE}"))
         engine.dispose()
     except Exception as exc:
-        need_service(f"the two-host tests need PostgreSQL ({server.rsplit('@', 1)[-1]}) and a database of their "
-                     f"own there: {exc}")
+        need_service(
+            f"the two-host tests need PostgreSQL ({server.rsplit('@', 1)[-1]}) and a database of their own there: {exc}"
+        )
 
     tmp = _state["tmp"] / f"hosts-{uuid.uuid4().hex[:6]}"
     (tmp / "host1").mkdir(parents=True)
@@ -146,10 +152,16 @@ def cluster(settings):
     else:
         redis = EmbeddedRedis(tmp / "redis")
         broker = redis.start()
-    host1 = dataclasses.replace(settings, data_dir=tmp / "host1", broker_url=broker, database_url=pg,
-                                storage="postgres", result_backend=None)
-    env = {"CELERY_BROKER_URL": broker, "DATABASE_URL": pg, "WHISPERQ_STORAGE": "postgres",
-           "WHISPERQ_DATA_DIR": str(host1.data_dir), "CELERY_RESULT_BACKEND": ""}
+    host1 = dataclasses.replace(
+        settings, data_dir=tmp / "host1", broker_url=broker, database_url=pg, storage="postgres", result_backend=None
+    )
+    env = {
+        "CELERY_BROKER_URL": broker,
+        "DATABASE_URL": pg,
+        "WHISPERQ_STORAGE": "postgres",
+        "WHISPERQ_DATA_DIR": str(host1.data_dir),
+        "CELERY_RESULT_BACKEND": "",
+    }
     rt = Runtime(host1)
     rt.db.upgrade()
     celery = celery_for(host1)
@@ -181,7 +193,9 @@ def test_host_2_cannot_see_host_1s_files_and_reaches_its_services_over_the_veth(
     seen = cluster.host2.run(["ls", str(probe)])
     assert seen.returncode != 0, seen.stdout
     env = cluster.host2.env(base=dict(cluster.env))
-    assert cluster.host2.host1_address in env["CELERY_BROKER_URL"] and cluster.host2.host1_address in env["DATABASE_URL"]
+    assert (
+        cluster.host2.host1_address in env["CELERY_BROKER_URL"] and cluster.host2.host1_address in env["DATABASE_URL"]
+    )
     assert env["WHISPERQ_DATA_DIR"] != cluster.env["WHISPERQ_DATA_DIR"]
 
 
@@ -213,8 +227,7 @@ def test_jobs_sent_to_host_1_are_transcribed_on_host_2(cluster):
         # cancel sent to host 1 stops it where host 2 runs it.
         samples, _text = long_recording(repeats=6)
         wav = write_wav(cluster.tmp / "long.wav", samples).read_bytes()
-        resp = cluster.client.post("/v1/jobs", data={"file": (io.BytesIO(wav), "long.wav"), "language": "en"},
-                                   content_type="multipart/form-data")
+        resp = upload(cluster.client, "long.wav", data=wav, language="en")
         assert resp.status_code == 202, resp.get_json()
         long_id = resp.get_json()["job_id"]
         status = cluster.client.get(f"/v1/jobs/{long_id}").get_json()
@@ -236,7 +249,7 @@ def _wait_for_host(cluster, hostname: str) -> dict:
     deadline = time.monotonic() + 30
     while True:
         hosts = cluster.client.get("/readyz").get_json().get("hosts", {})
-        if hostname in hosts and len(hosts[hostname]["workers"]) >= 3 or time.monotonic() > deadline:
+        if (hostname in hosts and len(hosts[hostname]["workers"]) >= 3) or time.monotonic() > deadline:
             return hosts
         time.sleep(1)
 

@@ -10,12 +10,12 @@ per operation. The seed is fixed, so a run is the same run every time; it takes 
 The app runs with anonymous use on (tests/conftest.py); the admin operations get the
 admin token. The broker is the real one: an accepted submission is published.
 """
+
 from __future__ import annotations
 
 import pytest
-
-from helpers import make_job
 import schemathesis
+from helpers import make_job
 
 SEED = 20260608
 CONFIG = {
@@ -30,11 +30,14 @@ CONFIG = {
     "phases": {"stateful": {"enabled": False}},
     # Schema-valid is not enough to be accepted: random bytes are not audio, a made-up host
     # does not resolve, a cursor is opaque. Every other check runs.
-    "checks": {"positive_data_acceptance": {"enabled": False},
-               # Invalid data may also be refused as too large: more than 16 multipart parts is 413
-               # before any field is read (web/__init__.py MAX_FORM_PARTS), which is a rejection too.
-               "negative_data_rejection": {"expected-statuses": [400, 401, 403, 404, 405, 406, 409, 413, 415, 422,
-                                                                 428, 429, "5xx"]}},
+    "checks": {
+        "positive_data_acceptance": {"enabled": False},
+        # Invalid data may also be refused as too large: more than 16 multipart parts is 413
+        # before any field is read (web/__init__.py MAX_FORM_PARTS), which is a rejection too.
+        "negative_data_rejection": {
+            "expected-statuses": [400, 401, 403, 404, 405, 406, 409, 413, 415, 422, 428, 429, "5xx"]
+        },
+    },
 }
 ADMIN = {"Authorization": "Bearer test-admin-token"}  # WHISPERQ_ADMIN_TOKEN in tests/conftest.py
 
@@ -63,27 +66,39 @@ def api_schema(settings, database, celery_app, request, monkeypatch):
     one = dataclasses.replace(settings, models=settings.models[:1], default_model=settings.models[0].name)
     app = create_app({"SETTINGS": one, "TESTING": True})
     jobs = real_jobs(app.extensions["whisperq"])
-    config = schemathesis.Config.from_dict({
-        **CONFIG,
-        "dictionaries": {name: {"values": ids} for name, ids in jobs.items()},
-        "operations": [
-            {"include-operation-id": operation, "parameters": {"path.job_id": {"dictionary": name, "probability": 0.5}}}
-            for operation, name in (("getJob", "read"), ("getTranscript", "read"), ("cancelJob", "cancel"),
-                                    ("deleteJob", "delete"), ("getDeadLetter", "dead"),
-                                    ("replayDeadLetter", "replay"), ("purgeDeadLetter", "purge"),
-                                    ("correctTranscript", "correct"))
-        ],
-    })
+    config = schemathesis.Config.from_dict(
+        {
+            **CONFIG,
+            "dictionaries": {name: {"values": ids} for name, ids in jobs.items()},
+            "operations": [
+                {
+                    "include-operation-id": operation,
+                    "parameters": {"path.job_id": {"dictionary": name, "probability": 0.5}},
+                }
+                for operation, name in (
+                    ("getJob", "read"),
+                    ("getTranscript", "read"),
+                    ("cancelJob", "cancel"),
+                    ("deleteJob", "delete"),
+                    ("getDeadLetter", "dead"),
+                    ("replayDeadLetter", "replay"),
+                    ("purgeDeadLetter", "purge"),
+                    ("correctTranscript", "correct"),
+                )
+            ],
+        }
+    )
     return schemathesis.openapi.from_wsgi("/openapi.json", app, config=config)
 
 
 def real_jobs(rt) -> dict[str, list[str]]:
-    from models.jobs.deadletter import bury
+    from models.jobs.deadletter import move_to_dead_letters
     from models.jobs.operations import complete_job
 
     def job(**kwargs) -> str:
-        fields = dict(filename="call.mp3", duration=4.2, language=None, priority="normal",
-                      audio_url="http://127.0.0.1:9/call.mp3")
+        fields = dict(
+            filename="call.mp3", duration=4.2, language=None, priority="normal", audio_url="http://127.0.0.1:9/call.mp3"
+        )
         return make_job(rt, None, **{**fields, **kwargs}).id
 
     def waiting() -> list[str]:
@@ -92,21 +107,43 @@ def real_jobs(rt) -> dict[str, list[str]]:
     def dead() -> list[str]:
         ids = [job(), job()]
         for job_id in ids:
-            bury(rt, job_id, "whisperq.transcribe", "the audio could not be fetched", "Traceback ...")
+            move_to_dead_letters(rt, job_id, "whisperq.transcribe", "the audio could not be fetched", "Traceback ...")
         return ids
 
     def completed() -> str:
         job_id = job(word_timestamps=True)
-        complete_job(rt, job_id, {"text": "The quick brown fox.", "language": "en", "duration": 4.2, "segments": [
-            {"start": 0.0, "end": 2.0, "text": " The quick", "words": [
-                {"word": " The", "start": 0.0, "end": 0.5, "probability": 0.9},
-                {"word": " quick", "start": 0.5, "end": 2.0, "probability": 0.8}]},
-            {"start": 2.0, "end": 4.2, "text": " brown fox."}]})
+        complete_job(
+            rt,
+            job_id,
+            {
+                "text": "The quick brown fox.",
+                "language": "en",
+                "duration": 4.2,
+                "segments": [
+                    {
+                        "start": 0.0,
+                        "end": 2.0,
+                        "text": " The quick",
+                        "words": [
+                            {"word": " The", "start": 0.0, "end": 0.5, "probability": 0.9},
+                            {"word": " quick", "start": 0.5, "end": 2.0, "probability": 0.8},
+                        ],
+                    },
+                    {"start": 2.0, "end": 4.2, "text": " brown fox."},
+                ],
+            },
+        )
         return job_id
 
-    return {"read": [completed(), *waiting()], "cancel": [completed(), *waiting()],
-            "delete": [completed(), *waiting()], "dead": dead(), "replay": dead(), "purge": dead(),
-            "correct": [completed(), completed(), *waiting()]}
+    return {
+        "read": [completed(), *waiting()],
+        "cancel": [completed(), *waiting()],
+        "delete": [completed(), *waiting()],
+        "dead": dead(),
+        "replay": dead(),
+        "purge": dead(),
+        "correct": [completed(), completed(), *waiting()],
+    }
 
 
 schema = schemathesis.pytest.from_fixture("api_schema")
@@ -124,7 +161,7 @@ def test_what_fuzzing_found_stays_fixed(client, app, monkeypatch):
     import base64
     import json
 
-    from models.jobs.deadletter import bury
+    from models.jobs.deadletter import move_to_dead_letters
 
     # "²".isdigit() is true, but int("²") raises: a 500 before.
     assert client.get("/v1/jobs?limit=%C2%B2").status_code == 400
@@ -136,10 +173,20 @@ def test_what_fuzzing_found_stays_fixed(client, app, monkeypatch):
     assert "GET" in client.delete("/v1/jobs").headers["Allow"]
 
     rt = app.extensions["whisperq"]
-    ids = [make_job(rt, None, filename="a.mp3", duration=None, language=None, priority="normal",
-                      audio_url="http://127.0.0.1:9/a.mp3").id for _ in range(2)]
+    ids = [
+        make_job(
+            rt,
+            None,
+            filename="a.mp3",
+            duration=None,
+            language=None,
+            priority="normal",
+            audio_url="http://127.0.0.1:9/a.mp3",
+        ).id
+        for _ in range(2)
+    ]
     for job_id in ids:
-        bury(rt, job_id, "whisperq.transcribe", "the audio could not be fetched", None)
+        move_to_dead_letters(rt, job_id, "whisperq.transcribe", "the audio could not be fetched", None)
     # A job by URL that never got its audio is replayed (it fetches it again): a 500 before.
     resp = client.post(f"/v1/admin/dead-letters/{ids[0]}/replay", headers=ADMIN)
     assert resp.status_code == 202, resp.get_json()

@@ -1,12 +1,12 @@
 """Security headers (web/security.py) on pages, the API, errors and static files, and
 templates that the pages' Content-Security-Policy does not break."""
+
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
 import pytest
-
 from helpers import make_job
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "web" / "templates"
@@ -35,18 +35,31 @@ def test_pages_get_a_strict_content_security_policy(client):
     assert_common(resp)
     csp = directives(resp.headers["Content-Security-Policy"])
     assert csp == {
-        "default-src": "'self'", "script-src": "'self'", "style-src": "'self'", "img-src": "'self' data:",
-        "connect-src": "'self'", "frame-ancestors": "'none'", "base-uri": "'none'", "form-action": "'self'",
+        "default-src": "'self'",
+        "script-src": "'self'",
+        "style-src": "'self'",
+        "img-src": "'self' data:",
+        "connect-src": "'self'",
+        "frame-ancestors": "'none'",
+        "base-uri": "'none'",
+        "form-action": "'self'",
         "object-src": "'none'",
     }
     assert "Strict-Transport-Security" not in resp.headers  # plain http
     assert "no-store" not in resp.headers.get("Cache-Control", "")
 
 
-@pytest.mark.parametrize("method, path", [
-    ("get", "/v1/jobs"), ("get", "/v1/jobs/no-such-job"), ("delete", "/v1/jobs"), ("get", "/v1/models"),
-    ("get", "/v1/nothing-here"), ("get", "/v1/admin/dead-letters"),
-])
+@pytest.mark.parametrize(
+    "method, path",
+    [
+        ("get", "/v1/jobs"),
+        ("get", "/v1/jobs/no-such-job"),
+        ("delete", "/v1/jobs"),
+        ("get", "/v1/models"),
+        ("get", "/v1/nothing-here"),
+        ("get", "/v1/admin/dead-letters"),
+    ],
+)
 def test_api_responses_are_never_cached_and_allow_nothing(client, method, path):
     resp = getattr(client, method)(path)
     assert resp.mimetype == "application/json", resp.status_code
@@ -64,8 +77,15 @@ def test_a_405_names_the_allowed_methods(client):
 
 def test_the_job_page_is_not_cached(client, app):
 
-    job = make_job(app.extensions["whisperq"], None, filename="a.mp3", duration=1.0, language=None,
-                     priority="normal", audio_url="http://127.0.0.1:9/a.mp3")
+    job = make_job(
+        app.extensions["whisperq"],
+        None,
+        filename="a.mp3",
+        duration=1.0,
+        language=None,
+        priority="normal",
+        audio_url="http://127.0.0.1:9/a.mp3",
+    )
     resp = client.get(f"/jobs/{job.id}")
     assert resp.status_code == 200
     assert resp.headers["Cache-Control"] == "no-store"
@@ -115,10 +135,19 @@ def test_the_pages_run_in_a_browser_without_a_policy_violation(live_server, app,
     from models.jobs.operations import complete_job
 
     rt = app.extensions["whisperq"]
-    job = make_job(rt, None, filename="a.mp3", duration=1.0, language=None, priority="normal",
-                     audio_url="http://127.0.0.1:9/a.mp3")
-    complete_job(rt, job.id, {"text": "Hello.", "language": "en", "duration": 1.0,
-                              "segments": [{"start": 0.0, "end": 1.0, "text": " Hello."}]})
+    job = make_job(
+        rt, None, filename="a.mp3", duration=1.0, language=None, priority="normal", audio_url="http://127.0.0.1:9/a.mp3"
+    )
+    complete_job(
+        rt,
+        job.id,
+        {
+            "text": "Hello.",
+            "language": "en",
+            "duration": 1.0,
+            "segments": [{"start": 0.0, "end": 1.0, "text": " Hello."}],
+        },
+    )
     browser = start_chromium(tmp_path / "profile")
     try:
         # Runs before any of the page's own scripts, and the policy does not apply to it.
@@ -126,7 +155,8 @@ def test_the_pages_run_in_a_browser_without_a_policy_violation(live_server, app,
         for path in ("/", f"/jobs/{job.id}"):
             browser.get(live_server + path)
             loaded = browser.execute_script(
-                "return performance.getEntriesByType('resource').map(function (e) { return e.name; });")
+                "return performance.getEntriesByType('resource').map(function (e) { return e.name; });"
+            )
             assert any(name.endswith(".js") for name in loaded) and any(name.endswith("style.css") for name in loaded)
             if path != "/":
                 browser.find_element("id", "copy").click()  # job.js: a CSSOM style, which the policy allows

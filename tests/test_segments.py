@@ -1,4 +1,7 @@
 """Timed words into subtitle segments: every word kept once, in order, cut where a reader expects."""
+
+import itertools
+
 import pytest
 
 from models.speech.segments import MAX_CUE_CHARS, MAX_CUE_SECONDS, TimedWord, cues, window_segments, window_words
@@ -19,7 +22,7 @@ def test_every_word_is_kept_once_in_order():
     segs = cues(ws, with_words=True)
     assert [w["word"] for s in segs for w in s.words] == [w.text.strip() for w in ws]
     assert " ".join(s.text for s in segs) == " ".join(w.text.strip() for w in ws)
-    assert all(a.end <= b.start for a, b in zip(segs, segs[1:]))
+    assert all(a.end <= b.start for a, b in itertools.pairwise(segs))
 
 
 def test_a_cue_ends_with_its_sentence_and_at_a_pause():
@@ -54,7 +57,12 @@ def test_times_stay_inside_the_window_and_in_order():
 
 
 def test_a_word_stretched_into_the_silence_before_it_is_cut_back():
-    aligned = [(" Hello.", 0.2, 0.6, 0.9), (" Then", 0.6, 5.0, 0.9), (" more", 5.0, 5.3, 0.9), (" words.", 5.3, 5.6, 0.9)]
+    aligned = [
+        (" Hello.", 0.2, 0.6, 0.9),
+        (" Then", 0.6, 5.0, 0.9),
+        (" more", 5.0, 5.3, 0.9),
+        (" words.", 5.3, 5.6, 0.9),
+    ]
     placed = window_words(aligned, 0.0, 6.0)
     assert placed[1].end == 5.0 and placed[1].start > 4.0
 

@@ -1,11 +1,10 @@
 """`whisperq status`: what an operator looks at first, from heartbeats, broker and database."""
-import io
+
 import json
 import time
 
 import pytest
-
-from helpers import CLIPS
+from api import upload
 
 pytestmark = [pytest.mark.integration, pytest.mark.brokers]
 
@@ -23,8 +22,7 @@ def test_status_shows_workers_queues_and_dead_letters(client, runner, worker, ce
     assert all(w["last_seen_seconds"] < 30 for w in report["workers"])
     with worker.paused(celery_app):
         for _ in range(2):
-            resp = client.post("/v1/jobs", data={"file": (io.BytesIO(CLIPS["fox.flac"]["path"].read_bytes()), "f.flac"),
-                                                 "priority": "low"}, content_type="multipart/form-data")
+            resp = upload(client, filename="f.flac", priority="low")
             assert resp.status_code == 202, resp.get_json()
         report = json.loads(runner.invoke(cli, ["status", "--json"]).output)
         text = runner.invoke(cli, ["status"]).output
@@ -43,12 +41,14 @@ def test_workers_are_shown_by_host_with_its_disk_and_memory(client, runner, work
     deadline = time.monotonic() + 30
     while True:
         hosts = json.loads(runner.invoke(cli, ["status", "--json"]).output)["hosts"]
-        if {"prepare", "inference", "notify"} <= set(hosts.get(host, {}).get("workers", {})) or time.monotonic() > deadline:
+        if {"prepare", "inference", "notify"} <= set(
+            hosts.get(host, {}).get("workers", {})
+        ) or time.monotonic() > deadline:
             break
         time.sleep(1)
     mine = hosts[host]
     assert {"prepare", "inference", "notify"} <= set(mine["workers"]) and "tiny.en" in mine["models"]
-    assert 0 < mine["disk_free_bytes"] and 0 < mine["memory_available_bytes"]
+    assert mine["disk_free_bytes"] > 0 and mine["memory_available_bytes"] > 0
     assert f"host {host}" in runner.invoke(cli, ["status"]).output
     ready = client.get("/readyz").get_json()
     assert ready["hosts"][host]["workers"]["inference"] >= 1 and ready["hosts"][host]["disk"] == "ok", ready

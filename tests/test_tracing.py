@@ -1,6 +1,7 @@
 """OpenTelemetry: off unless OTEL_EXPORTER_OTLP_ENDPOINT is set; when on, a request's
 trace goes into the task messages it sends, and a task run continues the trace it was
 sent from (an in-memory exporter instead of OTLP)."""
+
 import pytest
 
 from config import tracing
@@ -37,8 +38,16 @@ def test_a_request_and_its_tasks_share_a_trace(app):
 
     @app.post("/_publish")
     def publish():  # what web.uploads does, without a broker: the publish signal
-        before_task_publish.send(sender="whisperq.transcribe", body=((), {}, {}), exchange="", routing_key="prepare",
-                                 headers=headers, properties={}, declare=[], retry_policy=None)
+        before_task_publish.send(
+            sender="whisperq.transcribe",
+            body=((), {}, {}),
+            exchange="",
+            routing_key="prepare",
+            headers=headers,
+            properties={},
+            declare=[],
+            retry_policy=None,
+        )
         return "sent"
 
     @app.post("/_eager")

@@ -1,5 +1,6 @@
 """A bounded web tier: small JSON bodies, few multipart parts, a door check whose cost does
 not grow with the audio's length; and transcribe.delay() reads only the input directories."""
+
 from __future__ import annotations
 
 import io
@@ -10,9 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from api import upload, wait_for_job
+from helpers import CLIPS, stored_files
 from sqlalchemy import func, select
 
-from helpers import CLIPS, stored_files, wait_for_job
 from models.jobs.record import Job
 
 
@@ -47,7 +49,7 @@ def roomy(settings, database, monkeypatch):
 
     made: list[str] = []
     monkeypatch.setattr(CeleryBroker, "publish_job", lambda self, job, **kw: made.append(job.id))
-    app = create_app({"SETTINGS": dataclasses.replace(settings, queue_budget_seconds=10 ** 7), "TESTING": True})
+    app = create_app({"SETTINGS": dataclasses.replace(settings, queue_budget_seconds=10**7), "TESTING": True})
     yield app.test_client()
     for job_id in made:
         discard_job(app.extensions["whisperq"], job_id)
@@ -64,8 +66,12 @@ def test_a_json_body_over_64_kib_is_413_and_stores_nothing(client, settings, dat
     resp = client.post("/v1/jobs", data=body, content_type="application/json")
     assert resp.status_code == 413 and "64 KiB" in resp.get_json()["error"]["message"]
     # Chunked, with no Content-Length to refuse it by: cut off while it is read.
-    resp = client.post("/v1/jobs", input_stream=io.BytesIO(body.encode()), content_type="application/json",
-                       headers={"Transfer-Encoding": "chunked"})
+    resp = client.post(
+        "/v1/jobs",
+        input_stream=io.BytesIO(body.encode()),
+        content_type="application/json",
+        headers={"Transfer-Encoding": "chunked"},
+    )
     assert resp.status_code in (400, 413)
     assert jobs_count(database) == before and not published and stored_files(settings) == files
 
@@ -90,7 +96,7 @@ def test_the_door_check_costs_a_small_part_of_a_full_decode(roomy, tmp_path):
     audio.decode(io.BytesIO(data))
     full = time.thread_time() - started
     started = time.thread_time()
-    resp = roomy.post("/v1/jobs", data={"file": (io.BytesIO(data), path.name)}, content_type="multipart/form-data")
+    resp = upload(roomy, path.name, data=data)
     door = time.thread_time() - started
     assert resp.status_code == 202, resp.get_json()
     assert resp.get_json()["audio_duration"] == pytest.approx(3600, abs=1)
@@ -101,8 +107,7 @@ def test_audio_over_the_limit_is_refused_from_its_header(roomy, tmp_path, settin
     path = flac(tmp_path / "four-hours.flac", settings.max_audio_seconds + 60)
     files = stored_files(settings)
     started = time.thread_time()
-    resp = roomy.post("/v1/jobs", data={"file": (io.BytesIO(path.read_bytes()), path.name)},
-                      content_type="multipart/form-data")
+    resp = upload(roomy, path.name, data=path.read_bytes())
     assert time.thread_time() - started < 2.0
     assert resp.status_code == 413 and resp.get_json()["error"]["code"] == "audio_too_long"
     assert stored_files(settings) == files
@@ -126,6 +131,7 @@ def test_audio_longer_than_its_header_says_is_cut_short_in_preparation(settings,
 
 # --- transcribe.delay(path) ------------------------------------------------------------------
 
+
 def test_delay_refuses_a_relative_path_before_anything_is_queued():
     from tasks import transcribe
 
@@ -139,11 +145,11 @@ def test_delay_refuses_a_relative_path_before_anything_is_queued():
 def test_delay_reads_only_files_in_the_input_directories(client, worker, settings, tmp_path, given, celery_app):
     """transcribe.delay() refuses the path before anything is queued; the same path in a raw
     message (no delay(): any producer may write one) makes a FAILED job, never retried."""
+    from models.errors import PermanentJobError
     from tasks import transcribe
 
     # Another job's stored audio: the store is never readable through delay().
-    resp = client.post("/v1/jobs", data={"file": (io.BytesIO(CLIPS["fox.flac"]["path"].read_bytes()), "fox.flac")},
-                       content_type="multipart/form-data")
+    resp = upload(client)
     other = wait_for_job(client, resp.get_json()["job_id"])
     stored = next(p for p in (settings.data_dir / "audio").rglob("*") if p.is_file())
     if given == "STORE":
@@ -152,10 +158,10 @@ def test_delay_reads_only_files_in_the_input_directories(client, worker, setting
         link = tmp_path / "innocent.flac"
         os.symlink("/etc/hostname", link)
         given = str(link)
-    with pytest.raises(ValueError, match="outside your input directories|data directory"):
+    with pytest.raises(ValueError, match=r"outside your input directories|data directory"):
         transcribe.delay(given)
     result = celery_app.send_task("whisperq.transcribe", args=[given])
-    with pytest.raises(Exception):
+    with pytest.raises(PermanentJobError):  # refused by the worker's door: failed, never retried
         result.get(timeout=60)
     job = client.get(f"/v1/jobs/{result.id}").get_json()
     assert job["status"] == "FAILED" and job["attempts"] == 0, job
@@ -198,21 +204,25 @@ def test_synchronous_waits_are_capped_in_all_and_per_client(settings, database, 
 
     made: list[str] = []
     monkeypatch.setattr(CeleryBroker, "publish_job", lambda self, job, **kw: made.append(job.id))  # never done
-    app = create_app({"SETTINGS": dataclasses.replace(settings, sync_wait_seconds=3.0, sync_waits=2,
-                                                      sync_waits_per_client=1), "TESTING": True})
+    app = create_app(
+        {
+            "SETTINGS": dataclasses.replace(settings, sync_wait_seconds=3.0, sync_waits=2, sync_waits_per_client=1),
+            "TESTING": True,
+        }
+    )
     answers: dict[str, list[tuple[int, float]]] = {}
 
     def call(address: str):
         client = app.test_client()
         client.environ_base["REMOTE_ADDR"] = address
         started = time.monotonic()
-        resp = client.post("/v1/audio/transcriptions", data={
-            "file": (io.BytesIO(CLIPS["fox.flac"]["path"].read_bytes()), "fox.flac"), "model": "whisper-1"},
-            content_type="multipart/form-data")
+        resp = upload(client, path="/v1/audio/transcriptions", model="whisper-1")
         answers.setdefault(address, []).append((resp.status_code, time.monotonic() - started))
 
-    threads = [threading.Thread(target=call, args=(address,)) for address in
-               ["10.0.0.1", "10.0.0.1", "10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]]
+    threads = [
+        threading.Thread(target=call, args=(address,))
+        for address in ["10.0.0.1", "10.0.0.1", "10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]
+    ]
     for t in threads:
         t.start()
     for t in threads:
