@@ -39,6 +39,13 @@ class AudioTooLong(WhisperqError):
     http_status = 413
 
 
+class TooLarge(WhisperqError):
+    """More bytes than WHISPERQ_MAX_UPLOAD_MB allows (an object an audio_url names, by its size)."""
+
+    code = "too_large"
+    http_status = 413
+
+
 class JobNotFound(WhisperqError):
     code = "not_found"
     http_status = 404

@@ -26,6 +26,8 @@ from models.retry import RetryPolicy
 from models.storage import Storage, open_storage
 
 if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
     from config.registry import ModelSpec
     from models.security.crypto import Keyring
     from models.speech.batching import Batcher
@@ -104,6 +106,16 @@ class Runtime:
 
         name = self.settings.model(model).name
         return self._part(("batcher", name), lambda: build_batcher(self, name))
+
+    def s3_client(self) -> S3Client:
+        """The client an `audio_url=s3://…` is read with (models.delivery.s3_fetch): storage's own
+        where audio lives in S3, else one made on first use, configured the same way (AWS's own
+        variables, the credentials chain)."""
+        from models.storage.s3 import ProcessClient, S3Storage
+
+        if isinstance(self.storage, S3Storage):
+            return self.storage.client
+        return self._part(("s3", ""), ProcessClient).get()
 
     @property
     def engine(self) -> SpeechEngine:

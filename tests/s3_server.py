@@ -1,17 +1,22 @@
-"""An S3 server on loopback for the S3 storage tests (test_s3, test_storage's s3 backend):
-moto's, in this process (ThreadedMotoServer on 127.0.0.1 and a port of its own), reached the
-way a deployment reaches S3, through AWS's own variables (AWS_ENDPOINT_URL and the rest), so
-the service's code runs as it would against S3. conftest.py loads its fixtures: s3_server
-(one per session), s3_env (the variables, set for one test), s3_bucket (a new bucket).
+"""An S3 and SQS server on loopback for the S3 storage tests (test_s3, test_storage's s3
+backend) and the SQS broker's (test_sqs, test_compat): moto's, in this process
+(ThreadedMotoServer on 127.0.0.1 and a port of its own, one server answering every AWS API),
+reached the way a deployment reaches AWS, through AWS's own variables (AWS_ENDPOINT_URL and the
+rest), so the service's code runs as it would against S3 and SQS. conftest.py loads its
+fixtures: s3_server (one per session), s3_env (the variables, set for one test), s3_bucket (a
+new bucket), sqs_env (s3_env, where kombu's SQS transport can run: it needs pycurl too).
 
-Without boto3 or moto (`make install` installs both, in the test extra) the tests that need
-them are skipped, or fail when REQUIRE_SERVICES=1.
+Without boto3 or moto (`make install` installs both, in the test extra), or pycurl for SQS,
+the tests that need them are skipped, or fail when REQUIRE_SERVICES=1.
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,15 +31,15 @@ class S3Server:
     endpoint: str
     env: dict[str, str]  # what a process needs to reach it: AWS_ENDPOINT_URL, the region, credentials
 
-    def client(self) -> Any:
-        """A client of the test's own, to look into the bucket past the service's code."""
+    def client(self, service: str = "s3") -> Any:
+        """A client of the test's own, to look into the bucket (or the queues) past the service's code."""
         import boto3
 
         return boto3.session.Session(
             aws_access_key_id=self.env["AWS_ACCESS_KEY_ID"],
             aws_secret_access_key=self.env["AWS_SECRET_ACCESS_KEY"],
             region_name=REGION,
-        ).client("s3", endpoint_url=self.endpoint)
+        ).client(service, endpoint_url=self.endpoint)
 
 
 @pytest.fixture(scope="session")
@@ -73,6 +78,20 @@ def s3_env(s3_server, monkeypatch) -> S3Server:
 
 
 @pytest.fixture()
+def sqs_env(s3_env, monkeypatch) -> S3Server:
+    """s3_env, for SQS as the broker: the same server answers SQS's API. kombu's SQS transport
+    needs pycurl as well (its asynchronous client)."""
+    try:
+        import pycurl  # noqa: F401
+    except ImportError as exc:
+        need_service(f"the SQS tests need pycurl (`make install` installs it, in the test extra): {exc}")
+    monkeypatch.delenv("AWS_ENDPOINT_URL_SQS", raising=False)
+    # the workers' polls are many requests: the server's line for each would fill a failure's report
+    monkeypatch.setattr(logging.getLogger("werkzeug"), "level", logging.WARNING)
+    return s3_env
+
+
+@pytest.fixture()
 def s3_bucket(s3_env) -> str:
     """A new, empty bucket on the loopback server (with the variables set): its name."""
     name = f"wq-test-{uuid.uuid4().hex[:12]}"
@@ -108,3 +127,66 @@ class Traffic:
     def clear(self) -> None:
         self.calls.clear()
         self.received.clear()
+
+
+@dataclass
+class Stack:
+    """A web app and a prepare and an inference worker of their own on S3 storage."""
+
+    settings: Any
+    rt: Any
+    client: Any
+    workers: list
+
+
+@contextmanager
+def s3_stack(settings, tmp_path, monkeypatch, storage: str, name: str, **overrides: Any) -> Iterator[Stack]:
+    """Web and workers on `storage` (s3://BUCKET/PREFIX) with a broker and database of their own,
+    so the session's workers, on the data dir, take none of these jobs; `overrides` go into
+    the settings. Stops the workers and the broker on the way out."""
+    import dataclasses
+
+    from conftest import start_worker, stop_worker
+
+    from config import INFERENCE_QUEUE, PREPARE_QUEUE
+    from config.embedded import EmbeddedRedis
+    from models.db import Database
+    from tasks.app import celery_for
+    from web import create_app
+
+    broker = EmbeddedRedis(tmp_path / "redis")
+    private = dataclasses.replace(
+        settings,
+        data_dir=tmp_path / "data",
+        database_url=f"sqlite:///{tmp_path / 'data' / 'whisperq.db'}",
+        broker_url=broker.start(),
+        result_backend=None,
+        storage=storage,
+        **overrides,
+    )
+    env = {
+        "CELERY_BROKER_URL": private.broker_url,
+        "CELERY_RESULT_BACKEND": "",
+        "DATABASE_URL": private.database_url,
+        "WHISPERQ_DATA_DIR": str(private.data_dir),
+        "WHISPERQ_STORAGE": storage,
+    }
+    monkeypatch.setenv("CELERY_BROKER_URL", private.broker_url)  # Celery reads it before its configuration
+    Database(private.database_url).upgrade()
+    celery = celery_for(private)
+    workers: list = []
+    try:
+        for pool_name, queue, pool, threads in (
+            ("prepare", PREPARE_QUEUE, "prefork", 1),
+            ("infer", INFERENCE_QUEUE, "threads", 2),
+        ):
+            tag = uuid.uuid4().hex[:6]
+            workers.append(
+                start_worker(celery, tmp_path, f"{name}-{pool_name}-{tag}", queue, pool, threads, extra_env=env)
+            )
+        app = create_app({"SETTINGS": private, "TESTING": True})
+        yield Stack(private, app.extensions["whisperq"], app.test_client(), workers)
+    finally:
+        for worker in workers:
+            stop_worker(worker)
+        broker.stop()

@@ -20,7 +20,7 @@ from datetime import timedelta
 import pytest
 from api import submit_id, wait_for_job
 from helpers import CLIPS, make_job, wait_until, word_error_rate
-from s3_server import Traffic
+from s3_server import Traffic, s3_stack
 
 from models.security.sealed import CHUNK_BYTES, MAGIC, TAG_BYTES
 
@@ -332,48 +332,12 @@ def test_a_job_runs_through_real_workers_with_its_audio_in_the_bucket(
     """Web and workers on S3 storage (and a broker and database of their own, so the session's
     workers, on the data dir, take none of these jobs): the audio is sealed in the bucket
     while its job lives, gone after DELETE /v1/jobs/<id>, and retention removes expired audio."""
-    from conftest import start_worker, stop_worker
-
-    from config import INFERENCE_QUEUE, PREPARE_QUEUE
-    from config.embedded import EmbeddedRedis
-    from models.db import Database
     from models.jobs.record import utcnow
     from models.maintenance.retention import run_retention
-    from tasks.app import celery_for
-    from web import create_app
 
     url = f"s3://{s3_bucket}/wq"
-    broker = EmbeddedRedis(tmp_path / "redis")
-    private = dataclasses.replace(
-        settings,
-        data_dir=tmp_path / "data",
-        database_url=f"sqlite:///{tmp_path / 'data' / 'whisperq.db'}",
-        broker_url=broker.start(),
-        result_backend=None,
-        storage=url,
-        audio_retention_seconds=3600.0,
-    )
-    env = {
-        "CELERY_BROKER_URL": private.broker_url,
-        "CELERY_RESULT_BACKEND": "",
-        "DATABASE_URL": private.database_url,
-        "WHISPERQ_DATA_DIR": str(private.data_dir),
-        "WHISPERQ_STORAGE": url,
-    }
-    monkeypatch.setenv("CELERY_BROKER_URL", private.broker_url)  # Celery reads it before its configuration
-    Database(private.database_url).upgrade()
-    celery = celery_for(private)
-    workers = []
-    try:
-        for name, queue, pool, threads in (
-            ("prepare", PREPARE_QUEUE, "prefork", 1),
-            ("infer", INFERENCE_QUEUE, "threads", 2),
-        ):
-            workers.append(
-                start_worker(celery, tmp_path, f"s3-{name}-{uuid.uuid4().hex[:6]}", queue, pool, threads, extra_env=env)
-            )
-        app = create_app({"SETTINGS": private, "TESTING": True})
-        rt, client = app.extensions["whisperq"], app.test_client()
+    with s3_stack(settings, tmp_path, monkeypatch, url, "s3", audio_retention_seconds=3600.0) as stack:
+        private, rt, client, workers = stack.settings, stack.rt, stack.client, stack.workers
         assert rt.storage.kind == "s3"
         kept, deleted = submit_id(client, "fox.flac"), submit_id(client, "fox.flac")
         own, bucket = s3_env.client(), s3_bucket
@@ -398,7 +362,3 @@ def test_a_job_runs_through_real_workers_with_its_audio_in_the_bucket(
         counts = run_retention(rt, now=utcnow() + timedelta(hours=2))  # the beat task's pass, two hours on
         assert counts["files_deleted"] == 1 and counts["errors"] == 0, counts  # the kept job's audio
         assert own.list_objects_v2(Bucket=bucket, Prefix="wq/").get("KeyCount") == 0
-    finally:
-        for worker in workers:
-            stop_worker(worker)
-        broker.stop()

@@ -56,13 +56,15 @@ def errors(*codes: int, schema: str = "Error") -> dict:
     text = {
         400: "The request is wrong (a field, an option, the body); the message says what to change.",
         401: "`unauthorized`: no API key where one is needed, or an unknown or revoked key.",
-        403: "`forbidden`: the key's tier (or anonymous use) may not ask for this priority; the Host is one this "
+        403: "`forbidden`: the key's tier (or anonymous use) may not ask for this priority; an s3:// audio_url "
+        "outside the key's S3 sources (`allowed_s3_sources` lists them); the Host is one this "
         "server does not serve; an anonymous change from another site (admin API: it is off).",
         404: "`not_found`: no such job or key, or the job (the usage) belongs to another key.",
         409: "The job is not in a state that allows this (`not_ready`, `idempotency_conflict`, `audio_deleted`, "
         "`result_deleted`).",
         410: "`result_deleted`: retention deleted the transcript (WHISPERQ_RESULT_RETENTION).",
-        413: "`too_large`: over WHISPERQ_MAX_UPLOAD_MB, a JSON body over 64 KiB (a correction: 2 MiB) or more than "
+        413: "`too_large`: over WHISPERQ_MAX_UPLOAD_MB (an upload, or the object an s3:// audio_url names), a JSON "
+        "body over 64 KiB (a correction: 2 MiB) or more than "
         "16 multipart parts; "
         "`audio_too_long`: over the audio length limit.",
         415: "`unsupported_media_type` (send multipart or JSON) or `unsupported_audio` (not decodable audio).",

@@ -76,7 +76,12 @@ def batch_paths(op, ok, errors, query, idempotency_key: dict, location: dict) ->
 def batch_schemas(models: list[str]) -> dict:
     shared = {k: v for k, v in options(json_body=True, models=models).items() if k != "callback_url"}
     per_item = {k: v for k, v in shared.items() if k != "priority"}
-    url = {"type": "string", "format": "uri", "description": "A public http(s) URL the preparation pool fetches."}
+    url = {
+        "type": "string",
+        "format": "uri",
+        "description": "A public http(s) URL the preparation pool fetches, or s3://BUCKET/KEY under one of the "
+        "key's S3 sources.",
+    }
     count = {"type": "integer", "minimum": 0}
     return {
         "BatchItem": {

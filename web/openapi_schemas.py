@@ -198,6 +198,12 @@ def schemas(models: list[str]) -> dict:
                             "description": "With `quota_exceeded`: the quota, what is used, "
                             "what this submission needed, and when it resets.",
                         },
+                        "allowed_s3_sources": {
+                            "type": "array",
+                            "items": STRING,
+                            "description": "With `forbidden` for an s3:// audio_url: the `BUCKET/PREFIX` entries "
+                            "this key (or a submission without a key) may name.",
+                        },
                     },
                 }
             },
@@ -414,7 +420,8 @@ def schemas(models: list[str]) -> dict:
                 "audio_url": {
                     "type": "string",
                     "format": "uri",
-                    "description": "A public http(s) URL the preparation pool fetches.",
+                    "description": "A public http(s) URL the preparation pool fetches, or s3://BUCKET/KEY "
+                    "under one of the key's S3 sources, read with the deployment's credentials.",
                 },
                 **options(json_body=True, models=models),
             },

@@ -24,6 +24,10 @@ receiver can switch without losing a delivery.
 A key with `collect` on (`whisperq keys create --collect`, `whisperq keys collect KEY on`)
 makes every job it submits training data, as the job option `collect=true` makes one job
 (`whisperq dataset export`).
+
+A key's `s3_sources` (`whisperq keys create --s3-source`, `whisperq keys s3-sources`) are the
+`BUCKET/PREFIX` entries its `audio_url=s3://…` may name, read with the deployment's credentials
+(models.access.s3_sources); none by default.
 """
 
 from __future__ import annotations
@@ -36,10 +40,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
-from sqlalchemy import Boolean, String, Text, select
+from sqlalchemy import JSON, Boolean, String, Text, select
 from sqlalchemy.orm import Mapped, mapped_column
 
 from config import PRIORITIES
+from config.s3_sources import parse_sources
 from models.db import Base, UTCDateTime, utcnow
 from models.errors import Forbidden, InvalidRequest, Unauthorized, WhisperqError
 from models.security.crypto import SealedAttribute
@@ -78,6 +83,8 @@ class ApiKey(Base):
     webhook_secret_rotated_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # Training-data logging for every job of this key (models.maintenance.dataset).
     collect: Mapped[bool | None] = mapped_column(Boolean, default=False)
+    # The BUCKET/PREFIX entries an audio_url=s3://… of this key may name (models.access.s3_sources).
+    s3_sources: Mapped[list[str] | None] = mapped_column(JSON)
 
     webhook_secret = SealedAttribute("webhook_secret_token", "api_keys.webhook_secret")
     previous_webhook_secret = SealedAttribute("previous_webhook_secret_token", "api_keys.previous_webhook_secret")
@@ -106,6 +113,7 @@ class ApiKey(Base):
             "revoked_at": iso(self.revoked_at),
             "webhook_secret_rotated_at": iso(self.webhook_secret_rotated_at),
             "collect": bool(self.collect),
+            "s3_sources": list(self.s3_sources or []),
         }
 
 
@@ -158,15 +166,24 @@ def new_webhook_secret() -> str:
     return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
 
 
-def create_key(rt: Runtime, name: str, tier: str, admin: bool = False, collect: bool = False) -> tuple[ApiKey, str]:
+def create_key(
+    rt: Runtime,
+    name: str,
+    tier: str,
+    admin: bool = False,
+    collect: bool = False,
+    s3_sources: tuple[str, ...] | list[str] = (),
+) -> tuple[ApiKey, str]:
     """A new key; returns its record and the key itself, which is never stored. The
     record's `webhook_secret` is readable until it leaves this call: show it then.
-    `collect`: every job of the key is training data (`whisperq dataset export`)."""
+    `collect`: every job of the key is training data (`whisperq dataset export`).
+    `s3_sources`: the BUCKET/PREFIX entries its audio_url=s3://… may name."""
     name = (name or "").strip()
     if not name or len(name) > 100 or not name.isprintable():
         raise InvalidRequest("the key's name must be 1 to 100 printable characters (who or what uses it)")
     if tier not in TIERS:
         raise InvalidRequest(f"tier {tier!r} is not one of: {', '.join(TIERS)}")
+    sources = checked_sources(s3_sources)
     token = PREFIX + secrets.token_urlsafe(32)
     record = ApiKey(
         id=str(uuid.uuid4()),
@@ -177,6 +194,7 @@ def create_key(rt: Runtime, name: str, tier: str, admin: bool = False, collect: 
         digest=digest(token),
         created_at=utcnow(),
         collect=bool(collect),
+        s3_sources=list(sources) or None,
     )
     record.webhook_secret = new_webhook_secret()
     record.webhook_secret_rotated_at = record.created_at
@@ -259,6 +277,37 @@ def set_collect(rt: Runtime, ident: str, on: bool) -> ApiKey:
         session.flush()
         session.expunge(key)
         return key
+
+
+def checked_sources(entries: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """S3 source entries normalised (config.s3_sources), or InvalidRequest saying what to write."""
+    try:
+        return parse_sources(list(entries))
+    except ValueError as exc:
+        raise InvalidRequest(f"S3 source {exc}") from None
+
+
+def set_s3_sources(rt: Runtime, ident: str, entries: tuple[str, ...] | list[str]) -> ApiKey:
+    """Replace the BUCKET/PREFIX entries a key's (by id or the start of the key) audio_url=s3://…
+    may name (none: it may name no S3 object). Jobs already queued are checked again against the
+    new entries when they are fetched."""
+    sources = checked_sources(entries)
+    found = find_key(rt, ident)
+    with rt.db.session() as session:
+        key = cast(ApiKey, session.get(ApiKey, found.id))  # found by find_key
+        key.s3_sources = list(sources) or None
+        session.flush()
+        session.expunge(key)
+        return key
+
+
+def s3_sources_of(rt: Runtime, owner: str) -> tuple[str, ...]:
+    """The S3 source entries of the key `owner` (a key id); none for an unknown or revoked key."""
+    with rt.db.session() as session:
+        key = session.get(ApiKey, owner)
+        if key is None or key.revoked_at is not None:
+            return ()
+        return tuple(key.s3_sources or ())
 
 
 def key_collects(rt: Runtime, owner: str | None) -> bool:

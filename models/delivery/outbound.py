@@ -78,7 +78,8 @@ def parse_url(url: str, field: str = "callback_url") -> Target:
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme not in ("http", "https"):
-        raise InvalidRequest(f"{field} has scheme {scheme or '(none)'!r}; use an http:// or https:// URL")
+        also = " (or s3://BUCKET/KEY where this key may read that bucket)" if field == "audio_url" else ""
+        raise InvalidRequest(f"{field} has scheme {scheme or '(none)'!r}; use an http:// or https:// URL{also}")
     if "@" in parts.netloc:
         raise InvalidRequest(
             f"{field} contains credentials (user:password@); remove them and authenticate "

@@ -10,7 +10,9 @@ which door) and calls `submit` (or `admit`, then `accept`). The rules live here,
    service issued and sealed): never from a key id a caller names. A revoked key is refused.
 2. **What.** The options (models.pipeline.options), the model served, the tier's priority cap.
 3. **The audio.** An upload is sealed and measured by its header against its tier's length
-   limit; a URL goes through the address guard; a path must lie in one of the owner's own
+   limit; a URL goes through the address guard, an `s3://` one through the key's S3 sources
+   (models.access.s3_sources: never the service's own storage) and S3's word that the object is
+   there and within the upload limit; a path must lie in one of the owner's own
    input directories (WHISPERQ_INPUT_DIRS, `KEY=DIR` for a key's own), resolved, in no other
    tenant's directory, and is opened later without following links (models.storage.spool).
 4. **Idempotency.** Keys are scoped to the owner and to the door's namespace (a client's
@@ -43,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 from models.access import quotas
 from models.access.admission import Backlog, check_disk, check_queue
 from models.access.apikeys import Principal, key_collects, principal_for_key_id
+from models.access.s3_sources import check_source, is_s3_url, parse_s3_url
 from models.errors import Forbidden, IdempotencyConflict, InvalidRequest
 from models.jobs import idempotency
 from models.jobs.operations import get_job
@@ -266,19 +269,27 @@ def admit(
     options = _options(rt, sub)
     key = scoped_key(sub.who, namespace or sub.door, sub.idempotency_key)
     path = _path(rt, sub, local) if sub.path is not None else None
-    url = sub.audio_url
+    url, source = sub.audio_url, None
     if url is not None:
         from models.delivery.outbound import check_url
 
         if not isinstance(url, str) or not url.strip():
-            raise InvalidRequest("audio_url must be the http(s) URL of the audio, as a string")
-        url = check_url(url.strip(), rt.settings, "audio_url")
+            raise InvalidRequest("audio_url must be the http(s) or s3:// URL of the audio, as a string")
+        if is_s3_url(url):
+            source = check_source(rt, parse_s3_url(url), sub.who.owner)
+            url = source.url
+        else:
+            url = check_url(url.strip(), rt.settings, "audio_url")
     fingerprint = _fingerprint(sub, options, url or path or (sub.rerun_of.id if sub.rerun_of else None))
     earlier = idempotent_hit(rt, sub.who, key, fingerprint)
     if earlier is not None:
         return Admission(
             sub, options, None, idempotency_key=key, fingerprint=fingerprint, earlier=earlier_job(rt, sub.who, earlier)
         )
+    if source is not None:
+        from models.delivery.s3_fetch import probe
+
+        probe(rt, source)  # there, readable by the deployment, within the upload limit
     seconds, fmt = None, None
     limit = rt.settings.audio_limit(sub.who.tier)
     if sub.upload is not None:

@@ -299,12 +299,17 @@ def _fetch(rt: Runtime, job: Job) -> str:
     """Fetch a job submitted by URL into storage (preparation pool); returns its reference.
     Its length, unknown at the door, is checked now as the door checks an upload's: against
     its key's tier's limit and what is left of the key's monthly quota."""
+    from models.access.s3_sources import is_s3_url
     from models.delivery.fetch import fetch_audio
+    from models.delivery.s3_fetch import fetch_s3_audio
 
     tmp = rt.storage.tmp_dir / f"fetch-{job.id}"
     try:
         url = cast(str, job.audio_url)  # a job by URL
-        fetch_audio(url, tmp, rt.settings, create=rt.storage.writer)  # written encrypted
+        if is_s3_url(url):  # read with the deployment's credentials, if the job's key may still name it
+            fetch_s3_audio(rt, url, tmp, job.owner, create=rt.storage.writer)  # written encrypted
+        else:
+            fetch_audio(url, tmp, rt.settings, create=rt.storage.writer)  # written encrypted
         with open_stored(tmp, what="the fetched audio") as fh:
             info = audio_io.probe(fh, max_seconds=rt.settings.audio_limit(_tier(rt, job.owner)))
         quotas.check_measured(rt, job, info.duration)

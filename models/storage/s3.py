@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from config import ConfigError
 from config.settings import S3_INSTALL, s3_location
-from models.security.sealed import CHUNK_BYTES, DecryptedFile, EncryptedWriter, header_key_id
+from models.security.sealed import CHUNK_BYTES, DecryptedFile, EncryptedWriter, RandomAccess, header_key_id
 from models.storage.base import Storage, StoredFile
 
 if TYPE_CHECKING:
@@ -61,7 +61,32 @@ def _client_error() -> type[Exception]:
     return ClientError
 
 
-class S3Object(io.RawIOBase):
+def new_client() -> S3Client:
+    """An S3 client configured by AWS's own variables and files only (AWS_ENDPOINT_URL,
+    AWS_DEFAULT_REGION, the credentials chain); ConfigError saying what to install without boto3."""
+    try:
+        import boto3
+    except ImportError:
+        raise ConfigError(f"reading S3 needs boto3, which is not installed: {S3_INSTALL}") from None
+    return boto3.session.Session().client("s3")
+
+
+class ProcessClient:
+    """One S3 client per process, made on first use: a client (its connection pool) is never
+    carried across a fork."""
+
+    def __init__(self) -> None:
+        self._made: tuple[int, S3Client] | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> S3Client:
+        with self._lock:
+            if self._made is None or self._made[0] != os.getpid():
+                self._made = (os.getpid(), new_client())
+            return self._made[1]
+
+
+class S3Object(RandomAccess):
     """One object's bytes as stored (sealed), seekable, each read an HTTP range request for
     what is asked, or a BLOCK ahead when reading on from the last request. Pinned to the ETag
     it was opened at: an object deleted or replaced meanwhile reads as gone
@@ -115,28 +140,12 @@ class S3Object(io.RawIOBase):
             offset, length = offset + len(piece), length - len(piece)
         return bytes(out)
 
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")
         data = self.read_at(self._pos, len(view))
         view[: len(data)] = data
         self._pos += len(data)
         return len(data)
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
-        if base + offset < 0:
-            raise ValueError("negative seek position")
-        self._pos = base + offset
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos
 
     def close(self) -> None:
         self._block = (-1, b"")
@@ -161,19 +170,12 @@ class S3Storage(Storage):
             ) from None
         # boto3's managed transfer: multipart above its threshold (8 MiB), parts in parallel.
         self.transfer = transfer or TransferConfig()
-        self._made: tuple[int, S3Client] | None = None
-        self._lock = threading.Lock()
+        self._client = ProcessClient()
 
     @property
     def client(self) -> S3Client:
-        """This process's S3 client, configured by AWS's own variables and files. Made on first
-        use in each process: a client (its connection pool) is never carried across a fork."""
-        with self._lock:
-            if self._made is None or self._made[0] != os.getpid():
-                import boto3
-
-                self._made = (os.getpid(), boto3.session.Session().client("s3"))
-            return self._made[1]
+        """This process's S3 client, configured by AWS's own variables and files (new_client)."""
+        return self._client.get()
 
     def key(self, ref: str) -> str:
         """The object key of a reference (a relative name the service chose)."""

@@ -32,19 +32,28 @@ def keys() -> None:
     is_flag=True,
     help="Every job of this key is training data (`whisperq dataset export`); `keys collect` changes it.",
 )
-def create(name: str, tier: str, admin: bool, collect: bool) -> None:
+@click.option(
+    "--s3-source",
+    "s3_sources",
+    multiple=True,
+    metavar="BUCKET[/PREFIX]",
+    help="An S3 bucket (and folder) its audio_url=s3://… may name, read with the deployment's credentials; "
+    "repeat for more; `keys s3-sources` changes them.",
+)
+def create(name: str, tier: str, admin: bool, collect: bool, s3_sources: tuple[str, ...]) -> None:
     """Make a key and print it once: only its hash is stored."""
     from models.access.apikeys import create_key
     from models.errors import WhisperqError
 
     try:
-        record, token = create_key(open_runtime(), name, tier, admin=admin, collect=collect)
+        record, token = create_key(open_runtime(), name, tier, admin=admin, collect=collect, s3_sources=s3_sources)
     except WhisperqError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(token)
     click.echo(
         f"key {record.id} ({record.name}, tier {record.tier}{', admin' if record.admin else ''}"
-        f"{', collects training data' if record.collect else ''}): "
+        f"{', collects training data' if record.collect else ''}"
+        f"{', S3 sources ' + ', '.join(record.s3_sources) if record.s3_sources else ''}): "
         "shown this once; keep it in a secret store",
         err=True,
     )
@@ -105,6 +114,7 @@ def list_(include_revoked: bool, as_json: bool) -> None:
         click.echo(
             f"{k['id']}  {k['key']:<12} {k['tier']:<9}{' admin' if k['admin'] else '':<6}"
             f"{' collect' if k['collect'] else '':<8} {k['name']}  ({state})"
+            + (f"  s3: {', '.join(k['s3_sources'])}" if k["s3_sources"] else "")
         )
 
 
@@ -138,6 +148,31 @@ def collect(key: str, state: str) -> None:
     click.echo(
         f"key {record.id} ({record.name}): its new jobs are {'' if record.collect else 'not '}collected "
         "as training data"
+    )
+
+
+@keys.command("s3-sources")
+@click.argument("key")
+@click.argument("entries", nargs=-1, metavar="[BUCKET[/PREFIX]]...")
+@click.option("--none", "clear", is_flag=True, help="Take every S3 source away: the key may name no S3 object.")
+def s3_sources(key: str, entries: tuple[str, ...], clear: bool) -> None:
+    """Show, or replace, the S3 buckets and prefixes a key (by id or the start of the key) may name
+    in an audio_url=s3://BUCKET/KEY: the objects below them, on whole folder names, never the
+    service's own WHISPERQ_STORAGE prefix; read with the deployment's AWS credentials."""
+    from models.access.apikeys import find_key, set_s3_sources
+    from models.errors import WhisperqError
+
+    if entries and clear:
+        raise click.UsageError("give entries or --none, not both")
+    try:
+        rt = open_runtime()
+        record = set_s3_sources(rt, key, () if clear else entries) if entries or clear else find_key(rt, key)
+    except WhisperqError as exc:
+        raise click.ClickException(str(exc)) from exc
+    sources = list(record.s3_sources or [])
+    click.echo(
+        f"key {record.id} ({record.name}): "
+        + (f"audio_url may name s3:// objects under {', '.join(sources)}" if sources else "no S3 sources")
     )
 
 
