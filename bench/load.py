@@ -60,7 +60,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import knobs  # noqa: E402
-from service import free_port, running_service, stop  # noqa: E402
+from service import below, free_port, process_cpu, running_service, stop  # noqa: E402
 
 KNOBS = knobs.read(__doc__, "60,200", runs=3, many_jobs=True, what="uploads per burst")
 MODES = tuple(m.strip() for m in os.environ.get("BENCH_MODES", "poll,longpoll").split(",") if m.strip())
@@ -82,7 +82,6 @@ KINDS = (
     ("gunicorn", "web"),
     ("supervisord", "supervisord"),
 )
-TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def pct(values: list[float], q: float) -> float:
@@ -221,27 +220,16 @@ class Ceiling:
 
 def cpu_by_kind(root: int) -> dict[str, float]:
     """CPU seconds used so far by every process below `root`, by kind."""
-    children: dict[int, list[int]] = {}
-    stats: dict[int, list[str]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            stats[int(entry.name)] = fields
-            children.setdefault(int(fields[1]), []).append(int(entry.name))
-    todo, out = [root], {}
-    while todo:
-        pid = todo.pop()
-        todo += children.get(pid, [])
+    children, used = process_cpu()
+    out: dict[str, float] = {}
+    for pid in below(root, children):
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
         kind = next((name for key, name in KINDS if key in cmd), None)
-        if kind and pid in stats:
-            out[kind] = out.get(kind, 0.0) + (int(stats[pid][11]) + int(stats[pid][12])) / TICKS
+        if kind and pid in used:
+            out[kind] = out.get(kind, 0.0) + used[pid]
     return out
 
 

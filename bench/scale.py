@@ -64,7 +64,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import knobs  # noqa: E402
 from hosts import HostUnavailable, SecondHost  # noqa: E402
-from service import free_port  # noqa: E402
+from service import TICKS, below, free_port, process_cpu  # noqa: E402
 
 CLIP = ROOT / "tests" / "fixtures" / "report.opus"  # bench/load.py's clip
 KNOBS = knobs.read(__doc__, "32", runs=3, what="uploads per burst")
@@ -79,7 +79,6 @@ LOGS = ROOT / "var" / "bench-scale-logs"  # every process's log of the latest ru
 BIN = Path(sys.executable).parent
 PROCFILE = ROOT / "Procfile"
 FINISHED = ("COMPLETED", "FAILED", "EXPIRED", "CANCELLED")
-TICKS = os.sysconf("SC_CLK_TCK")
 # What the benchmark sets itself: whatever the calling shell has for these is dropped.
 OWN = (
     "CELERY_BROKER_URL",
@@ -118,22 +117,8 @@ def procfile_argv(name: str, env: dict[str, str]) -> list[str]:
 
 def cpu_seconds(root: int) -> float:
     """CPU seconds used so far by `root` and every process below it."""
-    children: dict[int, list[int]] = {}
-    used: dict[int, float] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            children.setdefault(int(fields[1]), []).append(int(entry.name))
-            used[int(entry.name)] = (int(fields[11]) + int(fields[12])) / TICKS
-    todo, total = [root], 0.0
-    while todo:
-        pid = todo.pop()
-        todo += children.get(pid, [])
-        total += used.get(pid, 0.0)
-    return total
+    children, used = process_cpu()
+    return sum((used.get(pid, 0.0) for pid in below(root, children)), 0.0)
 
 
 def machine_busy() -> float:

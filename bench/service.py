@@ -1,4 +1,5 @@
-"""Starting and stopping the whole service (`whisperq run`) for the benchmarks."""
+"""Starting and stopping the whole service (`whisperq run`) for the benchmarks, and the CPU its
+processes use."""
 
 from __future__ import annotations
 
@@ -14,6 +15,33 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import requests
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu() -> tuple[dict[int, list[int]], dict[int, float]]:
+    """Every process's children, and the CPU seconds each has used so far (/proc: its own,
+    user and system, not its reaped children's)."""
+    children: dict[int, list[int]] = {}
+    used: dict[int, float] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+            used[int(entry.name)] = (int(fields[11]) + int(fields[12])) / TICKS
+    return children, used
+
+
+def below(root: int, children: dict[int, list[int]]) -> Iterator[int]:
+    """`root` and every process below it (`children` as process_cpu gives them)."""
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        todo += children.get(pid, [])
+        yield pid
 
 
 def free_port() -> int:

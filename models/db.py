@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
-from sqlalchemy import DateTime, TypeDecorator, create_engine, event, text
+from sqlalchemy import DateTime, TypeDecorator, create_engine, delete, event, text
 from sqlalchemy.engine import CursorResult, Dialect, Engine, Result
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
@@ -27,6 +27,20 @@ def utcnow() -> datetime:
 def rowcount(result: Result[Any]) -> int:
     """The rows an UPDATE or DELETE matched (Session.execute types its result as a plain Result)."""
     return cast("CursorResult[Any]", result).rowcount
+
+
+def delete_of_jobs(session: Session, table: Any, job_ids: Sequence[str]) -> int:
+    """Deletes the rows of `table` whose `job_id` is one of `job_ids`, in one statement that
+    leaves the session's objects as they are; returns how many went."""
+    return (
+        rowcount(
+            session.execute(
+                delete(table).where(table.job_id.in_(job_ids)),
+                execution_options={"synchronize_session": False},
+            )
+        )
+        or 0
+    )
 
 
 class UTCDateTime(TypeDecorator[datetime]):

@@ -7,6 +7,8 @@ import functools
 import json
 import os
 import ssl
+import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -30,6 +32,22 @@ LONG_FORM = {
 PIPELINE_MARGIN = 0.02
 
 REQUIRE_SERVICES = os.environ.get("REQUIRE_SERVICES") == "1"
+# A finished job's result as the API gives it: two segments a minute apart, the first with its
+# words' times. The job page shows it the same way rendered on the server (test_pages) and
+# updated by job.js (test_browser).
+RESULT_WITH_WORDS = {
+    "text": "Hello there. General Kenobi.",
+    "language": "en",
+    "segments": [
+        {
+            "start": 0.0,
+            "end": 1.5,
+            "text": " Hello there.",
+            "words": [{"start": 0.0, "end": 0.6, "word": " Hello"}, {"start": 0.62, "end": 1.5, "word": " there."}],
+        },
+        {"start": 61.25, "end": 63.0, "text": " General Kenobi."},
+    ],
+}
 
 
 def need_service(reason: str) -> None:
@@ -127,6 +145,64 @@ def write_wav(path: Path, samples) -> Path:
         w.setframerate(16000)
         w.writeframes(pcm.tobytes())
     return path
+
+
+def worker_argv(name: str, queue: str, pool: str = "prefork", concurrency: int = 1) -> list[str]:
+    """A Celery worker of this project consuming `queue`, as `name@<host>` (whose pings a test
+    waits for); no mingle or gossip, so it starts without waiting on the others."""
+    return [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "tasks.worker",
+        "worker",
+        "--pool",
+        pool,
+        "--concurrency",
+        str(concurrency),
+        "--queues",
+        queue,
+        "--hostname",
+        f"{name}@%h",
+        "--without-mingle",
+        "--without-gossip",
+        "--loglevel",
+        "INFO",
+    ]
+
+
+def self_signed(folder: Path, host: str) -> tuple[Path, Path]:
+    """A certificate for `host` (its CN and subjectAltName) and its key, made by openssl into
+    `folder` (cert.pem, key.pem) and good for a day: what a test's own TLS server presents,
+    the certificate also being the CA its client trusts."""
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            f"/CN={host}",
+            "-addext",
+            f"subjectAltName=DNS:{host}",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    return cert, key
 
 
 class Receiver:

@@ -11,7 +11,7 @@ import shutil
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from helpers import CLIPS, need_service, word_error_rate
+from helpers import CLIPS, RESULT_WITH_WORDS, need_service, word_error_rate
 
 pytestmark = pytest.mark.integration
 
@@ -336,22 +336,7 @@ def test_the_job_page_follows_the_job_without_reloading(live_server, browser, sc
         transcript_urls={
             f: f"{live_server}/v1/jobs/stub-job/transcript?format={f}" for f in ("txt", "json", "srt", "vtt")
         },
-        result={
-            "text": "Hello there. General Kenobi.",
-            "language": "en",
-            "segments": [
-                {
-                    "start": 0.0,
-                    "end": 1.5,
-                    "text": " Hello there.",
-                    "words": [
-                        {"start": 0.0, "end": 0.6, "word": " Hello"},
-                        {"start": 0.62, "end": 1.5, "word": " there."},
-                    ],
-                },
-                {"start": 61.25, "end": 63.0, "text": " General Kenobi."},
-            ],
-        },
+        result=RESULT_WITH_WORDS,
     )
     wait_for(browser, lambda: status_of(browser) == "COMPLETED")
     assert browser.execute_script("return window.stillTheSamePage") is True

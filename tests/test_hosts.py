@@ -18,7 +18,7 @@ from pathlib import Path
 
 import hosts
 import pytest
-from helpers import wait_until
+from helpers import wait_until, worker_argv
 from hosts import ROOT, HostUnavailable, SecondHost, second_host
 
 PY = sys.executable
@@ -433,26 +433,7 @@ def test_a_celery_worker_on_host_2_answers_over_host_1s_broker(celery_app):
     with second_host(hide=[tempfile.gettempdir()]) as host:
         log = Path(tempfile.mkdtemp()) / "prepare-h2.log"
         proc = host.popen(
-            [
-                PY,
-                "-m",
-                "celery",
-                "-A",
-                "tasks.worker",
-                "worker",
-                "--pool",
-                "prefork",
-                "--concurrency",
-                "2",
-                "--queues",
-                PREPARE_QUEUE,
-                "--hostname",
-                "prepare-h2@%h",
-                "--without-mingle",
-                "--without-gossip",
-                "--loglevel",
-                "INFO",
-            ],
+            worker_argv("prepare-h2", PREPARE_QUEUE, concurrency=2),
             env=host.env(),
             stdout=log.open("w"),
             stderr=subprocess.STDOUT,

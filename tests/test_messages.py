@@ -89,12 +89,10 @@ def test_a_newer_schema_is_tried_again_not_misread():
         Prepared.from_message(wire)
 
 
-def test_the_inference_task_fails_a_job_whose_message_is_malformed(database):
-    """Checked where it is consumed: the job fails with what is wrong, it is not retried;
-    a message naming no job is dropped."""
-    from models.jobs.operations import get_job
+def queued_job(**fields):
+    """(the worker's runtime, a job of its database as the inference task finds one: taken
+    from the queue, on its first attempt); `fields` set more of the row."""
     from models.jobs.record import Job, JobStatus, Stage, new_job_id
-    from tasks import infer
     from tasks.app import runtime
 
     rt = runtime()
@@ -108,8 +106,19 @@ def test_the_inference_task_fails_a_job_whose_message_is_malformed(database):
                 attempts=1,
                 status=JobStatus.PROCESSING.value,
                 stage=Stage.QUEUED.value,
+                **fields,
             )
         )
+    return rt, job_id
+
+
+def test_the_inference_task_fails_a_job_whose_message_is_malformed(database):
+    """Checked where it is consumed: the job fails with what is wrong, it is not retried;
+    a message naming no job is dropped."""
+    from models.jobs.operations import get_job
+    from tasks import infer
+
+    rt, job_id = queued_job()
     bad = dict(prepared(job_id=job_id).to_message(), windows="0-10")
     result = infer.apply(args=[bad], task_id=job_id)  # run here, as a worker would run it
     assert result.failed() and isinstance(result.result, MalformedMessage)
@@ -124,24 +133,9 @@ def test_a_message_for_a_model_this_deployment_does_not_serve_fails_its_job(data
     fails naming the models served, it is not retried."""
     from models.errors import PermanentJobError
     from models.jobs.operations import get_job
-    from models.jobs.record import Job, JobStatus, Stage, new_job_id
     from tasks import infer
-    from tasks.app import runtime
 
-    rt = runtime()
-    job_id = new_job_id()
-    with rt.db.session() as session:
-        session.add(
-            Job(
-                id=job_id,
-                audio_ref="audio/none.flac",
-                priority="normal",
-                attempts=1,
-                model="large-v9",
-                status=JobStatus.PROCESSING.value,
-                stage=Stage.QUEUED.value,
-            )
-        )
+    rt, job_id = queued_job(model="large-v9")
     result = infer.apply(args=[prepared(job_id=job_id, model="large-v9").to_message()], task_id=job_id)
     assert result.failed() and isinstance(result.result, PermanentJobError)
     job = get_job(rt, job_id)

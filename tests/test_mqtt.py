@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers import FIXTURES, Receiver, need_service, wait_until
+from helpers import FIXTURES, Receiver, need_service, self_signed, wait_until
 from mqtt_harness import FOX, REPORT, ROOT, Listener, check_result, job_rows, replies_owed
 
 # --- without a broker ----------------------------------------------------------------------------
@@ -331,32 +331,7 @@ def test_the_acl_example_keeps_each_client_to_its_own_topics(bridge, tmp_path, s
 
     if shutil.which("mosquitto_passwd") is None or shutil.which("openssl") is None:
         need_service("mosquitto_passwd and openssl, for the ACL test's password file and certificate")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-            "-days",
-            "1",
-            "-subj",
-            "/CN=localhost",
-            "-addext",
-            "subjectAltName=DNS:localhost",
-        ],
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
+    cert, key = self_signed(tmp_path, "localhost")
     acl = ROOT / "deploy" / "mosquitto" / "whisperq.acl"
     assert (
         acl.read_text().strip() in (ROOT / "docs" / "clients" / "mqtt.md").read_text()

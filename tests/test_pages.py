@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from api import upload
-from helpers import stored_files
+from helpers import RESULT_WITH_WORDS, stored_files
 
 
 def test_form_offers_file_language_and_priority(client):
@@ -221,20 +221,7 @@ def test_the_job_page_hands_job_js_its_data_in_attributes(job_page):
 
 
 def test_a_completed_job_shows_the_transcript_words_and_downloads(job_page):
-    result = {
-        "text": "Hello there. General Kenobi.",
-        "language": "en",
-        "segments": [
-            {
-                "start": 0.0,
-                "end": 1.5,
-                "text": " Hello there.",
-                "words": [{"start": 0.0, "end": 0.6, "word": " Hello"}, {"start": 0.62, "end": 1.5, "word": " there."}],
-            },
-            {"start": 61.25, "end": 63.0, "text": " General Kenobi."},
-        ],
-    }
-    page = job_page(status="COMPLETED", progress=1.0, result=result)
+    page = job_page(status="COMPLETED", progress=1.0, result=RESULT_WITH_WORDS)
     assert element(page, "status")[1] == "Done"
     assert "refresh" not in page and "hidden" in element(page, "progress")[0]
     assert "hidden" not in element(page, "result")[0] and "hidden" in element(page, "partial-note")[0]

@@ -14,12 +14,11 @@ import re
 import socket
 import ssl
 import stat
-import subprocess
 import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from helpers import Receiver
+from helpers import Receiver, self_signed
 
 from config import ConfigError, Settings
 from models.delivery import outbound, webhooks
@@ -408,31 +407,7 @@ def test_dns_rebinding_after_the_check_is_refused_at_delivery(tmp_path, monkeypa
 
 
 def tls_receiver_context(tmp_path, seen_names: list) -> tuple[ssl.SSLContext, str]:
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-            "-days",
-            "1",
-            "-subj",
-            "/CN=hooks.example",
-            "-addext",
-            "subjectAltName=DNS:hooks.example",
-        ],
-        check=True,
-        capture_output=True,
-    )
+    cert, key = self_signed(tmp_path, "hooks.example")
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
     context.sni_callback = lambda sock, name, ctx: seen_names.append(name)

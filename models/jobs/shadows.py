@@ -15,10 +15,10 @@ import uuid
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
-from sqlalchemy import Float, String, Text, delete, func, select
+from sqlalchemy import Float, String, Text, func, select
 from sqlalchemy.orm import Mapped, mapped_column
 
-from models.db import Base, UTCDateTime, rowcount, utcnow
+from models.db import Base, UTCDateTime, delete_of_jobs, utcnow
 from models.jobs.record import Job, JobStatus
 from models.security.crypto import SealedAttribute
 
@@ -110,15 +110,7 @@ def forget_shadows(session: Session, job_ids: list[str]) -> int:
     """Deleting a job (or retention purging its transcript) takes its shadow transcripts too."""
     if not job_ids:
         return 0
-    return (
-        rowcount(
-            session.execute(
-                delete(ShadowResult).where(ShadowResult.job_id.in_(job_ids)),
-                execution_options={"synchronize_session": False},
-            )
-        )
-        or 0
-    )
+    return delete_of_jobs(session, ShadowResult, job_ids)
 
 
 def compare(rt: Runtime, model: str | None = None) -> list[dict[str, Any]]:

@@ -31,9 +31,9 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import func, select, update
 
-from models.db import rowcount
+from models.db import delete_of_jobs
 from models.delivery.notify import WebhookDelivery
 from models.jobs.deadletter import DeadLetter
 from models.jobs.record import Job, JobStatus, utcnow
@@ -55,22 +55,25 @@ ORPHAN_AGE = timedelta(hours=1)
 FINISHED = tuple(s.value for s in JobStatus if s.finished)
 # `<id>.<ext>`, or `.<id>.<ext>.<random>.part` (a write cut short; see models.security.sealed).
 _JOB_FILE = re.compile(r"^\.?([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})(\..*)?$")
+# What a pass counts, in this order: the keys of what run_retention returns (and
+# `whisperq retention --json` prints), the kinds of whisperq_retention_deleted_total.
+COUNTS = (
+    "audio_purged",
+    "results_purged",
+    "files_deleted",
+    "webhook_deliveries_deleted",
+    "dead_letters_deleted",
+    "tmp_deleted",
+    "orphans_deleted",
+    "errors",
+)
 
 
 def run_retention(rt: Runtime, now: datetime | None = None, batch: int = BATCH) -> dict[str, int]:
     """One pass; returns what it deleted, as counts. With a broker on the runtime, purged
     jobs' result-backend entries go too."""
     now = now or utcnow()
-    counts = dict(
-        audio_purged=0,
-        results_purged=0,
-        files_deleted=0,
-        webhook_deliveries_deleted=0,
-        dead_letters_deleted=0,
-        tmp_deleted=0,
-        orphans_deleted=0,
-        errors=0,
-    )
+    counts = dict.fromkeys(COUNTS, 0)
     settings = rt.settings
     if settings.audio_retention_seconds is not None:
         _purge_audio(rt, now - timedelta(seconds=settings.audio_retention_seconds), now, batch, counts)
@@ -184,24 +187,8 @@ def _purge_results(
                     ),
                     execution_options={"synchronize_session": False},
                 )
-                counts["webhook_deliveries_deleted"] += (
-                    rowcount(
-                        session.execute(
-                            delete(WebhookDelivery).where(WebhookDelivery.job_id.in_(ids)),
-                            execution_options={"synchronize_session": False},
-                        )
-                    )
-                    or 0
-                )
-                counts["dead_letters_deleted"] += (
-                    rowcount(
-                        session.execute(
-                            delete(DeadLetter).where(DeadLetter.job_id.in_(ids)),
-                            execution_options={"synchronize_session": False},
-                        )
-                    )
-                    or 0
-                )
+                counts["webhook_deliveries_deleted"] += delete_of_jobs(session, WebhookDelivery, ids)
+                counts["dead_letters_deleted"] += delete_of_jobs(session, DeadLetter, ids)
                 forget_shadows(session, ids)  # transcripts too
             if theirs:  # the caller's own path goes with the transcript; an owned one with its audio
                 session.execute(
@@ -242,15 +229,8 @@ def _purge_batches(rt: Runtime, cutoff: datetime, batch: int, counts: dict[str, 
                     update(Batch).where(Batch.id.in_(ids)).values(callback_url=None),
                     execution_options={"synchronize_session": False},
                 )
-                counts["webhook_deliveries_deleted"] += (
-                    rowcount(
-                        session.execute(
-                            delete(WebhookDelivery).where(WebhookDelivery.job_id.in_(ids)),
-                            execution_options={"synchronize_session": False},
-                        )
-                    )
-                    or 0
-                )
+                # A batch's `batch.completed` delivery holds the batch id in its job_id.
+                counts["webhook_deliveries_deleted"] += delete_of_jobs(session, WebhookDelivery, ids)
         if len(ids) < batch:
             return
 

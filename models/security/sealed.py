@@ -191,7 +191,32 @@ def header_key_id(head: bytes, what: str) -> str | None:
     return header[0] if header else None
 
 
-class DecryptedFile(io.RawIOBase):
+class RandomAccess(io.RawIOBase):
+    """A read-only raw file of `size` bytes, read from where `_pos` stands, which seeking
+    moves anywhere: what DecryptedFile and models.storage.s3.S3Object share (each reads
+    its own way, in readinto)."""
+
+    size: int
+    _pos: int
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
+        if base + offset < 0:
+            raise ValueError("negative seek position")
+        self._pos = base + offset
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+
+class DecryptedFile(RandomAccess):
     """Random-access reading of an encrypted file, one chunk decrypted (and cached) at a time.
     `path` is a local file, or a source with `name`, `size`, `read_at(offset, length)` and
     `close()` (a large object in the database: models.storage.postgres)."""
@@ -241,12 +266,6 @@ class DecryptedFile(io.RawIOBase):
         self._cached = (index, plain)
         return plain
 
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
     def readinto(self, buffer: Any) -> int:
         if self._pos >= self.size:
             return 0
@@ -265,16 +284,6 @@ class DecryptedFile(io.RawIOBase):
             parts.append(part)
             self._pos += len(part)
         return b"".join(parts)
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
-        if base + offset < 0:
-            raise ValueError("negative seek position")
-        self._pos = base + offset
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos
 
     def close(self) -> None:
         if not self.closed:

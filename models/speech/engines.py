@@ -9,10 +9,11 @@ from __future__ import annotations
 import logging
 import math
 import os
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from models import compat
 from models.speech.audio import SAMPLE_RATE
@@ -30,16 +31,43 @@ PREPEND_PUNCTUATIONS = "\"'“¿([{-"
 APPEND_PUNCTUATIONS = "\"'.。,，!！?？:：”)]}、"
 
 
-class SpeechEngine(Protocol):
-    """What the inference pool needs of an engine: windows in, segments out, in batches."""
+Word = tuple[str, float, float, float]  # (text, start, end, probability), window-relative
+
+
+class SpeechEngine(ABC):
+    """What the inference pool needs of an engine: windows in, segments out, in batches.
+
+    The steps around the model are the same for every engine, so they are here: the language
+    (the requested one, or detected on a job's first window), a batch's windows cut into
+    segments, a whole recording split into windows. An engine brings its model's language
+    detection and batched decoding (`_detect`, `_decode`).
+    """
 
     name: str
     device: str
+    multilingual: bool
     # Set by models.registry.loader: the served model's name and its weights' version.
     model_name: str | None
     version: str | None
 
-    def language_of(self, chunk: np.ndarray, language: str | None) -> str: ...
+    @abstractmethod
+    def _detect(self, chunk: np.ndarray) -> str:
+        """The language spoken in a window (a multilingual model's)."""
+
+    @abstractmethod
+    def _decode(
+        self, chunks: Sequence[np.ndarray], language: str, task: str, prompt: str | None, temperature: float
+    ) -> list[tuple[str, list[Word]]]:
+        """Each window's text (decoded without timestamp tokens: models.speech.segments says why)
+        and its words as aligned, from one batched call over the windows."""
+
+    def language_of(self, chunk: np.ndarray, language: str | None) -> str:
+        """The language to decode a job in: the requested one, else detected on its first window."""
+        if not self.multilingual:
+            return "en"
+        if language:
+            return language
+        return self._detect(chunk)
 
     def transcribe_batch(
         self,
@@ -50,11 +78,37 @@ class SpeechEngine(Protocol):
         word_timestamps: bool = False,
         prompt: str | None = None,
         temperature: float = 0.0,
-    ) -> list[list[Segment]]: ...
+    ) -> list[list[Segment]]:
+        """One inference call over several windows; segments per window, in the recording's
+        time (each window's offset, or its TimeMap when it is stretches of speech packed together).
+
+        Each window's text is decoded whole, its words aligned, and then cut into segments.
+        `prompt` is Whisper's initial prompt (spellings, names, style) for every window.
+        """
+        if not chunks:
+            return []
+        decoded = self._decode(chunks, language, task, prompt, temperature)
+        return [
+            window_segments(text, words, offset, len(chunk) / SAMPLE_RATE, word_timestamps)
+            for chunk, offset, (text, words) in zip(chunks, offsets, decoded, strict=True)
+        ]
 
     def transcribe(
         self, audio: np.ndarray, language: str | None = None, task: str = "transcribe", batch_size: int = 1
-    ) -> Transcript: ...
+    ) -> Transcript:
+        """A whole recording in this process, `batch_size` windows per call."""
+        from models.speech.windows import split_windows
+
+        windows = split_windows(audio)
+        segments: list[Segment] = []
+        lang = self.language_of(windows[0].samples(audio), language) if windows else (language or "en")
+        for i in range(0, len(windows), batch_size):
+            group = windows[i : i + batch_size]
+            for segs in self.transcribe_batch(
+                [w.samples(audio) for w in group], [w.time_map() for w in group], lang, task
+            ):
+                segments.extend(segs)
+        return Transcript.from_segments(segments, lang, len(audio) / SAMPLE_RATE)
 
 
 def bundled_model_path() -> str:
@@ -93,7 +147,7 @@ def resolve_device(device: str, compute_type: str) -> tuple[str, str]:
     return device, compute_type
 
 
-class FasterWhisperEngine:
+class FasterWhisperEngine(SpeechEngine):
     """faster-whisper (CTranslate2) run window by window, any number of windows per call.
 
     A batch may hold windows of different jobs: each window is padded to 30 s and decoded
@@ -148,39 +202,21 @@ class FasterWhisperEngine:
             append_punctuations=APPEND_PUNCTUATIONS,
         )
 
-    def language_of(self, chunk: np.ndarray, language: str | None) -> str:
-        """The language to decode a job in: the requested one, else detected on its first window."""
-        if not self.multilingual:
-            return "en"
-        if language:
-            return language
+    def _detect(self, chunk: np.ndarray) -> str:
         detected: str
         detected, _prob, _all = self.model.detect_language(chunk)
         return detected
 
-    def transcribe_batch(
-        self,
-        chunks: Sequence[np.ndarray],
-        offsets: Sequence[float | TimeMap],
-        language: str,
-        task: str = "transcribe",
-        word_timestamps: bool = False,
-        prompt: str | None = None,
-        temperature: float = 0.0,
-    ) -> list[list[Segment]]:
-        """One inference call over several windows; segments per window, in the recording's
-        time (each window's offset, or its TimeMap when it is stretches of speech packed together).
-
-        Each window's text is decoded whole; its words are then aligned on the same encoder
-        output (one more batched call, a small share of the decoding's cost) and cut into
-        segments. `prompt` is Whisper's initial prompt (spellings, names, style) for every window.
-        """
+    def _decode(
+        self, chunks: Sequence[np.ndarray], language: str, task: str, prompt: str | None, temperature: float
+    ) -> list[tuple[str, list[Word]]]:
+        """The windows decoded as faster-whisper's batched pipeline decodes them; their words
+        then aligned on the same encoder output (one more batched call, a small share of the
+        decoding's cost)."""
         import numpy as np
         from faster_whisper.audio import pad_or_trim
         from faster_whisper.transcribe import merge_punctuations
 
-        if not chunks:
-            return []
         tokenizer = self._tokenizer(language, task)
         features = np.stack([pad_or_trim(self.model.feature_extractor(c)[..., :-1]) for c in chunks])
         encoder_output, outputs = compat.faster_whisper_decode(
@@ -193,36 +229,12 @@ class FasterWhisperEngine:
             compat.faster_whisper_align(self.model, tokenizer, texts, encoder_output, frames) if any(texts) else []
         )
         result = []
-        for n, (chunk, offset, tokens) in enumerate(zip(chunks, offsets, texts, strict=True)):
+        for n, tokens in enumerate(texts):
             aligned = list(alignments[n]) if tokens and n < len(alignments) else []
             merge_punctuations(aligned, PREPEND_PUNCTUATIONS, APPEND_PUNCTUATIONS)
-            result.append(
-                window_segments(
-                    tokenizer.decode(tokens),
-                    [(w["word"], w["start"], w["end"], w["probability"]) for w in aligned],
-                    offset,
-                    len(chunk) / SAMPLE_RATE,
-                    word_timestamps,
-                )
-            )
+            words = [(w["word"], w["start"], w["end"], w["probability"]) for w in aligned]
+            result.append((tokenizer.decode(tokens), words))
         return result
-
-    def transcribe(
-        self, audio: np.ndarray, language: str | None = None, task: str = "transcribe", batch_size: int = 1
-    ) -> Transcript:
-        """A whole recording in this process, `batch_size` windows per call."""
-        from models.speech.windows import split_windows
-
-        windows = split_windows(audio)
-        segments: list[Segment] = []
-        lang = self.language_of(windows[0].samples(audio), language) if windows else (language or "en")
-        for i in range(0, len(windows), batch_size):
-            group = windows[i : i + batch_size]
-            for segs in self.transcribe_batch(
-                [w.samples(audio) for w in group], [w.time_map() for w in group], lang, task
-            ):
-                segments.extend(segs)
-        return Transcript.from_segments(segments, lang, len(audio) / SAMPLE_RATE)
 
 
 def usable_cores() -> int:

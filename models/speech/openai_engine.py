@@ -21,22 +21,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from models import compat
-from models.speech.audio import SAMPLE_RATE
 from models.speech.engines import (
     APPEND_PUNCTUATIONS,
     PREPEND_PUNCTUATIONS,
-    FasterWhisperEngine,
+    SpeechEngine,
+    Word,
     bundled_model_path,
     engine_threads,
 )
-from models.speech.segments import Segment, window_segments
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
 
     from config import Settings
     from config.registry import ModelSpec
-    from models.speech.windows import TimeMap
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +69,7 @@ def checkpoint_path(settings: Settings, source: str) -> str:
     return str(dest)
 
 
-class OpenAIWhisperEngine:
+class OpenAIWhisperEngine(SpeechEngine):
     """openai-whisper run window by window, any number of windows per `whisper.decode` call.
 
     The model is one PyTorch module whose decoding installs hooks on it (the key/value
@@ -137,36 +135,21 @@ class OpenAIWhisperEngine:
         mel = log_mel_spectrogram(samples, self.model.dims.n_mels, padding=N_SAMPLES, device=self.device)
         return pad_or_trim(mel[:, :N_FRAMES], N_FRAMES).to(torch.float16 if self.fp16 else torch.float32)
 
-    def language_of(self, chunk: np.ndarray, language: str | None) -> str:
-        """The language to decode a job in: the requested one, else detected on its first window."""
-        if not self.multilingual:
-            return "en"
-        if language:
-            return language
+    def _detect(self, chunk: np.ndarray) -> str:
         mel = self._mel(chunk)
         probs: dict[str, float]  # one window: one language -> probability mapping
         with self._lock:
             _tokens, probs = self.model.detect_language(mel)
         return max(probs, key=probs.__getitem__)
 
-    def transcribe_batch(
-        self,
-        chunks: Sequence[np.ndarray],
-        offsets: Sequence[float | TimeMap],
-        language: str,
-        task: str = "transcribe",
-        word_timestamps: bool = False,
-        prompt: str | None = None,
-        temperature: float = 0.0,
-    ) -> list[list[Segment]]:
-        """One `whisper.decode` call over several windows, text without timestamp tokens
-        (models.speech.segments says why); then each window's words aligned (whisper.timing) and
-        cut into segments, times offset."""
+    def _decode(
+        self, chunks: Sequence[np.ndarray], language: str, task: str, prompt: str | None, temperature: float
+    ) -> list[tuple[str, list[Word]]]:
+        """One `whisper.decode` call over several windows; then each window's words aligned
+        (whisper.timing)."""
         import torch
         import whisper
 
-        if not chunks:
-            return []
         tokenizer = self._tokenizer(language, task)
         mels = [self._mel(c) for c in chunks]
         options = whisper.DecodingOptions(
@@ -181,19 +164,13 @@ class OpenAIWhisperEngine:
         out = []
         with self._lock, torch.no_grad():
             results = compat.openai_whisper_decoding_task(self.model, options).run(torch.stack(mels))
-            for chunk, offset, mel, result in zip(chunks, offsets, mels, results, strict=True):
+            for chunk, mel, result in zip(chunks, mels, results, strict=True):
                 tokens = [t for t in result.tokens if t < tokenizer.eot]
                 aligned = self._align(tokens, tokenizer, mel, len(chunk)) if tokens else []
-                out.append(
-                    window_segments(
-                        tokenizer.decode(tokens), aligned, offset, len(chunk) / SAMPLE_RATE, word_timestamps
-                    )
-                )
+                out.append((tokenizer.decode(tokens), aligned))
         return out
 
-    def _align(
-        self, tokens: list[int], tokenizer: Any, mel: Any, samples: int
-    ) -> list[tuple[str, float, float, float]]:
+    def _align(self, tokens: list[int], tokenizer: Any, mel: Any, samples: int) -> list[Word]:
         """Word times from the alignment heads' cross-attention (whisper.timing), window-relative."""
         from whisper.audio import HOP_LENGTH, N_FRAMES
         from whisper.timing import find_alignment, merge_punctuations
@@ -201,10 +178,6 @@ class OpenAIWhisperEngine:
         words = find_alignment(self.model, tokenizer, tokens, mel, min(N_FRAMES, math.ceil(samples / HOP_LENGTH)))
         merge_punctuations(words, PREPEND_PUNCTUATIONS, APPEND_PUNCTUATIONS)
         return [(w.word, w.start, w.end, w.probability) for w in words]
-
-    # A whole recording in this process, `batch_size` windows per call: the same steps as
-    # the faster-whisper engine's (split, detect on the first window, batch, collect).
-    transcribe = FasterWhisperEngine.transcribe
 
 
 def load_engine(settings: Settings, spec: ModelSpec, source: str) -> OpenAIWhisperEngine:
