@@ -3,17 +3,26 @@
 Priority numbers mean opposite things on the two brokers: on Redis 0 is the highest and an
 unset priority counts as 0, on RabbitMQ the highest number wins. Callers speak in tiers
 (`high`, `normal`, `low`) and :func:`broker_priority` turns a tier into the broker's number.
+
+SQS has no message priorities: there each job queue is three queues, one per tier
+(:func:`tier_queue`: `whisperq.prepare:high`, `whisperq.prepare`, `whisperq.prepare:low`),
+a message goes to its tier's (:func:`route`), and a worker asks them highest first
+(models.compat's SQS channel). Each queue's visibility timeout comes from its pool's hard time
+limit (:func:`sqs_visibility_timeout`); tasks.sqs declares them, with the dead-letter queue.
 """
 
 from __future__ import annotations
 
+import math
+import string
 from collections.abc import Iterable
 from typing import Any
 
 from celery import Celery
 from kombu import Exchange, Queue
 
-from .priorities import AMQP_MAX_PRIORITY, REDIS_PRIORITY_STEPS, Priority
+from .env import ConfigError
+from .priorities import AMQP_MAX_PRIORITY, PRIORITIES, REDIS_PRIORITY_STEPS, Priority
 from .settings import Settings
 
 EXCHANGE = "whisperq"
@@ -27,6 +36,22 @@ QUEUES = {PREPARE_QUEUE: "prepare", INFERENCE_QUEUE: "inference", NOTIFY_QUEUE: 
 # waits in this queue for an operator, beside the job's row in the dead-letter store.
 DEAD_LETTER_EXCHANGE = "whisperq.dead"
 DEAD_LETTER_QUEUE = "whisperq.dead"
+# SQS: a tier's queue is the pool's queue and this separator and the tier (normal's is the pool's
+# queue itself, so a producer that knows no tiers lands in normal). No model name has a colon.
+TIER_SEP = ":"
+# SQS's own limits: a message hidden at most 12 hours, a queue name of at most 80 characters.
+SQS_MAX_VISIBILITY = 43200
+SQS_NAME_MAX = 80
+# Seconds on top of a pool's hard time limit before SQS hands its message to another worker: a
+# message waits in its worker for its countdown (a retry's backoff, a claim's lease) before it
+# runs, and the ack itself takes a moment.
+SQS_MARGIN = 600
+# A webhook's next attempt waits up to an hour in the notify worker (models.retry's
+# WEBHOOK_BACKOFF_CAP_SECONDS; config imports nothing of models, a test keeps them equal).
+WEBHOOK_BACKOFF_CAP = 3600.0
+# kombu's SQS names: a dot becomes a hyphen, other punctuation but - and _ an underscore
+# (kombu.transport.SQS's CHARS_REPLACE_TABLE; tests/test_sqs.py checks they agree).
+_SQS_CHARS = {ord(c): "_" for c in string.punctuation if c not in "-_."} | {ord("."): "-"}
 # Publishing while the broker blinks: a few quick tries, then BrokerUnavailable (503) for the
 # caller. Retrying a failed job is another matter: models.retry.
 PUBLISH_RETRY = {"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 1.0}
@@ -49,21 +74,151 @@ def queues_for(settings: Settings) -> dict[str, str]:
 
 
 def pool_of(queue: str) -> str:
-    """The pool a queue feeds: prepare, inference (a model's queue too) or notify."""
+    """The pool a queue feeds: prepare, inference (a model's queue too) or notify; a tier's
+    queue on SQS feeds its queue's pool."""
+    queue = base_queue(queue)
     return QUEUES.get(queue) or (QUEUES[INFERENCE_QUEUE] if queue.startswith(INFERENCE_QUEUE + ".") else queue)
 
 
 def models_of(settings: Settings, queues: Iterable[str]) -> list[str]:
     """The models a worker consuming `queues` serves."""
     return sorted(
-        settings.default_model if q == INFERENCE_QUEUE else q[len(INFERENCE_QUEUE) + 1 :]
-        for q in queues
-        if pool_of(q) == QUEUES[INFERENCE_QUEUE]
+        {
+            settings.default_model if q == INFERENCE_QUEUE else q[len(INFERENCE_QUEUE) + 1 :]
+            for q in map(base_queue, queues)
+            if pool_of(q) == QUEUES[INFERENCE_QUEUE]
+        }
     )
 
 
 def is_redis(broker_url: str) -> bool:
     return broker_url.split("://", 1)[0].lower() in ("redis", "rediss", "redis+socket")
+
+
+def is_sqs(broker_url: str) -> bool:
+    return broker_url.split("://", 1)[0].lower() == "sqs"
+
+
+def tiered(queue: str) -> bool:
+    """Whether a queue is split by tier on SQS: the job queues (prepare, inference); the notify
+    queue's deliveries have no priority."""
+    return pool_of(queue) != QUEUES[NOTIFY_QUEUE]
+
+
+def tier_queue(queue: str, tier: str) -> str:
+    """On SQS, the queue of `queue`'s messages of this tier: QUEUE:high, QUEUE (normal) or QUEUE:low."""
+    priority = Priority.parse(tier)
+    return queue if priority is Priority.NORMAL or not tiered(queue) else f"{queue}{TIER_SEP}{priority.value}"
+
+
+def tier_queues(queue: str) -> list[str]:
+    """The queues a worker consuming `queue` asks on SQS, highest tier first."""
+    return list(dict.fromkeys(tier_queue(queue, tier) for tier in PRIORITIES))
+
+
+def base_queue(queue: str) -> str:
+    """The pool's queue of a tier's queue (itself for any other)."""
+    name, sep, tier = queue.rpartition(TIER_SEP)
+    return name if sep and tier in PRIORITIES else queue
+
+
+def consumed_in_order(queues: Iterable[str]) -> list[str]:
+    """On SQS, what a worker told to consume `queues` asks, in order: every queue's high tier,
+    then every normal, then every low (a tier's queue named outright stays where it is)."""
+    given = list(dict.fromkeys(queues))
+    out: list[str] = []
+    for rank in range(len(PRIORITIES)):
+        for queue in given:
+            tiers = tier_queues(queue) if base_queue(queue) == queue else [queue]
+            if rank < len(tiers):
+                out.append(tiers[rank])
+    return list(dict.fromkeys(out))
+
+
+def route(broker_url: str, queue: str, tier: str) -> str:
+    """The queue a message of this tier is published to: `queue`, or on SQS its tier's queue."""
+    return tier_queue(queue, tier) if is_sqs(broker_url) else queue
+
+
+def tier_of_number(number: int | None) -> str:
+    """The tier of a message priority that broker_priority gave on RabbitMQ or SQS (9, 5, 1)."""
+    if number is None:
+        return Priority.NORMAL.value
+    return min(Priority, key=lambda p: abs(p.amqp_number - number)).value
+
+
+def sqs_name(settings: Settings, queue: str) -> str:
+    """A queue's name in SQS, as kombu's SQS transport makes it: the deployment's
+    WHISPERQ_SQS_QUEUE_PREFIX and the queue, a dot as a hyphen, a colon as an underscore."""
+    return (settings.sqs_queue_prefix + queue).translate(_SQS_CHARS)
+
+
+def sqs_queues(settings: Settings) -> dict[str, str]:
+    """Every queue of the service on SQS, name -> routing key: each job queue's three tiers and
+    the notify queue (the dead-letter queue, DEAD_LETTER_QUEUE, is tasks.sqs's)."""
+    out: dict[str, str] = {}
+    for queue, key in queues_for(settings).items():
+        for name in tier_queues(queue):
+            out[name] = key + name[len(queue) :]
+    return out
+
+
+def sqs_hard_limit(settings: Settings, pool: str) -> float:
+    """The longest one message of a pool can be held by its worker before it is acknowledged."""
+    if pool == QUEUES[PREPARE_QUEUE]:
+        return settings.prepare_time_limit(None)
+    if pool == QUEUES[INFERENCE_QUEUE]:
+        return settings.time_limit(None)
+    return settings.webhook_timeout_seconds + WEBHOOK_BACKOFF_CAP
+
+
+def sqs_visibility_timeout(settings: Settings, pool: str) -> int:
+    """Seconds a message of this pool stays hidden once a worker received it: the pool's hard
+    time limit for the longest audio (WHISPERQ_MAX_AUDIO_SECONDS), the longest a message waits
+    for its countdown in the worker (a retry's backoff, a claim's lease) and SQS_MARGIN; or
+    WHISPERQ_SQS_VISIBILITY_TIMEOUT where set."""
+    if settings.sqs_visibility_timeout:
+        return settings.sqs_visibility_timeout
+    wait = max(settings.retry_max_seconds, settings.claim_lease_seconds)
+    return math.ceil(sqs_hard_limit(settings, pool) + wait + SQS_MARGIN)
+
+
+def sqs_max_receives(settings: Settings) -> int:
+    """The redrive policy's maxReceiveCount: one receive more than a job's attempts, so that a
+    job whose workers keep dying is dead-lettered by its worker (the database's dead letters,
+    with its error) before SQS would move its message on its own."""
+    return settings.max_attempts + 1
+
+
+def check_sqs(settings: Settings) -> None:
+    """What SQS cannot hold, said at start: a visibility timeout above 12 hours, a name
+    longer than 80 characters."""
+    wait = max(settings.retry_max_seconds, settings.claim_lease_seconds)
+    for pool in (QUEUES[INFERENCE_QUEUE], QUEUES[PREPARE_QUEUE], QUEUES[NOTIFY_QUEUE]):  # the longest first
+        seconds = sqs_visibility_timeout(settings, pool)
+        if seconds > SQS_MAX_VISIBILITY:
+            longest = (SQS_MAX_VISIBILITY - SQS_MARGIN - wait - settings.time_limit(0)) / 2
+            raise ConfigError(
+                f"on SQS a received message stays hidden for at most {SQS_MAX_VISIBILITY} s, and the {pool} pool "
+                f"needs {seconds} s (its hard time limit for WHISPERQ_MAX_AUDIO_SECONDS={settings.max_audio_seconds:g} "
+                f"and a margin): lower WHISPERQ_MAX_AUDIO_SECONDS to at most {max(1, int(longest))}"
+            )
+    for queue in [*sqs_queues(settings), DEAD_LETTER_QUEUE]:
+        name = sqs_name(settings, queue)
+        if len(name) > SQS_NAME_MAX:
+            raise ConfigError(
+                f"the SQS queue {name} is {len(name)} characters, and SQS allows {SQS_NAME_MAX}: shorten "
+                "WHISPERQ_SQS_QUEUE_PREFIX or the model's name in WHISPERQ_MODELS"
+            )
+
+
+def sqs_router(name: str, args: Any, kwargs: Any, options: dict[str, Any], task: Any = None, **_kw: Any) -> Any:
+    """Celery router on SQS: a task sent without a queue (transcribe.delay(), beat's) goes to
+    its route's queue for its priority's tier. An explicit queue is the caller's (route())."""
+    queue = ROUTES.get(name)
+    if queue is None:
+        return None
+    return {"queue": tier_queue(queue, tier_of_number(options.get("priority")))}
 
 
 def broker_priority(tier: str, broker_url: str) -> int:
@@ -80,10 +235,39 @@ def visibility_timeout(settings: Settings) -> int:
     return int(settings.time_limit(settings.max_audio_seconds) + 3600)
 
 
+# Each task's queue where its caller names none (tier_queue splits it by tier on SQS).
+ROUTES = {
+    "whisperq.transcribe": PREPARE_QUEUE,
+    "whisperq.infer": INFERENCE_QUEUE,
+    "whisperq.shadow": INFERENCE_QUEUE,
+    "whisperq.sweep": PREPARE_QUEUE,
+    "whisperq.retention": PREPARE_QUEUE,
+    "whisperq.notify": NOTIFY_QUEUE,
+}
+
+
+def sqs_transport_options(settings: Settings) -> dict[str, Any]:
+    """kombu's SQS transport options. No region or endpoint: boto3 reads AWS_DEFAULT_REGION
+    and AWS_ENDPOINT_URL_SQS / AWS_ENDPOINT_URL itself (for both of kombu's clients)."""
+    return {
+        "queue_name_prefix": settings.sqs_queue_prefix,
+        "wait_time_seconds": settings.sqs_wait_seconds,
+        # what a queue kombu makes before tasks.sqs declares it gets: the longest of the pools'
+        "visibility_timeout": max(sqs_visibility_timeout(settings, pool) for pool in QUEUES.values()),
+        # how often a worker with no free slot looks again (no request to SQS)
+        "polling_interval": 0.2,
+        # models.compat's channel moves a message rejected for good here
+        "whisperq_dead_letter_queue": DEAD_LETTER_QUEUE,
+    }
+
+
 def celery_config(settings: Settings) -> dict[str, Any]:
     """Celery's settings (app.config_from_object): values of every kind, by setting name."""
     broker = settings.celery_broker_url()
     redis = is_redis(broker)
+    sqs = is_sqs(broker)
+    if sqs:
+        check_sqs(settings)
     # kombu ships py.typed but leaves Exchange, Queue and their methods unannotated.
     exchange = Exchange(EXCHANGE, type="direct", durable=True)  # type: ignore[no-untyped-call]
     queues = tuple(
@@ -94,10 +278,12 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             durable=True,
             queue_arguments={"x-max-priority": AMQP_MAX_PRIORITY, "x-dead-letter-exchange": DEAD_LETTER_EXCHANGE},
         )
-        for name, key in queues_for(settings).items()
+        for name, key in (sqs_queues(settings) if sqs else queues_for(settings)).items()
     )
     transport_options: dict[str, Any] = {}
-    if redis:
+    if sqs:
+        transport_options.update(sqs_transport_options(settings))
+    elif redis:
         transport_options.update(
             visibility_timeout=visibility_timeout(settings),
             queue_order_strategy="priority",
@@ -132,14 +318,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         task_default_queue=PREPARE_QUEUE,
         task_default_exchange=EXCHANGE,
         task_default_routing_key=QUEUES[PREPARE_QUEUE],
-        task_routes={
-            "whisperq.transcribe": {"queue": PREPARE_QUEUE, "routing_key": QUEUES[PREPARE_QUEUE]},
-            "whisperq.infer": {"queue": INFERENCE_QUEUE, "routing_key": QUEUES[INFERENCE_QUEUE]},
-            "whisperq.shadow": {"queue": INFERENCE_QUEUE, "routing_key": QUEUES[INFERENCE_QUEUE]},
-            "whisperq.sweep": {"queue": PREPARE_QUEUE, "routing_key": QUEUES[PREPARE_QUEUE]},
-            "whisperq.retention": {"queue": PREPARE_QUEUE, "routing_key": QUEUES[PREPARE_QUEUE]},
-            "whisperq.notify": {"queue": NOTIFY_QUEUE, "routing_key": QUEUES[NOTIFY_QUEUE]},
-        },
+        task_routes=(sqs_router,)
+        if sqs
+        else {name: {"queue": queue, "routing_key": QUEUES[queue]} for name, queue in ROUTES.items()},
         beat_schedule={
             "whisperq-sweep": {
                 "task": "whisperq.sweep",
@@ -159,8 +340,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         task_default_priority=broker_priority("normal", broker),
         task_queue_max_priority=AMQP_MAX_PRIORITY,
         task_track_started=True,
-        task_send_sent_event=True,
-        worker_send_task_events=True,
+        # Events feed Flower; SQS carries no broadcast (no topic or fanout exchange), so there
+        # they would go nowhere (docs/deployment/sqs.md).
+        task_send_sent_event=not sqs,
+        worker_send_task_events=not sqs,
         result_extended=True,
         # transcribe.delay() results: no longer than transcripts are kept (WHISPERQ_RESULT_RETENTION).
         result_expires=int(min(settings.result_retention_seconds or 7 * 24 * 3600, 7 * 24 * 3600)),
@@ -171,8 +354,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
 
 
 def declare_dead_letter_queue(app: Celery) -> None:
-    """On RabbitMQ, make sure the dead-letter exchange and its queue exist."""
-    if is_redis(app.conf.broker_url):
+    """On RabbitMQ, make sure the dead-letter exchange and its queue exist (SQS's: tasks.sqs)."""
+    if is_redis(app.conf.broker_url) or is_sqs(app.conf.broker_url):
         return
     # kombu leaves Exchange, Queue and Queue.declare unannotated.
     exchange = Exchange(DEAD_LETTER_EXCHANGE, type="fanout", durable=True)  # type: ignore[no-untyped-call]

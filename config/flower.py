@@ -10,7 +10,7 @@ import ipaddress
 import sys
 from urllib.parse import urlsplit
 
-from .celeryconfig import is_redis
+from .celeryconfig import is_redis, is_sqs
 from .env import ConfigError
 from .files import private_dir
 from .settings import Settings
@@ -44,9 +44,19 @@ def broker_api(settings: Settings) -> str | None:
     return f"{'https' if secure else 'http'}://{user}:{password}@{host}:{15671 if secure else 15672}/api/"
 
 
+# Why `whisperq flower` does not start on SQS (and `whisperq run` leaves it out there).
+NOT_ON_SQS = (
+    "Flower shows what workers report through the broker's broadcast (remote control) and events, and SQS "
+    "carries neither: on SQS watch /metrics, `whisperq status` and the workers' logs instead "
+    "(docs/deployment/sqs.md)"
+)
+
+
 def flower_command(settings: Settings, environ: dict[str, str]) -> tuple[list[str], dict[str, str]]:
     """The argv and environment that run Flower; ConfigError when it would be open to the
-    network without a password."""
+    network without a password, or could show nothing (SQS)."""
+    if settings.broker_url and is_sqs(settings.broker_url):
+        raise ConfigError(NOT_ON_SQS)
     address = settings.flower_address
     if not settings.flower_basic_auth and not is_loopback(address):
         raise ConfigError(

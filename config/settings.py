@@ -28,6 +28,8 @@ from .env import input_dirs as _input_dirs
 from .files import generated_secret, published_broker
 from .priorities import PRIORITIES
 from .registry import ModelSpec, Routes, find_model, parse_models, parse_routes
+from .s3_sources import SOURCE_FORM as S3_SOURCE_FORM
+from .s3_sources import anonymous_sources as _anonymous_s3_sources
 from .secrets import check_basic_auth, check_encryption_keys, check_secret, check_url
 
 ENGINES = ("faster-whisper", "openai-whisper")
@@ -41,7 +43,9 @@ S3_FORM = "s3://BUCKET/PREFIX"
 S3_INSTALL = "pip install 'whisperq[s3]' (in a checkout: .venv/bin/pip install -e '.[s3]')"
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _PREFIX_PART = re.compile(r"[A-Za-z0-9!_.*'()-]+")  # S3's characters safe in a key
-BROKER_SCHEMES = ("redis", "rediss", "redis+socket", "amqp", "amqps", "pyamqp", "memory")
+BROKER_SCHEMES = ("redis", "rediss", "redis+socket", "amqp", "amqps", "pyamqp", "sqs", "memory")
+SQS_INSTALL = "pip install 'whisperq[sqs]' (in a checkout: .venv/bin/pip install -e '.[sqs]')"
+_SQS_PREFIX = re.compile(r"[A-Za-z0-9_-]{0,40}")
 DATABASE_SCHEMES = ("sqlite", "postgresql", "postgresql+psycopg", "postgresql+psycopg2", "postgres")
 HOURS_4 = 4 * 3600.0
 DAY = 24 * 3600.0
@@ -127,6 +131,35 @@ def _storage(env: Env, _values: Values) -> str:
     return f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
 
 
+def _check_broker(name: str, value: str | None) -> None:
+    """CELERY_BROKER_URL: the placeholder check of every URL; an sqs:// URL names nothing but
+    the scheme (AWS's own variables give the rest) and needs boto3 and pycurl."""
+    check_url(name, value)
+    if not value or value.split("://", 1)[0].lower() != "sqs":
+        return
+    if value.split("://", 1)[1].strip("/"):
+        raise ConfigError(
+            f"{name}=sqs://… names a host or credentials; write sqs:// alone and give the credentials, region "
+            "and endpoint the AWS way (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a profile or a role; "
+            "AWS_DEFAULT_REGION; AWS_ENDPOINT_URL_SQS or AWS_ENDPOINT_URL for a server other than AWS's)"
+        )
+    missing = [m for m in ("boto3", "pycurl") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ConfigError(
+            f"{name}=sqs:// needs {' and '.join(missing)} (kombu's SQS transport), which "
+            f"{'is' if len(missing) == 1 else 'are'} not installed: {SQS_INSTALL}"
+        )
+
+
+def _sqs_prefix(value: str, _values: Values) -> str:
+    if not _SQS_PREFIX.fullmatch(value):
+        raise ConfigError(
+            f"WHISPERQ_SQS_QUEUE_PREFIX={value!r} is not a queue name prefix; use at most 40 letters, digits, "
+            "hyphens and underscores (prod-)"
+        )
+    return value
+
+
 def _tier_audio(tier: str) -> Any:
     return setting(
         f"WHISPERQ_MAX_AUDIO_SECONDS_{tier.upper()}",
@@ -184,16 +217,17 @@ class Settings:
         "url",
         group="Broker & database",
         schemes=BROKER_SCHEMES,
-        check=check_url,
+        check=_check_broker,
         then=lambda value, values: value or published_broker(values["data_dir"]),
         shown_default="unset: the embedded Redis `whisperq run` starts on WHISPERQ_DATA_DIR",
-        doc="The Celery broker every process shares, such as redis://HOST:6379/0 or amqp://USER:PASS@HOST:5672//.",
+        doc="The Celery broker every process shares, such as redis://HOST:6379/0 or amqp://USER:PASS@HOST:5672//, "
+        "or sqs:// for Amazon SQS (the sqs extra; AWS's own variables give region, credentials and endpoint).",
     )
     result_backend: str | None = setting(
         "CELERY_RESULT_BACKEND",
         group="Broker & database",
         check=check_url,
-        shown_default="the broker for Redis, db+DATABASE_URL for RabbitMQ",
+        shown_default="the broker for Redis, db+DATABASE_URL for RabbitMQ and SQS",
         form="a Celery result backend URL",
         doc="Where transcribe.delay().get() finds results; unset it to use the default.",
     )
@@ -835,6 +869,19 @@ class Settings:
         choices=PRIORITIES,
         doc="The highest priority anonymous use may ask for.",
     )
+    # where a submission without a key may have audio_url=s3://BUCKET/KEY read from (config.s3_sources)
+    anonymous_s3_sources: tuple[str, ...] = setting(
+        "WHISPERQ_ANONYMOUS_S3_SOURCES",
+        group="Security & keys",
+        parse=_anonymous_s3_sources,
+        default=(),
+        type_name="S3 source list",
+        shown_default="none",
+        form=f"{S3_SOURCE_FORM} entries, comma separated, or none",
+        doc="The buckets and prefixes a submission without an API key may name in an s3:// audio_url, read with "
+        "the deployment's AWS credentials (a key's own are set with `whisperq keys s3-sources`); never the "
+        "service's own WHISPERQ_STORAGE prefix.",
+    )
     sync_waits: int = setting(
         "WHISPERQ_SYNC_WAITS",
         "int",
@@ -902,6 +949,52 @@ class Settings:
         field_default=60.0,
         doc="Lease of an inference worker's claim on a job, renewed while it runs: a killed worker's job is taken "
         "over within it.",
+    )
+    # SQS (CELERY_BROKER_URL=sqs://): config.celeryconfig's queues, docs/deployment/sqs.md
+    sqs_queue_prefix: str = setting(
+        "WHISPERQ_SQS_QUEUE_PREFIX",
+        group="Broker & database",
+        default="",
+        then=_sqs_prefix,
+        field_default="",
+        shown_default="none",
+        form="at most 40 letters, digits, hyphens and underscores",
+        doc="With CELERY_BROKER_URL=sqs://: the start of every SQS queue name of this deployment (prod- makes "
+        "prod-whisperq-prepare), so that several deployments share one account and region.",
+        also=(
+            Var(
+                "AWS_ENDPOINT_URL_SQS",
+                "Broker & database",
+                "URL",
+                "unset: AWS's SQS (or AWS_ENDPOINT_URL)",
+                "an http:// or https:// URL",
+                "With sqs://: an SQS-compatible server's endpoint, read by boto3 (AWS_ENDPOINT_URL counts for SQS "
+                "and S3 alike); region and credentials come from the same variables as for S3 storage.",
+            ),
+        ),
+    )
+    sqs_wait_seconds: int = setting(
+        "WHISPERQ_SQS_WAIT_SECONDS",
+        "int",
+        group="Broker & database",
+        default=1,
+        low=1,
+        high=20,
+        field_default=1,
+        doc="With sqs://: how long an idle worker's receive waits for a message (SQS long polling); longer makes "
+        "fewer requests, and a job may wait that long for an idle worker to see it.",
+    )
+    sqs_visibility_timeout: int = setting(
+        "WHISPERQ_SQS_VISIBILITY_TIMEOUT",
+        "int",
+        group="Broker & database",
+        default=0,
+        low=0,
+        high=43200,
+        field_default=0,
+        shown_default="0: each pool's hard time limit and a margin",
+        doc="With sqs://: seconds a received message stays hidden from other workers; leave it 0, since a shorter "
+        "one than a pool's hard time limit hands a job that still runs to a second worker (tests shorten it).",
     )
 
     @classmethod

@@ -109,6 +109,145 @@ def scheduled_requests(timer: Any) -> Iterator[dict[str, Any]]:
     return requests
 
 
+# --- kombu: SQS queues asked in order; a message rejected for good kept in a dead-letter queue ----
+
+
+def sqs_transport() -> type:
+    """kombu's SQS transport (kombu.transport.SQS.Transport) with a channel of whisperq's, which
+    Celery uses where the broker is sqs:// (tasks.app). It changes two things.
+
+    Order. kombu polls each queue a worker consumes on its own loop, all at once (each a long
+    poll that returns when a message arrives), and delivers whatever comes back: asked for
+    `high` and `low`, a worker takes one of each in turn, and holds both at once whatever its
+    prefetch (checked on kombu 5.4 to 5.7; tests/test_compat.py shows it). This channel runs one
+    loop instead: while the worker has a free slot it asks its queues in the order it consumes
+    them (config.celeryconfig.consumed_in_order: every high, every normal, every low), each with
+    a receive that does not wait and for no more messages than free slots, and starts again
+    from the top after each message; it takes from a queue only when every one before it
+    answered empty. When all are empty it waits: the first queue's receive becomes a long poll
+    of `wait_time_seconds` (WHISPERQ_SQS_WAIT_SECONDS), the others are asked after it.
+
+    Dead letters. A message rejected for good (Celery's Reject(requeue=False): a job out of
+    attempts, a malformed message) is sent to the queue the transport option
+    `whisperq_dead_letter_queue` names, with the attribute `whisperq-rejected` saying from
+    which queue, and deleted from its own, as RabbitMQ's dead-letter exchange does. kombu 5.4
+    leaves such a message in its queue (SQS hands it out again after its visibility timeout),
+    5.7 deletes it unless its queue has a redrive policy, and leaves it then.
+
+    Built on first use: kombu's SQS module needs boto3, which only the sqs extra installs.
+    """
+    built = _SQS.get("transport")
+    if built is None:
+        built = _SQS["transport"] = _build_sqs_transport()
+    return built
+
+
+_SQS: dict[str, type] = {}
+SQS_REJECTED = "whisperq-rejected"  # the attribute of a message this channel dead-lettered
+
+
+def _build_sqs_transport() -> type:
+    from botocore.exceptions import BotoCoreError, ClientError
+    from kombu.transport import SQS, virtual
+    from vine import promise  # type: ignore[import-untyped]  # vine ships no types
+
+    class Channel(SQS.Channel):
+        # `this` is self as Any: kombu's channel methods carry no annotations
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            self._whisperq_order: list[str] = []
+            self._whisperq_polling = False
+            base: Any = super()
+            base.__init__(*args, **kwargs)
+
+        def basic_consume(self, queue: str, no_ack: bool, *args: Any, **kwargs: Any) -> Any:
+            if queue not in self._whisperq_order:
+                self._whisperq_order.append(queue)
+            base: Any = super()
+            return base.basic_consume(queue, no_ack, *args, **kwargs)
+
+        def _schedule_queue(self, queue: str) -> None:
+            # kombu starts its loop of each queue here (5.7 from basic_consume, 5.4 through
+            # _loop1); one ordered loop runs instead, for every queue of the channel.
+            this: Any = self
+            if this.hub is not None and not self._whisperq_polling:
+                self._whisperq_polling = True
+                this.hub.call_soon(self._whisperq_ask, 0, False)
+
+        def _whisperq_ask(self, index: int, waiting: bool) -> None:
+            this: Any = self
+            queues = [q for q in self._whisperq_order if q in this._active_queues]
+            if not queues or this.closed:
+                self._whisperq_polling = False
+                return
+            if not this.qos.can_consume():  # no free slot: look again shortly (no request)
+                this.hub.call_later(this.connection.polling_interval or 0.2, self._whisperq_ask, 0, False)
+                return
+            if index >= len(queues):  # every queue answered empty: wait on the first one
+                this.hub.call_soon(self._whisperq_ask, 0, True)
+                return
+            queue = queues[index]
+            url = this._new_queue(queue)
+            name = this.canonical_queue_name(queue)
+            this.asynsqs(queue=name).receive_message(
+                name,
+                url,
+                number_messages=this._get_message_estimate(),
+                wait_time_seconds=this.wait_time_seconds if waiting and index == 0 else 0,
+                callback=promise(self._whisperq_received, (queue, url, index, waiting)),
+            )
+
+        def _whisperq_received(self, queue: str, url: str, index: int, waiting: bool, response: Any) -> None:
+            this: Any = self
+            messages = response.get("Messages") if isinstance(response, dict) else None
+            if not messages:
+                this.hub.call_soon(self._whisperq_ask, index + 1, waiting)
+                return
+            deliver = this.connection._callbacks.get(queue)
+            if deliver is None:  # its consumer was cancelled meanwhile (a warm shutdown)
+                release = getattr(this, "_release_messages", None)  # kombu 5.7; 5.4: visible after the timeout
+                if release is not None:
+                    release(url, queue, messages)
+            else:
+                for message in messages:
+                    deliver(this._message_to_python(message, queue, url))
+            this.hub.call_soon(self._whisperq_ask, 0, False)
+
+        def basic_reject(self, delivery_tag: Any, requeue: bool = False) -> Any:
+            if not requeue:
+                self._whisperq_dead_letter(delivery_tag)
+            # not SQS.Channel's: it would delete the message, or leave it in its queue
+            plain: Any = virtual.Channel
+            return plain.basic_reject(self, delivery_tag, requeue=requeue)
+
+        def _whisperq_dead_letter(self, delivery_tag: Any) -> None:
+            this: Any = self
+            try:
+                info = this.qos.get(delivery_tag).delivery_info
+                message, source = info["sqs_message"], info["sqs_queue"]
+            except KeyError:
+                return
+            dead = this.transport_options.get("whisperq_dead_letter_queue")
+            client = this.sqs()
+            try:
+                if dead:
+                    client.send_message(
+                        QueueUrl=this._new_queue(dead),
+                        MessageBody=message["Body"],
+                        MessageAttributes={SQS_REJECTED: {"DataType": "String", "StringValue": source}},
+                    )
+                client.delete_message(QueueUrl=source, ReceiptHandle=message["ReceiptHandle"])
+            except (ClientError, BotoCoreError) as exc:
+                # left in its queue: SQS hands it out again after its visibility timeout, and
+                # moves it to the dead-letter queue by its redrive policy in the end
+                log.warning("a rejected message of %s was not moved to the dead-letter queue: %s", source, exc)
+
+    class Transport(SQS.Transport):
+        pass
+
+    Transport.Channel = Channel
+    return Transport
+
+
 # --- faster-whisper: the batched pipeline's decoding, window by window --------------------------
 
 

@@ -19,6 +19,7 @@ import threading
 from celery import Celery
 
 from config import Settings, celery_config
+from config.celeryconfig import is_sqs
 from models.runtime import Runtime, get_runtime
 
 _app: Celery | None = None
@@ -30,6 +31,12 @@ def celery_for(settings: Settings) -> Celery:
     app = Celery("whisperq", set_as_current=False)
     app.config_from_object(celery_config(settings))
     app.conf.whisperq_settings = settings
+    if is_sqs(app.conf.broker_url):
+        from models.compat import sqs_transport
+
+        # kombu's SQS transport with the queues asked in order and rejected messages kept
+        # (models.compat); the URL stays sqs://, so Celery and kombu treat it as SQS
+        app.conf.broker_transport = sqs_transport()
     return app
 
 

@@ -9,6 +9,11 @@ reserved; they stay in ``unacked`` until `visibility_timeout` (hours) has passed
 whose message is in no queue list and held by no live worker is therefore stranded,
 whatever ``unacked`` says. RabbitMQ returns a closed channel's messages to their queue
 at once, and cannot be listed without consuming: there the answer is "unknown".
+
+SQS is RabbitMQ's case for the sweeper: its queues cannot be listed without receiving, and
+it hands a message out again by itself, once the message's visibility timeout has passed. It
+carries no broadcast either, so workers cannot say what they hold (`holdings` is empty); its
+dead-letter queue is kept in step with the database's dead letters (tasks.sqs.reconcile).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from datetime import timedelta
 from celery import Celery
 
 from config import NOTIFY_QUEUE, PREPARE_QUEUE, Settings, broker_priority
-from config.celeryconfig import PUBLISH_RETRY, is_redis, queues_for
+from config.celeryconfig import PUBLISH_RETRY, is_redis, is_sqs, queues_for, route
 from config.priorities import REDIS_PRIORITY_STEPS
 
 log = logging.getLogger(__name__)
@@ -46,7 +51,7 @@ def publish_transcribe(app: Celery, job, countdown: float | None = None, reply_t
         args=[job.audio_ref],
         kwargs={"language": job.language, "priority": job.priority, "task": job.task},
         task_id=job.id,
-        queue=PREPARE_QUEUE,
+        queue=route(app.conf.broker_url, PREPARE_QUEUE, job.priority),
         priority=broker_priority(job.priority, app.conf.broker_url),
         countdown=countdown,
         reply_to=reply_to,
@@ -128,7 +133,10 @@ def waiting_in_broker(app) -> set[str] | None:
 
 
 def holdings(app, timeout: float = 2.0) -> dict[str, set[str]]:
-    """Worker id -> the job ids it holds, for every worker that answers now."""
+    """Worker id -> the job ids it holds, for every worker that answers now (none on SQS,
+    which carries no broadcast: workers cannot be asked)."""
+    if is_sqs(app.conf.broker_url):
+        return {}
     # A fresh connection each time: a pooled one may be stale after a broker restart.
     with app.connection_for_write() as conn:
         conn.ensure_connection(max_retries=3, interval_start=0.5, interval_step=0.5)
@@ -172,4 +180,8 @@ def run_sweep(app, grace: timedelta | None = None, rt=None):
     late = overdue(rt)
     broker.publish_notify(late)
     report.notifications_resent = len(late)
+    if is_sqs(app.conf.broker_url):
+        from tasks.sqs import reconcile
+
+        report.dead.extend(reconcile(app, rt).recorded)
     return report

@@ -24,7 +24,7 @@ from celery import Task, shared_task
 from celery.exceptions import Ignore, Reject
 
 from config import broker_priority
-from config.celeryconfig import inference_queue
+from config.celeryconfig import inference_queue, route
 from models.errors import (
     ClaimHeld,
     ClaimLost,
@@ -152,7 +152,8 @@ def _after_failure(task: Task, job_id: str, exc: BaseException):
     if delay is None:
         move_to_dead_letters(rt, job_id, task.name, reason, traceback.format_exc())
         # Celery records the rejection as the task's failure, so r.get() raises it; on
-        # RabbitMQ the rejected message goes on to the dead-letter exchange.
+        # RabbitMQ the rejected message goes on to the dead-letter exchange, on SQS to the
+        # dead-letter queue (models.compat's channel).
         raise JobDeadLettered(f"{reason} (the job is in the dead-letter queue)", requeue=False)
     if rt.broker is None:  # tasks.app.runtime() always gives its runtime one
         raise RuntimeError("this worker's runtime has no broker to publish the job's retry with")
@@ -224,7 +225,9 @@ def transcribe(
     keep = keeps_result(get_job(rt, job_id))
     return self.replace(
         infer.s(prepared.to_message()).set(
-            queue=inference_queue(self.app.conf.whisperq_settings, prepared.model),
+            queue=route(
+                self.app.conf.broker_url, inference_queue(self.app.conf.whisperq_settings, prepared.model), tier
+            ),
             priority=broker_priority(tier, self.app.conf.broker_url),
             reply_to=self.request.reply_to,
             ignore_result=not keep,
@@ -284,7 +287,9 @@ def _send_shadow(task: Task, prepared: Prepared) -> None:
     try:
         shadow.apply_async(
             (message.to_message(),),
-            queue=inference_queue(task.app.conf.whisperq_settings, message.model),
+            queue=route(
+                task.app.conf.broker_url, inference_queue(task.app.conf.whisperq_settings, message.model), "low"
+            ),
             priority=broker_priority("low", task.app.conf.broker_url),
             ignore_result=True,
         )

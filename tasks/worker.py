@@ -31,6 +31,27 @@ def _identify(sender=None, **_kwargs) -> None:
 
 
 @worker_init.connect
+def _sqs_queues(sender=None, **_kwargs) -> None:
+    # SQS has no priorities: each job queue is one queue per tier, asked highest first. The
+    # worker was told the pools' queues (--queues whisperq.prepare); it consumes their tiers.
+    from config.celeryconfig import consumed_in_order, is_sqs
+
+    if not is_sqs(app.conf.broker_url):
+        return
+    queues = app.amqp.queues
+    queues.select(consumed_in_order(list(queues.consume_from or {})))
+    from tasks.sqs import declare
+
+    try:
+        declare(app)
+    except Exception:
+        logging.getLogger(__name__).exception(
+            "the SQS queues could not be declared (their visibility timeouts and redrive policy): check the "
+            "credentials' permissions (docs/deployment/sqs.md) and the endpoint"
+        )
+
+
+@worker_init.connect
 def _tracing(sender=None, **_kwargs) -> None:
     # OpenTelemetry (only with OTEL_EXPORTER_OTLP_ENDPOINT) starts in the process that
     # runs the tasks: here for the threads pool, in each child for prefork (below).

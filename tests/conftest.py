@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -21,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import need_service, task_ends, wait_until
+from helpers import need_service, task_ends, wait_until, worker_argv
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -336,27 +335,7 @@ def start_worker(
     log = tmp / f"{name}.log"
     env = dict(os.environ, **(extra_env or {}))
     proc = popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "tasks.worker",
-            "worker",
-            "--pool",
-            pool,
-            "--concurrency",
-            str(concurrency),
-            "--queues",
-            queue,
-            "--hostname",
-            f"{name}@%h",
-            "--without-mingle",
-            "--without-gossip",
-            "--loglevel",
-            "INFO",
-            "-E",
-        ],
+        [*worker_argv(name, queue, pool, concurrency), "-E"],  # -E: task events, as the Procfile's pools send
         cwd=ROOT,
         env=env,
         stdout=log.open("w"),
@@ -367,6 +346,13 @@ def start_worker(
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"worker exited with {proc.returncode}:\n{worker.output()}")
+        if celery_app.conf.broker_url.startswith("sqs://"):  # no remote control to ping: its log says
+            ready = re.search(rf"\b({re.escape(name)}@\S+) ready\.", worker.output())
+            if ready:
+                worker.node = ready.group(1)
+                return worker
+            time.sleep(0.2)  # the poll's interval: the loop waits for the worker's line
+            continue
         with control_connection(celery_app) as conn:
             replies = celery_app.control.ping(timeout=1.0, connection=conn)
         nodes = [key for reply in replies for key in reply if key.startswith(f"{name}@")]

@@ -2,8 +2,10 @@
 still there, and the problem it works around still exists. .ci/run runs this module on the
 newest and on the oldest versions that setup.cfg allows."""
 
+import base64
 import configparser
 import inspect
+import json
 import logging
 from importlib import metadata
 from pathlib import Path
@@ -108,6 +110,76 @@ def test_the_guarded_ack_skips_a_closed_channel_once_patched(closed_redis_qos, c
         assert closed_redis_qos.ack("tag-1") is None
         assert closed_redis_qos.restore_unacked() is None
     assert "ack of tag-1 skipped" in caplog.text
+
+
+def _sqs_consumed(transport: type, reject: str | None = None) -> tuple[list[str], dict]:
+    """Three `low` then three `high` messages on SQS (the loopback server), then one consumer of
+    `q:high` and `q:low` with one slot, on an event loop as a Celery worker runs it: the order it
+    takes them in (acking each, or rejecting `reject` for good), and the transport's options."""
+    import time
+    import uuid
+
+    from kombu import Connection, Consumer, Exchange, Queue
+    from kombu.asynchronous import Hub, get_event_loop, set_event_loop
+
+    before, hub = get_event_loop(), Hub()
+    set_event_loop(hub)
+    exchange = Exchange("x", type="direct")
+    queues = [Queue("q:high", exchange, routing_key="high"), Queue("q:low", exchange, routing_key="low")]
+    options = {
+        "queue_name_prefix": f"c{uuid.uuid4().hex[:8]}-",
+        "wait_time_seconds": 1,
+        "polling_interval": 0.1,
+        "whisperq_dead_letter_queue": "q.dead",
+    }
+    taken: list[str] = []
+
+    def take(body, message):
+        taken.append(body["tag"])
+        message.reject(requeue=False) if body["tag"] == reject else message.ack()
+
+    try:
+        with Connection("sqs://", transport=transport, transport_options=options) as conn:
+            producer = conn.Producer()
+            for tier in ("low", "high"):
+                for n in range(3):
+                    producer.publish({"tag": f"{tier}{n}"}, exchange=exchange, routing_key=tier, declare=queues)
+            consumer = Consumer(conn.channel(), queues=queues, callbacks=[take], prefetch_count=1)
+            consumer.consume()
+            deadline = time.monotonic() + 60
+            while len(taken) < 6 and time.monotonic() < deadline:
+                hub.run_once()
+            consumer.cancel()
+    finally:
+        hub.close()
+        set_event_loop(before)
+    return taken, options
+
+
+def test_kombus_sqs_consumer_takes_its_queues_in_turn(sqs_env):
+    """What the SQS channel works around: kombu polls each queue on a loop of its own and
+    delivers what comes back, so `low` messages are taken while `high` ones wait. When kombu
+    honours the order of its queues, this test fails: drop the channel's ordered loop then."""
+    from kombu.transport.SQS import Transport
+
+    taken, _ = _sqs_consumed(Transport)
+    assert sorted(taken) == ["high0", "high1", "high2", "low0", "low1", "low2"]
+    assert taken.index("low0") < taken.index("high2"), taken
+
+
+def test_the_sqs_channel_takes_high_first_and_keeps_what_it_rejects(sqs_env):
+    taken, options = _sqs_consumed(compat.sqs_transport(), reject="low1")
+    assert taken == ["high0", "high1", "high2", "low0", "low1", "low2"]
+    sqs = sqs_env.client("sqs")
+    url = sqs.get_queue_url(QueueName=options["queue_name_prefix"] + "q-dead")["QueueUrl"]
+    dead = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, MessageAttributeNames=["All"])["Messages"]
+    envelope = json.loads(base64.b64decode(dead[0]["Body"]))  # kombu's message, as SQS keeps it
+    assert len(dead) == 1 and json.loads(base64.b64decode(envelope["body"])) == {"tag": "low1"}
+    assert dead[0]["MessageAttributes"][compat.SQS_REJECTED]["StringValue"].endswith("q_low")
+    low = sqs.get_queue_url(QueueName=options["queue_name_prefix"] + "q_low")["QueueUrl"]
+    attributes = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+    left = sqs.get_queue_attributes(QueueUrl=low, AttributeNames=attributes)["Attributes"]
+    assert left == {"ApproximateNumberOfMessages": "0", "ApproximateNumberOfMessagesNotVisible": "0"}
 
 
 # --- celery -----------------------------------------------------------------------------------------

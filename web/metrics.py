@@ -15,8 +15,10 @@ thousands, drop them with a relabel rule and read GET /v1/usage instead).
 
 Queue depth: on Redis each queue is one list per priority step, counted directly
 (`priority` = high, normal, low). RabbitMQ gives one count per queue (`priority="all"`);
-the split by tier is then `whisperq_jobs_waiting`, from the database. `sum by (queue)`
-of `whisperq_queue_depth` is the queue's depth on either broker.
+the split by tier is then `whisperq_jobs_waiting`, from the database. On SQS each tier is a
+queue of its own, counted as SQS estimates it (ApproximateNumberOfMessages: approximate, and
+without the messages workers hold). `sum by (queue)` of `whisperq_queue_depth` is the
+queue's depth on any broker.
 
 Who may read it: with WHISPERQ_METRICS_TOKEN set, whoever sends it (or an admin key) as a
 bearer token; without, this machine only (loopback, not through a proxy), since the usage
@@ -37,7 +39,7 @@ from flask import Blueprint, Flask, Response, current_app, request
 from sqlalchemy import func, select
 
 from config import PRIORITIES, Settings
-from config.celeryconfig import QUEUES, is_redis, queues_for
+from config.celeryconfig import QUEUES, is_redis, is_sqs, queues_for
 from config.priorities import REDIS_PRIORITY_STEPS, Priority
 from models.jobs.deadletter import DeadLetter
 from models.jobs.record import Job, JobStatus, Stage, utcnow
@@ -69,6 +71,10 @@ def broker_depths(celery) -> dict[tuple[str, str], int]:
     from tasks.broker import redis_queue_keys
 
     depths: dict[tuple[str, str], int] = {}
+    if is_sqs(celery.conf.broker_url):
+        from tasks.sqs import depths as sqs_depths
+
+        return sqs_depths(celery)  # one queue per tier, each SQS's estimate
     queues = queues_for(celery.conf.whisperq_settings)
     with celery.connection_for_write() as conn:
         conn.ensure_connection(max_retries=1, timeout=3)

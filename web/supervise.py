@@ -79,13 +79,20 @@ def procfile_processes(procfile: Path) -> list[tuple[str, str]]:
     return out
 
 
+# Procfile lines that need the broker's broadcast and events, which SQS does not carry.
+BROADCAST = ("flower",)
+
+
 def wanted(processes: list[tuple[str, str]], env: dict) -> tuple[list[tuple[str, str]], list[str]]:
-    """The processes to run with this environment, and the optional ones left out (OPTIONAL)."""
+    """The processes to run with this environment, and the optional ones left out (OPTIONAL;
+    BROADCAST's on SQS)."""
     run: list[tuple[str, str]] = []
     left_out: list[tuple[str, str]] = []
+    sqs = (env.get("CELERY_BROKER_URL") or "").strip().lower().startswith("sqs://")
     for name, command in processes:
         setting = OPTIONAL.get(name)
-        (left_out if setting is not None and not (env.get(setting) or "").strip() else run).append((name, command))
+        skip = (setting is not None and not (env.get(setting) or "").strip()) or (sqs and name in BROADCAST)
+        (left_out if skip else run).append((name, command))
     return run, [name for name, _ in left_out]
 
 
@@ -269,7 +276,8 @@ def run_supervised(procfile: Path, root: Path, data_dir: Path, env: dict, broker
     if broker:
         processes = [(BROKER, shlex.join(broker)), *processes]
     for name in left_out:
-        print(f"{name}: not started ({OPTIONAL[name]} is not set)", flush=True)
+        why = f"{OPTIONAL[name]} is not set" if name in OPTIONAL else "SQS carries no broadcast or events to show"
+        print(f"{name}: not started ({why})", flush=True)
     logs = data_dir / "logs"
     logs.mkdir(mode=0o700, exist_ok=True)
     for stale in logs.glob("*.log"):  # this run's lines only (rotated backups stay)

@@ -59,7 +59,7 @@ def run(procfile: str) -> None:
     Settings.from_env(env)  # the processes will read the same; fail here, not in three places
     # One machine: its inference pool serves every model (each loaded on its first job). Across
     # machines each pool takes the queues of the models it should hold (docs/models.md).
-    from config.celeryconfig import pool_of, queues_for
+    from config.celeryconfig import is_sqs, pool_of, queues_for
 
     env.setdefault("WHISPERQ_INFERENCE_QUEUES", ",".join(q for q in queues_for(settings) if pool_of(q) == "inference"))
     from models.db import Database
@@ -74,10 +74,15 @@ def run(procfile: str) -> None:
     flower_host = settings.flower_address if settings.flower_address not in ("", "0.0.0.0", "::") else "127.0.0.1"
     flower_host = f"[{flower_host}]" if ":" in flower_host else flower_host
     env["PORT"] = str(settings.port)
+    flower_line = (
+        f"http://{flower_host}:{settings.flower_port}/{flower_login}"
+        if not is_sqs(env.get("CELERY_BROKER_URL", ""))
+        else "not started: SQS carries no broadcast (see /metrics and `whisperq status`)"
+    )
     click.echo(
         f"\n  upload form  http://{settings.host}:{settings.port}/\n"
         f"  API          http://{settings.host}:{settings.port}/v1/jobs\n"
-        f"  Flower       http://{flower_host}:{settings.flower_port}/{flower_login}\n"
+        f"  Flower       {flower_line}\n"
         f"  data         {settings.data_dir}  (logs in {settings.data_dir / 'logs'})\n"
         f"  inbox        {', '.join(str(d) for _, d in settings.input_grants)}  (files for transcribe.delay(path))\n"
     )
