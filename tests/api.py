@@ -5,9 +5,8 @@ word error rates are in helpers.py)."""
 from __future__ import annotations
 
 import io
-import time
 
-from helpers import CLIPS
+from helpers import CLIPS, wait_until
 
 # What a job ends as when it ran (wait_for_job's default), and every state a job ends in.
 RAN = ("COMPLETED", "FAILED")
@@ -62,12 +61,12 @@ def submit_id(client, clip: str | None = "fox.flac", **kwargs) -> str:
 def wait_for_job(client, job_id: str, timeout: float = 120.0, statuses: tuple[str, ...] = RAN) -> dict:
     """The job's JSON once `GET /v1/jobs/<id>` answers 200 with a status in `statuses` (polled
     every 0.2 s); AssertionError, with the job as last read, after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def ran() -> dict | None:
         resp = client.get(f"/v1/jobs/{job_id}")
-        if resp.status_code == 200 and resp.get_json()["status"] in statuses:
-            return resp.get_json()
-        time.sleep(0.2)  # the poll's interval: the loop waits for the job's state
-    raise AssertionError(
-        f"job {job_id} did not finish within {timeout} s: {client.get(f'/v1/jobs/{job_id}').get_json()}"
-    )
+        return resp.get_json() if resp.status_code == 200 and resp.get_json()["status"] in statuses else None
+
+    try:
+        return wait_until(ran, timeout, f"job {job_id} did not finish", interval=0.2)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {client.get(f'/v1/jobs/{job_id}').get_json()}") from None

@@ -342,17 +342,23 @@ def start_worker(
         stderr=subprocess.STDOUT,
     )
     worker = Worker(proc, name, log)
+    if celery_app.conf.broker_url.startswith("sqs://"):  # no remote control to ping: its log says
+        line = re.compile(rf"\b({re.escape(name)}@\S+) ready\.")
+        try:
+            ready = wait_until(
+                lambda: proc.poll() is not None or line.search(worker.output()), 90, f"worker {name} ready"
+            )
+        except AssertionError:
+            proc.kill()
+            raise
+        if proc.poll() is not None:
+            raise RuntimeError(f"worker exited with {proc.returncode}:\n{worker.output()}")
+        worker.node = ready.group(1)
+        return worker
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"worker exited with {proc.returncode}:\n{worker.output()}")
-        if celery_app.conf.broker_url.startswith("sqs://"):  # no remote control to ping: its log says
-            ready = re.search(rf"\b({re.escape(name)}@\S+) ready\.", worker.output())
-            if ready:
-                worker.node = ready.group(1)
-                return worker
-            time.sleep(0.2)  # the poll's interval: the loop waits for the worker's line
-            continue
         with control_connection(celery_app) as conn:
             replies = celery_app.control.ping(timeout=1.0, connection=conn)
         nodes = [key for reply in replies for key in reply if key.startswith(f"{name}@")]

@@ -274,15 +274,15 @@ class LiveServer:
         self.httpd.shutdown()
 
 
-def wait_until(check, timeout: float, what: str):
-    """`check()`'s first true value, looked for every 0.1 s; AssertionError saying `what`
-    did not happen after `timeout` seconds."""
+def wait_until(check, timeout: float, what: str, interval: float = 0.1):
+    """`check()`'s first true value, looked for every `interval` seconds; AssertionError saying
+    `what` did not happen after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = check()
         if value:
             return value
-        time.sleep(0.1)  # the poll's interval: the loop waits for `check`
+        time.sleep(interval)  # the poll's interval: the loop waits for `check`
     raise AssertionError(f"{what} within {timeout} s")
 
 
