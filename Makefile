@@ -47,7 +47,7 @@ lint: $(STAMP)
 #   scale       one inference host vs two (network namespaces of tests/hosts.py, one core each); needs root
 #   encryption  plain vs encrypted files: write, read, and decoding a clip
 # (bench/soak.py has its own target, `make soak`, below.)
-BENCHES := batching latency load engines accuracy shadow estimates scale encryption
+BENCHES := batching latency load engines accuracy shadow estimates scale encryption hotwords speakers
 .PHONY: bench bench-ci $(addprefix bench-,$(BENCHES))
 
 bench: bench-batching bench-latency

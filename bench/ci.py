@@ -76,6 +76,8 @@ BENCHES = [
     Bench("estimates", {"BENCH_JOBS": "4"}, ran_anyway="MISSED"),
     Bench("scale", needs=_root_and_two_cores),
     Bench("encryption", {"BENCH_JOBS": "4"}),
+    Bench("hotwords"),
+    Bench("speakers", {"BENCH_SIZE": "tiny"}, _module("resemblyzer", "speakers")),
     # The soak's size is its length (SOAK_MINUTES); three minutes of stream is the CI's soak, with
     # every process and the broker killed once, then the drain.
     Bench("soak", {"SOAK_MINUTES": "3"}, limit=720.0, target="soak"),

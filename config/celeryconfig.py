@@ -31,7 +31,9 @@ EXCHANGE = "whisperq"
 PREPARE_QUEUE = "whisperq.prepare"
 INFERENCE_QUEUE = "whisperq.inference"
 NOTIFY_QUEUE = "whisperq.notify"
-QUEUES = {PREPARE_QUEUE: "prepare", INFERENCE_QUEUE: "inference", NOTIFY_QUEUE: "notify"}
+# After the transcript: speakers, redaction (models.analysis), each its own task, on its own pool.
+ANALYSIS_QUEUE = "whisperq.analysis"
+QUEUES = {PREPARE_QUEUE: "prepare", INFERENCE_QUEUE: "inference", NOTIFY_QUEUE: "notify", ANALYSIS_QUEUE: "analysis"}
 # RabbitMQ: a message rejected for good (a job out of attempts) goes to this exchange and
 # waits in this queue for an operator, beside the job's row in the dead-letter store.
 DEAD_LETTER_EXCHANGE = "whisperq.dead"
@@ -167,7 +169,7 @@ def sqs_hard_limit(settings: Settings, pool: str) -> float:
     """The longest one message of a pool can be held by its worker before it is acknowledged."""
     if pool == QUEUES[PREPARE_QUEUE]:
         return settings.prepare_time_limit(None)
-    if pool == QUEUES[INFERENCE_QUEUE]:
+    if pool in (QUEUES[INFERENCE_QUEUE], QUEUES[ANALYSIS_QUEUE]):
         return settings.time_limit(None)
     return settings.webhook_timeout_seconds + WEBHOOK_BACKOFF_CAP
 
@@ -194,7 +196,7 @@ def check_sqs(settings: Settings) -> None:
     """What SQS cannot hold, said at start: a visibility timeout above 12 hours, a name
     longer than 80 characters."""
     wait = max(settings.retry_max_seconds, settings.claim_lease_seconds)
-    for pool in (QUEUES[INFERENCE_QUEUE], QUEUES[PREPARE_QUEUE], QUEUES[NOTIFY_QUEUE]):  # the longest first
+    for pool in (QUEUES[INFERENCE_QUEUE], QUEUES[ANALYSIS_QUEUE], QUEUES[PREPARE_QUEUE], QUEUES[NOTIFY_QUEUE]):
         seconds = sqs_visibility_timeout(settings, pool)
         if seconds > SQS_MAX_VISIBILITY:
             longest = (SQS_MAX_VISIBILITY - SQS_MARGIN - wait - settings.time_limit(0)) / 2
@@ -243,6 +245,7 @@ ROUTES = {
     "whisperq.sweep": PREPARE_QUEUE,
     "whisperq.retention": PREPARE_QUEUE,
     "whisperq.notify": NOTIFY_QUEUE,
+    "whisperq.analyze": ANALYSIS_QUEUE,
 }
 
 

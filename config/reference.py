@@ -158,6 +158,14 @@ OTHERS: tuple[Var, ...] = tuple(
             "Threads of the Procfile's notify line.",
         ),
         (
+            "WHISPERQ_ANALYSIS_CONCURRENCY",
+            _WORKERS,
+            "integer",
+            "1",
+            "1 or more",
+            "Processes of the Procfile's analysis line (speakers, redaction: docs/analyses/index.md).",
+        ),
+        (
             "WHISPERQ_POOL_NICE",
             _WORKERS,
             "integer",

@@ -259,6 +259,7 @@ def faster_whisper_options(
     temperature: float,
     prepend_punctuations: str,
     append_punctuations: str,
+    hotwords: str | None = None,
 ) -> Any:
     """faster-whisper's BatchedInferencePipeline's decoding options (its TranscriptionOptions,
     an internal dataclass every field of which must be given): text without timestamp tokens."""
@@ -282,7 +283,7 @@ def faster_whisper_options(
         prepend_punctuations=prepend_punctuations,
         append_punctuations=append_punctuations,
         max_new_tokens=None,
-        hotwords=None,
+        hotwords=hotwords,
         word_timestamps=False,
         hallucination_silence_threshold=None,
         condition_on_previous_text=False,

@@ -45,6 +45,9 @@ class Broker(Protocol):
     def publish_notify(self, delivery_ids: list[str]) -> None:
         """Send webhook deliveries to the notification pool."""
 
+    def publish_analyses(self, job_id: str, names: list[str], priority: str) -> None:
+        """Send a job's analyses (models.jobs.analyses) to the analysis pool."""
+
     def forget_result(self, job_id: str) -> None:
         """Remove a job's entry from the result backend, if it has one."""
 

@@ -4,7 +4,8 @@
   broker seam (publishing, queue depths, the sweep); ``worker`` - the worker entry point
   (``celery -A tasks.worker``) and its signals; ``metrics`` - the workers' own metrics.
 - ``transcription`` - declares ``whisperq.transcribe`` (preparation pool), ``whisperq.infer``
-  (inference pool) and ``whisperq.shadow``; ``notification`` - ``whisperq.notify`` (webhooks);
+  (inference pool) and ``whisperq.shadow``; ``analysis`` - ``whisperq.analyze`` (analysis pool:
+  speakers, redaction); ``notification`` - ``whisperq.notify`` (webhooks);
   ``periodic`` - beat's ``whisperq.sweep`` and ``whisperq.retention``.
 
 The task modules are named apart from the tasks: ``tasks.transcribe``, ``tasks.infer``,
@@ -15,7 +16,8 @@ environment). Tasks import ``models`` and ``config``, nothing of ``web``."""
 
 from celery.local import Proxy
 
-from . import notification as _notification  # noqa: F401 - importing declares the tasks
+from . import analysis as _analysis  # noqa: F401 - importing declares the tasks
+from . import notification as _notification  # noqa: F401
 from . import periodic as _periodic  # noqa: F401
 from . import transcription as _transcription  # noqa: F401
 from .app import celery_for, get_celery, init_celery

@@ -26,7 +26,7 @@ from datetime import timedelta
 from celery import Celery
 
 from config import NOTIFY_QUEUE, PREPARE_QUEUE, Settings, broker_priority
-from config.celeryconfig import PUBLISH_RETRY, is_redis, is_sqs, queues_for, route
+from config.celeryconfig import ANALYSIS_QUEUE, PUBLISH_RETRY, is_redis, is_sqs, queues_for, route
 from config.priorities import REDIS_PRIORITY_STEPS
 
 log = logging.getLogger(__name__)
@@ -96,6 +96,9 @@ class CeleryBroker:
 
     def publish_notify(self, delivery_ids: list[str]) -> None:
         publish_notify(self.app, delivery_ids)
+
+    def publish_analyses(self, job_id: str, names: list[str], priority: str) -> None:
+        publish_analyses(self.app, job_id, names, priority)
 
     def forget_result(self, job_id: str) -> None:
         self.app.AsyncResult(job_id).forget()
@@ -185,3 +188,19 @@ def run_sweep(app, grace: timedelta | None = None, rt=None):
 
         report.dead.extend(reconcile(app, rt).recorded)
     return report
+
+
+def publish_analyses(app: Celery, job_id: str, names: list[str], priority: str) -> None:
+    """Send a job's analyses (models.jobs.analyses) to the analysis pool, one message each, at
+    the job's priority; the message id is the job's and the analysis's, so it is told apart."""
+    for name in names:
+        app.send_task(
+            "whisperq.analyze",
+            args=[job_id, name],
+            task_id=f"{job_id}.{name}",
+            queue=route(app.conf.broker_url, ANALYSIS_QUEUE, priority),
+            ignore_result=True,
+            priority=broker_priority(priority, app.conf.broker_url),
+            retry=True,
+            retry_policy=PUBLISH_RETRY,
+        )

@@ -37,6 +37,7 @@ from models.errors import (
 )
 from models.jobs.deadletter import move_to_dead_letters
 from models.jobs.operations import fail_job, get_job, schedule_retry
+from models.jobs.record import Stage
 from models.pipeline.door import keeps_result
 from models.pipeline.inference import infer_job
 from models.pipeline.messages import Finished, MalformedMessage, Prepared
@@ -75,7 +76,13 @@ OPTIONS = (
     "temperature",
     "callback_url",
     "collect",
+    "hotwords",
+    "speakers",
+    "redact",
 )
+# Options the door turns into something else (models.analysis: JobOptions.analyses): the message
+# carries them as given, and the preparation pool checks them again.
+AS_GIVEN = ("speakers", "redact")
 
 
 class TranscribeTask(Task):
@@ -135,6 +142,7 @@ def checked_options(settings, given: dict) -> dict:
     except WhisperqError as exc:  # a bad key, a priority or a path not the key's, a spent quota, a full queue
         raise PermissionError(str(exc)) from None
     checked = {k: v for k, v in admitted.options.fields().items() if k in OPTIONS}
+    checked.update({k: given[k] for k in AS_GIVEN if given.get(k) is not None})
     if who.owner is not None:
         checked["owner"], checked["owner_token"] = who.owner, door.owner_token(job_id, who.owner)
     return checked
@@ -195,6 +203,9 @@ def transcribe(
     owner: str | None = None,
     owner_token: str | None = None,
     api_key: str | None = None,
+    hotwords: str | None = None,
+    speakers: object = None,
+    redact: object = None,
 ) -> dict | None:
     job_id = self.request.id
     worker = self.request.hostname or socket.gethostname()
@@ -211,6 +222,9 @@ def transcribe(
         "owner": owner,
         "owner_token": owner_token,
         "api_key": api_key,
+        "hotwords": hotwords,
+        "speakers": speakers,
+        "redact": redact,
     }
     rt = runtime()
     try:
@@ -277,7 +291,22 @@ def infer(self, message: dict) -> dict | None:
         raise Ignore() from exc
     except Exception as exc:
         return _after_failure(self, prepared.job_id, exc)
+    if result is not None and result.get("stage") == Stage.ANALYSIS.value:
+        _send_analyses(self, prepared)
     return _answer(rt, prepared.job_id, result)
+
+
+def _send_analyses(task: Task, prepared: Prepared) -> None:
+    """The job's transcript is stored and its analyses wait: one message each to the analysis
+    pool. One not sent (the broker down) is sent again by the sweeper."""
+    from tasks.broker import publish_analyses
+
+    job = get_job(runtime(), prepared.job_id)
+    names = [run.name for run in job.analysis_runs if not run.finished]
+    try:
+        publish_analyses(task.app, prepared.job_id, names, prepared.priority)
+    except Exception:
+        log.warning("job %s: its analyses were not sent; the sweeper sends them", prepared.job_id, exc_info=True)
 
 
 def _send_shadow(task: Task, prepared: Prepared) -> None:

@@ -73,6 +73,7 @@ def test_every_models_package_says_what_it_may_import():
         "security",
         "storage",
         "speech",
+        "analysis",
         "registry",
         "jobs",
         "access",

@@ -491,7 +491,8 @@ def test_compose_services_restart_wait_for_their_backends_and_report_health():
 
 # --- least privilege: what each pod may do, see and reach --------------------------------------
 
-APP = {"web", "prepare", "inference", "notify", "beat", "mqtt"}  # the whisperq processes with whisperq-secrets
+# the whisperq processes with whisperq-secrets
+APP = {"web", "prepare", "inference", "notify", "analysis", "beat", "mqtt"}
 
 
 def workloads() -> dict[str, dict]:

@@ -37,6 +37,10 @@ def test_each_response_format(openai_client, worker):
     assert verbose.segments and 0.0 <= verbose.segments[0].start < 0.5  # where the first word starts
     assert len(verbose.words) >= 10 and all(w.start <= w.end for w in verbose.words)
     assert word_error_rate(clip["text"], " ".join(w.word for w in verbose.words)) <= 0.2
+    # how sure the model was, segment by segment, as OpenAI's verbose_json says it
+    for segment in verbose.segments:
+        assert segment.avg_logprob < 0 and 0 <= segment.no_speech_prob <= 1 and segment.compression_ratio > 0
+        assert segment.temperature == 0.0
 
 
 def test_a_prompt_and_temperature_are_accepted(openai_client, worker):

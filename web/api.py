@@ -127,7 +127,8 @@ def listing_args() -> tuple[str | None, str]:
 def index():
     status, raw_limit = listing_args()
     cursor = _decode_cursor(request.args.get("cursor"))
-    jobs, following = list_jobs(runtime(), status, int(raw_limit), cursor, owner=scope())
+    confidence = _confidence_arg(request.args.get("max_confidence"))
+    jobs, following = list_jobs(runtime(), status, int(raw_limit), cursor, owner=scope(), max_confidence=confidence)
     body: dict[str, Any] = {
         "jobs": [job_body(job, detail=False) for job in jobs],
         "next_cursor": None,
@@ -135,10 +136,24 @@ def index():
     }
     if following is not None:
         token = _encode_cursor(following)
-        args = {k: v for k, v in (("status", status), ("limit", raw_limit)) if v}
+        given = (("status", status), ("limit", raw_limit), ("max_confidence", request.args.get("max_confidence")))
+        args = {k: v for k, v in given if v}
         body["next_cursor"] = token
         body["next_url"] = url_for("api.index", cursor=token, _external=True, **args)
     return jsonify(body)
+
+
+def _confidence_arg(raw: str | None) -> float | None:
+    """GET /v1/jobs?max_confidence=0.6: the transcripts whose confidence (0 to 1) is at most that."""
+    if raw is None or raw == "":
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise InvalidRequest(f"max_confidence must be a number from 0 to 1 (a transcript's confidence), not {raw!r}")
+    return value
 
 
 def _encode_cursor(cursor: tuple[datetime, str]) -> str:

@@ -48,8 +48,11 @@ def readyz():
     )
     served: dict[str, int] = {}
     hosts: dict[str, dict] = {}
+    analyses: dict[str, object] = {"workers": 0, "installed": installed_analyses()}
     if checks["database"] == "ok":
         everyone = alive(rt)
+        # the analysis pool does not decide readiness: a job's transcript is stored without it
+        analyses["workers"] = sum(w["pool"] == "analysis" for w in everyone)
         hosts = _hosts(rt, everyone)
         inference = [w for w in everyone if w["pool"] == "inference"]
         served = {spec.name: sum(spec.name in w["models"] for w in inference) for spec in rt.settings.models}
@@ -62,8 +65,21 @@ def readyz():
             checks["inference_workers"] = "none alive: no inference worker has sent a heartbeat in 30 s"
     ready = all(v == "ok" for v in checks.values())
     return jsonify(
-        {"status": "ready" if ready else "not_ready", "checks": checks, "models": served, "hosts": hosts}
+        {
+            "status": "ready" if ready else "not_ready",
+            "checks": checks,
+            "models": served,
+            "hosts": hosts,
+            "analyses": analyses,
+        }
     ), 200 if ready else 503
+
+
+def installed_analyses() -> list[str]:
+    """The analyses (models.analysis) a job may ask for here: those whose libraries are installed."""
+    from models.analysis import MODULES, analysis
+
+    return [name for name in MODULES if analysis(name).missing() is None]
 
 
 def _hosts(rt, workers: list[dict]) -> dict[str, dict]:

@@ -35,7 +35,7 @@ from .uploads import upload_submission
 
 bp = Blueprint("openai", __name__, url_prefix="/v1")
 
-FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
+FORMATS = ("json", "text", "srt", "vtt", "verbose_json", "diarized_json")
 GRANULARITIES = ("segment", "word")
 ALIAS = "whisper-1"
 
@@ -193,9 +193,12 @@ def transcriptions():
     fields = MultiDict(
         {"priority": who.max_priority, "word_timestamps": "true" if "word" in granularities else "false"}
     )
-    for name in ("language", "prompt", "temperature"):
+    # OpenAI's own fields, and whisperq's (hotwords, speakers, redact) checked as every door checks them
+    for name in ("language", "prompt", "temperature", "hotwords", "speakers", "redact"):
         if form.get(name) not in (None, ""):
             fields[name] = form[name]
+    if fmt == "diarized_json" and not fields.get("speakers"):
+        fields["speakers"] = "true"
     if model != ALIAS:
         fields["model"] = model
     job, _ = intake.submit(
@@ -253,19 +256,48 @@ def _render(result: dict, fmt: str, words: bool):
         kind = "txt" if fmt == "text" else fmt
         mime = {"txt": "text/plain", "srt": "application/x-subrip", "vtt": "text/vtt"}[kind]
         return Response(render(result, kind), mimetype=mime)
+    if fmt == "diarized_json":  # as OpenAI's diarizing model answers
+        return jsonify(
+            {
+                "task": "transcribe",
+                "duration": result["duration"],
+                "text": result["text"],
+                "segments": [
+                    {
+                        "type": "transcript.text.segment",
+                        "id": f"seg_{n}",
+                        "start": s["start"],
+                        "end": s["end"],
+                        "text": s["text"],
+                        "speaker": s.get("speaker"),
+                    }
+                    for n, s in enumerate(result["segments"])
+                ],
+            }
+        )
     body = {
         "task": "transcribe",
         "language": result["language"],
         "duration": result["duration"],
         "text": result["text"],
         "segments": [
-            {"id": n, "seek": int(s["start"] * 100), "start": s["start"], "end": s["end"], "text": s["text"]}
+            {
+                "id": n,
+                "seek": int(s["start"] * 100),
+                "start": s["start"],
+                "end": s["end"],
+                "text": s["text"],
+                "tokens": [],
+                "temperature": (result.get("model") or {}).get("temperature") or 0.0,
+                # how sure the model was, as OpenAI's verbose_json gives it
+                **{k: s[k] for k in ("avg_logprob", "compression_ratio", "no_speech_prob", "speaker") if k in s},
+            }
             for n, s in enumerate(result["segments"])
         ],
     }
     if words:
         body["words"] = [
-            {"word": w["word"], "start": w["start"], "end": w["end"]}
+            {"word": w["word"], "start": w["start"], "end": w["end"], "probability": w.get("probability")}
             for s in result["segments"]
             for w in s.get("words") or ()
         ]

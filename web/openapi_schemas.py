@@ -78,6 +78,13 @@ def options(json_body: bool, models: list[str] | None = None) -> dict:
         ),
         "word_timestamps": maybe({"type": "boolean", "default": False}),
         "prompt": maybe({"type": "string", "maxLength": 1000, "description": "Whisper's initial prompt."}),
+        "hotwords": maybe(
+            {"type": "string", "maxLength": 500, "description": "Words to listen for (names, jargon), by commas."}
+        ),
+        "speakers": maybe(
+            {"type": "string", "description": "Who spoke when: `true`, a count (`3`) or a range (`2-4`)."}
+        ),
+        "redact": maybe({"type": "string", "description": "`pii`, or kinds (`email,phone,card,digits`)."}),
         "temperature": maybe({"type": "number", "minimum": 0, "maximum": 1}),
         "collect": maybe(
             {
@@ -234,6 +241,10 @@ def schemas(models: list[str]) -> dict:
                 "start": {"type": "number"},
                 "end": {"type": "number"},
                 "text": STRING,
+                "avg_logprob": {"type": "number", "description": "Mean log-probability of its window's tokens."},
+                "no_speech_prob": {"type": "number", "description": "Probability its window holds no speech."},
+                "compression_ratio": {"type": "number", "description": "gzip ratio of its text (over 2.4: a loop)."},
+                "speaker": {"type": "string", "description": "Who spoke it (`speakers=true`): A, B, ..."},
                 "language": {
                     "type": "string",
                     "description": "The language heard in this part, where "
@@ -262,6 +273,20 @@ def schemas(models: list[str]) -> dict:
                 "language": nullable(STRING),
                 "duration": nullable({"type": "number"}),
                 "segments": {"type": "array", "items": ref("Segment")},
+                "language_probability": {"type": "number", "description": "How sure the model was of the language."},
+                "confidence": {"type": "number", "description": "Mean token probability, 0 to 1, by length."},
+                "speakers": {"type": "array", "items": STRING, "description": "The speakers found (`speakers`)."},
+                "turns": {
+                    "type": "array",
+                    "items": {"type": "object", "properties": {"speaker": STRING, "start": {"type": "number"}}},
+                    "description": "Who spoke when (`speakers`).",
+                },
+                "redacted": {"type": "object", "description": "What `redact` replaced: its kinds and count."},
+                "analyses": {
+                    "type": "object",
+                    "additionalProperties": {"type": "object", "properties": {"status": STRING, "version": STRING}},
+                    "description": "Each analysis asked for: its status (DONE, FAILED), version and error.",
+                },
                 "partial": {"type": "boolean", "description": "Cancelled part-way: what was done."},
                 "model": {
                     "type": "object",

@@ -39,8 +39,11 @@ STAGE_LABELS = {
     Stage.PREPARE.value: "Decoding the audio",
     Stage.QUEUED.value: "Waiting for the speech model",
     Stage.INFER.value: "Recognising speech",
+    Stage.ANALYSIS.value: "Finding speakers and what to hide",
 }
 FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "EXPIRED")
+# A word the model was less sure of than this is marked on the job page (job.js's LOW too).
+LOW_CONFIDENCE = 0.5
 FORMAT_LABELS = {"txt": "Text", "json": "JSON", "srt": "Subtitles (SRT)", "vtt": "Subtitles (WebVTT)"}
 PRIORITY_HINTS = {"high": "ahead of the rest", "normal": "the usual", "low": "when the queue is quiet"}
 
@@ -133,6 +136,7 @@ def job(job_id: str):
         labels=STATUS_LABELS,
         stages=STAGE_LABELS,
         finished=data["status"] in FINISHED,
+        low=LOW_CONFIDENCE,
     )
 
 

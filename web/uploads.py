@@ -15,6 +15,7 @@ from werkzeug.datastructures import FileStorage
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from models.access.apikeys import Principal
+from models.analysis import analysis
 from models.errors import InvalidRequest
 from models.jobs.operations import ANY, get_job
 from models.pipeline.door import Submission
@@ -101,7 +102,7 @@ def url_submission(who: Principal, door: str, body, idempotency_key: str | None 
     )
 
 
-RERUN_KEPT = ("language", "task", "priority", "word_timestamps", "prompt", "temperature", "collect")
+RERUN_KEPT = ("language", "task", "priority", "word_timestamps", "prompt", "temperature", "collect", "hotwords")
 
 
 def rerun_submission(rt: Runtime, who: Principal, job_id: str, body) -> Submission:
@@ -130,6 +131,7 @@ def rerun_submission(rt: Runtime, who: Principal, job_id: str, body) -> Submissi
             "WHISPERQ_AUDIO_RETENTION); it cannot be re-run: submit the audio again"
         )
     kept = {name: getattr(original, name) for name in RERUN_KEPT}
+    kept.update({name: analysis(name).given(params) for name, params in (original.analyses or {}).items()})
     form = {"model": original.route or original.model, **{k: v for k, v in kept.items() if v is not None}, **body}
     form = {k: (str(v).lower() if isinstance(v, bool) else v) for k, v in form.items()}
     if form.get("temperature") is not None:

@@ -85,6 +85,8 @@ class ApiKey(Base):
     collect: Mapped[bool | None] = mapped_column(Boolean, default=False)
     # The BUCKET/PREFIX entries an audio_url=s3://… of this key may name (models.access.s3_sources).
     s3_sources: Mapped[list[str] | None] = mapped_column(JSON)
+    # Words its jobs listen for when a job names none (`whisperq keys hotwords`).
+    hotwords: Mapped[str | None] = mapped_column(Text)
 
     webhook_secret = SealedAttribute("webhook_secret_token", "api_keys.webhook_secret")
     previous_webhook_secret = SealedAttribute("previous_webhook_secret_token", "api_keys.previous_webhook_secret")
@@ -316,6 +318,28 @@ def key_collects(rt: Runtime, owner: str | None) -> bool:
         return False
     with rt.db.session() as session:
         return bool(session.scalar(select(ApiKey.collect).where(ApiKey.id == owner)))
+
+
+def key_hotwords(rt: Runtime, owner: str | None) -> str | None:
+    """The words a key's jobs listen for by default (None: none, or anonymous use)."""
+    if owner is None:
+        return None
+    with rt.db.session() as session:
+        return session.scalar(select(ApiKey.hotwords).where(ApiKey.id == owner))
+
+
+def set_hotwords(rt: Runtime, key: str, hotwords: str | None) -> ApiKey:
+    """A key's (by id or the start of the key) default hotwords, checked as a job's are; None
+    clears them."""
+    found = find_key(rt, key)
+    with rt.db.session() as session:
+        record = session.get(ApiKey, found.id)
+        if record is None:
+            raise InvalidRequest(f"no key {key!r}")
+        record.hotwords = hotwords
+        session.flush()
+        session.expunge(record)
+        return record
 
 
 def webhook_secrets_for(rt: Runtime, owner: str | None) -> list[str]:

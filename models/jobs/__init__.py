@@ -10,9 +10,12 @@
   their attempts, jobs whose message or worker was lost.
 - ``shadows`` - a shadow model's transcripts of a job, scored against the job's own (word
   error rate) and compared per model pair.
+- ``analyses`` - the analyses a job asked for (models.analysis), each run once after its
+  transcript is stored, merged into it, and the job finished then.
 - ``workers`` - heartbeats; ``throughput`` - the speed an inference worker's batches reach,
   which its heartbeat carries; ``eta`` - a job's place and finish estimate; ``metrics`` -
   worker-side metrics.
 
-May import config, the foundation (``models.storage`` among it) and ``models.security``; never
-speech, registry, access, delivery, pipeline or maintenance."""
+May import config, the foundation (``models.storage`` among it), ``models.security``,
+``models.analysis`` and ``models.speech`` (a transcript's shape); never registry, access,
+delivery, pipeline or maintenance."""

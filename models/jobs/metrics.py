@@ -95,6 +95,15 @@ class _Metrics:
             ["kind"],
             registry=registry,
         )
+        self.analyses = Counter(
+            "whisperq_analyses_finished",
+            "Analyses (models.analysis) that ended in this worker, by analysis and status (DONE, FAILED)",
+            ["analysis", "status"],
+            registry=registry,
+        )
+        self.analysis_seconds = histogram(
+            "whisperq_analysis_seconds", "Time of one analysis's run, by analysis", _SHORT, ["analysis"]
+        )
         # Every series from the start, so that rate() sees the first job too.
         for tier in PRIORITIES:
             self.wait.labels(tier)
@@ -196,6 +205,19 @@ def observe_shadow(primary: str | None, candidate: str, wer: float) -> None:
         _get().shadow_wer.labels(primary or "", candidate).observe(wer)
     except Exception:
         log.warning("metrics: shadow agreement not recorded", exc_info=True)
+
+
+def observe_analysis(name: str, status: str, seconds: float | None = None) -> None:
+    """An analysis ended (models.jobs.analyses): DONE in `seconds`, or FAILED."""
+    if not _enabled:
+        return
+    try:
+        m = _get()
+        m.analyses.labels(name, status).inc()
+        if seconds is not None:
+            m.analysis_seconds.labels(name).observe(seconds)
+    except Exception:
+        log.warning("metrics: analysis not recorded", exc_info=True)
 
 
 def count_purged(counts: dict[str, int]) -> None:

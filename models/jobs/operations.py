@@ -26,6 +26,7 @@ from models.errors import (
     WhisperqError,
 )
 from models.jobs import metrics
+from models.jobs.analyses import begin_analyses
 from models.jobs.claims import Claim, holds
 from models.jobs.record import Job, JobOptions, JobStatus, Stage, new_job_id, utcnow
 from models.jobs.shadows import forget_shadows, score_waiting_shadows
@@ -199,11 +200,19 @@ def complete_job(
             refused = JobCancelled(f"job {job_id} was deleted; its transcript was not stored")
         elif stored.state.finished:
             refused = PermanentJobError(f"the job is {stored.status}; its transcript was not stored")
+        elif stored.stage == Stage.ANALYSIS.value:  # stored by another delivery; its analyses run
+            return {"job_id": job_id, "status": stored.status, "stage": stored.stage}, False
         else:
-            stored.complete(data["text"], data["language"], data["segments"], data["duration"], data.get("model"))
+            transcript = (data["text"], data["language"], data["segments"], data["duration"], data.get("model"))
+            if stored.analyses:  # COMPLETED once its analyses are done (models.jobs.analyses)
+                stored.store_transcript(*transcript, data.get("language_probability"))
+                begin_analyses(stored)
+                result = {"job_id": job_id, "status": stored.status, "stage": stored.stage}
+            else:
+                stored.complete(*transcript, data.get("language_probability"))
+                result = cast("dict[str, Any]", stored.result())  # COMPLETED now
             # shadow transcripts that came first are scored against this one now
             scored = score_waiting_shadows(session, stored) if stored.shadow else []
-            result = cast("dict[str, Any]", stored.result())  # COMPLETED now
     if refused is not None:  # raised once the run is counted
         raise refused
     for primary, candidate, wer in scored:
@@ -236,6 +245,8 @@ def begin_inference(rt: Runtime, job_id: str, worker: str | None, worker_id: str
             raise PermanentJobError(f"job {job_id} does not exist")
         if job.state is JobStatus.COMPLETED:
             return job.result()
+        if job.stage == Stage.ANALYSIS.value:  # transcribed; a late copy of its message runs nothing
+            return {"job_id": job_id, "status": job.status, "stage": job.stage}
         if job.state is JobStatus.CANCELLED:
             raise JobCancelled(f"job {job_id} was cancelled; it is not run")
         if job.state.finished:
@@ -313,9 +324,11 @@ def cancel_job(rt: Runtime, job_id: str, owner: object = ANY) -> Job:
             raise JobNotFound(f"no job with id {job_id!r}")
         if job.state.finished:
             raise JobNotReady(f"job {job_id} is already {job.status}; only PENDING or PROCESSING jobs can be cancelled")
-        prepared = job.stage == Stage.QUEUED
+        prepared = job.stage in (Stage.QUEUED, Stage.ANALYSIS)
         if job.state is JobStatus.PENDING or prepared:
             job.cancel()
+            if "redact" in (job.analyses or {}):  # never the words it was to hide
+                job.result_text = job.result_segments = None
         else:
             job.cancel_requested = True
         session.flush()
@@ -334,7 +347,7 @@ def delete_job(rt: Runtime, job_id: str, owner: object = ANY) -> None:
         if not _visible(job, owner):
             raise JobNotFound(f"no job with id {job_id!r}")
         if not job.state.finished:
-            if job.state is JobStatus.PENDING or job.stage == Stage.QUEUED:
+            if job.state is JobStatus.PENDING or job.stage in (Stage.QUEUED, Stage.ANALYSIS):
                 job.cancel()
             else:
                 job.cancel_requested = True
@@ -342,7 +355,8 @@ def delete_job(rt: Runtime, job_id: str, owner: object = ANY) -> None:
         refs += [prepared_ref(job_id), prepared_ref(f"{job_id}.shadow")]
         job.deleted_at = utcnow()
         forget_shadows(session, [job_id])
-        job.result_text = job.result_segments = job.result_language = None
+        job.result_text = job.result_segments = job.result_language = job.result_extra = None
+        job.analysis_runs.clear()  # what its analyses found goes with it
         job.correction_token = job.corrected_at = None  # a client's correction goes with the transcript
         job.filename = job.audio_url = job.callback_url = None
         job.audio_ref = ""
@@ -352,11 +366,19 @@ def delete_job(rt: Runtime, job_id: str, owner: object = ANY) -> None:
 
 
 def list_jobs(
-    rt: Runtime, status: str | None = None, limit: int = 50, cursor: tuple[Any, str] | None = None, owner: object = ANY
+    rt: Runtime,
+    status: str | None = None,
+    limit: int = 50,
+    cursor: tuple[Any, str] | None = None,
+    owner: object = ANY,
+    max_confidence: float | None = None,
 ) -> tuple[list[Job], tuple[Any, str] | None]:
     """Jobs newest first; `cursor` is the (created_at, id) of the last job of the previous
-    page. Returns the page and the next cursor (None on the last page)."""
+    page. Returns the page and the next cursor (None on the last page). `max_confidence`: only
+    transcripts the model was at most this sure of (a reviewer's list)."""
     query = select(Job).where(Job.deleted_at.is_(None))
+    if max_confidence is not None:
+        query = query.where(Job.confidence.is_not(None), Job.confidence <= max_confidence)
     if owner is not ANY:
         query = query.where(Job.owner.is_(None) if owner is None else Job.owner == owner)
     if status is not None:

@@ -8,8 +8,9 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, Float, Integer, String, Text
-from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy import JSON, Float, ForeignKey, Integer, String, Text, inspect
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+from sqlalchemy.orm.base import NO_VALUE
 
 from models.db import Base
 from models.db import UTCDateTime as UTCDateTime  # UTCDateTime and utcnow are also part of this API
@@ -31,6 +32,8 @@ class JobOptions:
     temperature: float | None = None
     callback_url: str | None = None
     collect: bool = False
+    hotwords: str | None = None  # words to listen for, as one string (models.pipeline.options)
+    analyses: dict[str, dict[str, Any]] | None = None  # name -> parameters (models.analysis)
 
     def fields(self) -> dict[str, Any]:
         return asdict(self)
@@ -60,6 +63,7 @@ class Stage(str, enum.Enum):
     PREPARE = "prepare"
     QUEUED = "queued"
     INFER = "infer"
+    ANALYSIS = "analysis"  # the transcript is stored; the analyses it asked for are running
 
 
 class InvalidTransition(RuntimeError):
@@ -187,10 +191,34 @@ class Job(Base):
     # The way in it came through (models.pipeline.door.DOORS): a transcribe.delay() job keeps
     # its transcript in the result backend too (for r.get()); no other job's ever goes there.
     origin: Mapped[str | None] = mapped_column(String(16))
+    # Words to listen for (the job's, else its key's), and the analyses asked for: name ->
+    # parameters (models.analysis); each one's run is a JobAnalysis row.
+    hotwords: Mapped[str | None] = mapped_column(Text)
+    analyses: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # How sure the model was: the transcript's mean token probability (models.speech.segments
+    # .confidence), and of its language.
+    confidence: Mapped[float | None] = mapped_column(Float, index=True)
+    language_probability: Mapped[float | None] = mapped_column(Float)
+    # What the analyses add to the transcript beside its segments (speakers, turns, what was
+    # redacted): labels, times and counts, no words.
+    result_extra: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+    # Each analysis asked for, once the transcript is stored (models.jobs.analyses).
+    analysis_runs: Mapped[list[JobAnalysis]] = relationship(
+        back_populates="job", lazy="selectin", cascade="all, delete-orphan", order_by="JobAnalysis.name"
+    )
 
     result_text = SealedAttribute("result_text_token", "jobs.result_text")
     result_segments = SealedAttribute("result_segments_token", "jobs.result_segments", as_json=True)
     correction = SealedAttribute("correction_token", "jobs.correction", as_json=True)
+
+    def runs(self) -> list[JobAnalysis]:
+        """Its analyses' rows as loaded (none on a row detached before they were)."""
+        state = inspect(self)
+        loaded = state.attrs.analysis_runs.loaded_value
+        if loaded is NO_VALUE:
+            return list(self.analysis_runs) if state.session is not None else []
+        return list(loaded)
 
     @property
     def state(self) -> JobStatus:
@@ -245,14 +273,38 @@ class Job(Base):
         segments: list[dict[str, Any]],
         duration: float | None,
         made_by: dict[str, Any] | None = None,
+        language_probability: float | None = None,
     ) -> None:
-        self._move(JobStatus.COMPLETED)
+        self.store_transcript(text, language, segments, duration, made_by, language_probability)
+        self.finish()
+
+    def store_transcript(
+        self,
+        text: str,
+        language: str | None,
+        segments: list[dict[str, Any]],
+        duration: float | None,
+        made_by: dict[str, Any] | None = None,
+        language_probability: float | None = None,
+    ) -> None:
+        """The transcript is stored; the job finishes now (complete) or once its analyses are done."""
+        from models.speech.segments import confidence
+
         self._made_by(made_by)
-        self.result_text = text
+        self.replace_transcript(text, segments)
         self.result_language = language
-        self.result_segments = segments
+        self.language_probability = language_probability
+        self.confidence = confidence(segments)
         if duration is not None:
             self.audio_duration = duration
+
+    def replace_transcript(self, text: str, segments: list[dict[str, Any]]) -> None:
+        self.result_text = text
+        self.result_segments = segments
+
+    def finish(self) -> None:
+        """COMPLETED: the transcript (stored) and every analysis asked for are done."""
+        self._move(JobStatus.COMPLETED)
         self.finished_at = utcnow()
         self.stage = None
         if self.started_at is not None:
@@ -297,6 +349,13 @@ class Job(Base):
             "duration": self.audio_duration,
             "segments": list(self.result_segments or []),
         }
+        if self.language_probability is not None:
+            out["language_probability"] = self.language_probability
+        if self.confidence is not None:
+            out["confidence"] = self.confidence
+        out.update(self.result_extra or {})
+        if self.runs():
+            out["analyses"] = {run.name: run.to_dict() for run in self.runs()}
         if self.model_version:
             out["model"] = {"name": self.model, "version": self.model_version, **(self.decoding or {})}
         if partial:
@@ -343,6 +402,10 @@ class Job(Base):
             "result_purged_at": iso(self.result_purged_at),
             "notice": RESULT_PURGED if self.result_purged_at is not None else None,
             "collect": bool(self.collect),
+            "hotwords": self.hotwords,
+            "confidence": self.confidence,
+            "analyses": {run.name: run.to_dict() for run in self.runs()}
+            or ({name: {"status": AnalysisStatus.PENDING.value} for name in self.analyses} if self.analyses else None),
             # A client's correction (models.jobs.corrections), kept beside the original `result`.
             "correction": None
             if self.correction_token is None or self.result_purged_at is not None
@@ -351,3 +414,47 @@ class Job(Base):
                 "corrected_at": iso(self.corrected_at),
             },
         }
+
+
+class AnalysisStatus(str, enum.Enum):
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    DONE = "DONE"
+    FAILED = "FAILED"
+
+
+class JobAnalysis(Base):
+    """One analysis of one job (models.analysis): made PENDING when the transcript is stored,
+    run by the analysis pool, DONE with its output or FAILED with why. Its output holds labels,
+    times and counts, never the transcript's words (the merged transcript is the job's, sealed)."""
+
+    __tablename__ = "job_analyses"
+
+    job_id: Mapped[str] = mapped_column(String(36), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)
+    params: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(16), default=AnalysisStatus.PENDING.value, index=True)
+    version: Mapped[str | None] = mapped_column(String(32))
+    output: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    error: Mapped[str | None] = mapped_column(Text)
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # How many runs stored an output: once, whatever the deliveries (the tests read it).
+    runs: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    queued_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    seconds: Mapped[float | None] = mapped_column(Float)
+
+    job: Mapped[Job] = relationship(back_populates="analysis_runs")
+
+    @property
+    def finished(self) -> bool:
+        return self.status in (AnalysisStatus.DONE.value, AnalysisStatus.FAILED.value)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"status": self.status, "version": self.version}
+        if self.error:
+            out["error"] = self.error
+        if self.seconds is not None:
+            out["seconds"] = round(self.seconds, 3)
+        return out

@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, cast
 
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 
+from models.jobs.analyses import stale_analyses, touch
 from models.jobs.deadletter import move_to_dead_letters
 from models.jobs.idempotency import forget_old
 from models.jobs.record import Job, JobStatus, Stage, utcnow
@@ -48,6 +49,7 @@ class SweepReport:
     lost: list[str] = field(default_factory=list)
     keys_forgotten: int = 0
     notifications_resent: int = 0
+    analyses_resent: list[str] = field(default_factory=list)
 
 
 def sweep(
@@ -76,7 +78,11 @@ def sweep(
             report.expired.append(job.id)
     with rt.db.session() as session:
         rows = session.scalars(
-            select(Job).where(Job.status.in_([JobStatus.PENDING.value, JobStatus.PROCESSING.value]))
+            select(Job).where(
+                Job.status.in_([JobStatus.PENDING.value, JobStatus.PROCESSING.value]),
+                # a job whose transcript is stored waits for its analyses: swept below
+                or_(Job.stage.is_(None), Job.stage != Stage.ANALYSIS.value),
+            )
         ).all()
         held = set().union(*holdings.values())
         stuck: list[tuple[str, str]] = []
@@ -144,5 +150,11 @@ def sweep(
     for job in lost:
         publish(job)
         report.retried_lost.append(job.id)
+    # An analysis whose message was lost (or whose worker died without a redelivery): sent again;
+    # a second delivery of one already done does nothing.
+    for job_id, name, priority in stale_analyses(rt):
+        touch(rt, job_id, name)
+        cast("Broker", broker or rt.broker).publish_analyses(job_id, [name], priority)
+        report.analyses_resent.append(f"{job_id}.{name}")
     report.keys_forgotten = forget_old(rt)
     return report

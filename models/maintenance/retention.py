@@ -36,7 +36,7 @@ from sqlalchemy import func, select, update
 from models.db import delete_of_jobs
 from models.delivery.notify import WebhookDelivery
 from models.jobs.deadletter import DeadLetter
-from models.jobs.record import Job, JobStatus, utcnow
+from models.jobs.record import Job, JobAnalysis, JobStatus, utcnow
 from models.jobs.shadows import forget_shadows
 from models.storage import prepared_ref
 
@@ -179,6 +179,8 @@ def _purge_results(
                         result_language=None,
                         filename=None,
                         prompt=None,
+                        hotwords=None,
+                        result_extra=None,
                         audio_url=None,
                         callback_url=None,
                         correction_token=None,
@@ -189,6 +191,7 @@ def _purge_results(
                 )
                 counts["webhook_deliveries_deleted"] += delete_of_jobs(session, WebhookDelivery, ids)
                 counts["dead_letters_deleted"] += delete_of_jobs(session, DeadLetter, ids)
+                delete_of_jobs(session, JobAnalysis, ids)  # what the analyses found goes with the transcript
                 forget_shadows(session, ids)  # transcripts too
             if theirs:  # the caller's own path goes with the transcript; an owned one with its audio
                 session.execute(

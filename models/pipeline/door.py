@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from models.access import quotas
 from models.access.admission import Backlog, check_disk, check_queue
-from models.access.apikeys import Principal, key_collects, principal_for_key_id
+from models.access.apikeys import Principal, key_collects, key_hotwords, principal_for_key_id
 from models.access.s3_sources import check_source, is_s3_url, parse_s3_url
 from models.errors import Forbidden, IdempotencyConflict, InvalidRequest
 from models.jobs import idempotency
@@ -197,6 +197,9 @@ def _options(rt: Runtime, sub: Submission) -> JobOptions:
     if said is None or (isinstance(said, str) and not said.strip()):  # not said: the key's choice
         owner = sub.rerun_of.owner if sub.rerun_of is not None else sub.who.owner
         options = replace(options, collect=key_collects(rt, owner))
+    if options.hotwords is None:  # none given: the key's own list, if it has one
+        owner = sub.rerun_of.owner if sub.rerun_of is not None else sub.who.owner
+        options = replace(options, hotwords=key_hotwords(rt, owner))
     return options
 
 

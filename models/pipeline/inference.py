@@ -16,9 +16,11 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from models.errors import ClaimLost, JobTimeLimitExceeded, TransientJobError
+from models.jobs.analyses import needs_audio
 from models.jobs.claims import Claim, holder_id, kept, release_claim, take_claim
 from models.jobs.metrics import observe_batch
 from models.jobs.operations import begin_inference, cancel_running, complete_job, get_job, record_progress
+from models.jobs.record import Stage
 from models.jobs.throughput import metered
 from models.pipeline.messages import Prepared
 from models.speech.audio import SAMPLE_RATE
@@ -42,9 +44,9 @@ def build_batcher(rt: Runtime, model: str | None = None) -> Batcher:
 
     def run_batch(key: Any, payloads: list[Any]) -> Any:
         # The engine is the one the windows' jobs began on (a hot swap: models.registry.swaps).
-        language, task, words, prompt, temperature, engine = key
+        language, task, words, prompt, temperature, hotwords, engine = key
         # Passed only when asked for: an engine without them still serves the rest.
-        extra = {k: v for k, v in (("prompt", prompt), ("temperature", temperature)) if v}
+        extra = {k: v for k, v in (("prompt", prompt), ("temperature", temperature), ("hotwords", hotwords)) if v}
         return engine.transcribe_batch(
             [p[0] for p in payloads], [p[1] for p in payloads], language, task, word_timestamps=words, **extra
         )
@@ -141,8 +143,9 @@ def _transcribe(rt: Runtime, prepared: Prepared, batcher: Batcher, claim: Claim)
     chunks = [(w.samples(samples), w.time_map()) for w in windows]
     engine = rt.engine_for(prepared.model)
     try:
-        languages = window_languages(engine, [c[0] for c in chunks], prepared.language)
+        languages, sureness = window_languages(engine, [c[0] for c in chunks], prepared.language)
         language = _main_language(languages, windows) or "en"
+        language_probability = _main_probability(languages, sureness, language)
         futures = [None] * len(chunks)  # each filled below: a Future per window
         for lang in dict.fromkeys(languages):  # windows share a batch only when decoded the same way
             mine = [n for n, found in enumerate(languages) if found == lang]
@@ -182,9 +185,10 @@ def _transcribe(rt: Runtime, prepared: Prepared, batcher: Batcher, claim: Claim)
     except BaseException:
         batcher.cancel(futures)
         raise
-    transcript = Transcript.from_segments(segments, language, duration)
+    transcript = Transcript.from_segments(segments, language, duration, language_probability)
     result, stored = complete_job(rt, job_id, dict(transcript.to_dict(), model=made_by(rt, prepared, engine)), claim)
-    rt.storage.delete(prepared.samples_ref)
+    if result.get("stage") != Stage.ANALYSIS.value or not needs_audio(get_job(rt, job_id)):
+        rt.storage.delete(prepared.samples_ref)  # else kept for the analyses that listen to it
     if stored:
         log.info("job %s: transcript stored (%.1f s of audio, %d windows)", job_id, duration, len(futures))
     else:
@@ -192,12 +196,20 @@ def _transcribe(rt: Runtime, prepared: Prepared, batcher: Batcher, claim: Claim)
     return result
 
 
-def window_languages(engine: Any, chunks: Sequence[Any], asked: str | None) -> list[str]:
-    """The language of each window: the one asked for; else, on a multilingual model, the one
-    the model hears in that window (a recording may change language); else English."""
+def window_languages(engine: Any, chunks: Sequence[Any], asked: str | None) -> tuple[list[str], list[float]]:
+    """The language of each window and how sure the model is of it: the one asked for (1.0);
+    else, on a multilingual model, the one the model hears in that window (a recording may
+    change language); else English (1.0)."""
     if asked or not getattr(engine, "multilingual", False):
-        return [asked or "en"] * len(chunks)
-    return [engine.language_of(chunk, None) for chunk in chunks]
+        return [asked or "en"] * len(chunks), [1.0] * len(chunks)
+    found = [engine.detect_language(chunk, None) for chunk in chunks]
+    return [lang for lang, _ in found], [prob for _, prob in found]
+
+
+def _main_probability(languages: list[str], sureness: list[float], language: str) -> float | None:
+    """The transcript's language_probability: the mean over the windows heard in its language."""
+    probs = [p for lang, p in zip(languages, sureness, strict=True) if lang == language]
+    return round(sum(probs) / len(probs), 4) if probs else None
 
 
 def _main_language(languages: list[str], windows: Sequence[Window]) -> str | None:

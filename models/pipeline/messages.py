@@ -44,6 +44,7 @@ class Prepared:
     prompt: str | None = None
     temperature: float = 0.0
     model: str | None = None  # a served model's name (config.registry); None: the default
+    hotwords: str | None = None  # words to listen for (faster-whisper's hotwords)
     # The candidate model that decodes the job again, apart (models.jobs.shadows), and its own
     # copy of the samples; the inference task ignores both.
     shadow: str | None = None
@@ -63,6 +64,7 @@ class Prepared:
             "prompt": self.prompt,
             "temperature": self.temperature,
             "model": self.model,
+            **({"hotwords": self.hotwords} if self.hotwords else {}),
             **({"shadow": self.shadow, "shadow_prepared": self.shadow_ref} if self.shadow else {}),
         }
 
@@ -109,14 +111,15 @@ class Prepared:
             prompt=field("prompt", (str,), None, optional=True) or None,
             temperature=float(field("temperature", (int, float), 0.0, optional=True) or 0.0),
             model=field("model", (str,), None, optional=True) or None,
+            hotwords=field("hotwords", (str,), None, optional=True) or None,
             shadow=field("shadow", (str,), None, optional=True) or None,
             shadow_ref=field("shadow_prepared", (str,), None, optional=True) or None,
         )
 
     @property
-    def decoding(self) -> tuple[str, bool, str | None, float]:
+    def decoding(self) -> tuple[str, bool, str | None, float, str | None]:
         """What windows must share to share a batch (with the language found for them)."""
-        return (self.task, self.word_timestamps, self.prompt, self.temperature)
+        return (self.task, self.word_timestamps, self.prompt, self.temperature, self.hotwords)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from config.celeryconfig import inference_queue
+from models.analysis import requested
 from models.delivery.outbound import check_url
 from models.errors import InvalidRequest, ModelNotServed
 from models.jobs.operations import check_options
@@ -29,8 +30,12 @@ FIELDS = (
     "temperature",
     "model",
     "collect",
+    "hotwords",
+    "speakers",
+    "redact",
 )
 MAX_PROMPT = 1000
+MAX_HOTWORDS = 500
 TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off", "")
 
 
@@ -76,6 +81,8 @@ def parse_options(form: Mapping[str, Any], settings: Settings, default_priority:
         raise InvalidRequest(
             f"prompt is {len(prompt)} characters; keep it to {MAX_PROMPT} (Whisper reads its last 224 tokens)"
         )
+    hotwords = parse_hotwords(form.get("hotwords"))
+    analyses = requested(form)
     raw_temperature = form.get("temperature")
     temperature = None
     if raw_temperature not in (None, ""):
@@ -90,12 +97,38 @@ def parse_options(form: Mapping[str, Any], settings: Settings, default_priority:
         priority=priority,
         task=task,
         callback_url=callback_url,
-        word_timestamps=words in TRUE,
+        # speakers are told word by word: a job that asks for them gets its words' times
+        word_timestamps=words in TRUE or "speakers" in analyses,
         prompt=prompt,
+        hotwords=hotwords,
+        analyses=analyses or None,
         temperature=temperature or None,
         model=model,
         collect=collect in TRUE,
     )
+
+
+def parse_hotwords(value: Any) -> str | None:
+    """Words to listen for (names, jargon), as faster-whisper's `hotwords` takes them: one
+    string. Given as a comma-separated string or a JSON list of strings."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if isinstance(value, (list, tuple)):
+        if not all(isinstance(v, str) for v in value):
+            raise InvalidRequest("hotwords must be a list of strings, or one string of words separated by commas")
+        words = [v.strip() for v in value]
+    elif isinstance(value, str):
+        words = [v.strip() for v in value.split(",")]
+    else:
+        raise InvalidRequest("hotwords must be a list of strings, or one string of words separated by commas")
+    joined = ", ".join(w for w in words if w)
+    if len(joined) > MAX_HOTWORDS:
+        raise InvalidRequest(
+            f"hotwords are {len(joined)} characters; keep them to {MAX_HOTWORDS} (Whisper reads at most 223 tokens)"
+        )
+    if any(not w.isprintable() for w in words):
+        raise InvalidRequest("hotwords must be printable text")
+    return joined or None
 
 
 def check_served(rt: Runtime, model: str | None) -> None:

@@ -65,8 +65,9 @@ def _claim(
         _admit_message(rt, job_id, audio_ref, options)
     with rt.db.session(write=True) as session:
         job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one()
-        if job.state is JobStatus.COMPLETED:
-            log.info("job %s already COMPLETED; duplicate delivery ignored", job_id)
+        if job.state is JobStatus.COMPLETED or job.stage == Stage.ANALYSIS.value:
+            done = "COMPLETED" if job.state is JobStatus.COMPLETED else "transcribed (its analyses run)"
+            log.info("job %s already %s; duplicate delivery ignored", job_id, done)
             return None
         if job.state is JobStatus.EXPIRED:
             raise JobExpired(job.error or "the job expired")
@@ -84,7 +85,7 @@ def _claim(
         raise JobExpired(expired)
     with rt.db.session(write=True) as session:
         job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one()
-        if job.state is JobStatus.COMPLETED:  # another delivery finished in between
+        if job.state is JobStatus.COMPLETED or job.stage == Stage.ANALYSIS.value:  # finished in between
             return None
         if job.state.finished:
             raise PermanentJobError(job.error or f"the job is {job.status}")
@@ -248,6 +249,7 @@ def prepare_job(
         prompt=job.prompt or None,
         temperature=float(job.temperature or 0.0),
         model=job.model or rt.settings.default_model,
+        hotwords=job.hotwords or None,
         shadow=shadow,
         shadow_ref=shadow_ref,
     )

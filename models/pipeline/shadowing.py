@@ -40,7 +40,7 @@ def shadow_job(rt: Runtime, message: Prepared) -> ShadowResult | None:
         engine = rt.engine_for(message.model)
         samples = rt.storage.load_samples(message.samples_ref)
         chunks = [(w.samples(samples), w.time_map()) for w in message.windows]
-        languages = window_languages(engine, [c[0] for c in chunks], message.language)
+        languages, _sureness = window_languages(engine, [c[0] for c in chunks], message.language)
         batcher = rt.batcher_for(message.model)
         futures: list[Any] = [None] * len(chunks)  # each filled below: a Future per window
         for lang in dict.fromkeys(languages):

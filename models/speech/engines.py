@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from models import compat
 from models.speech.audio import SAMPLE_RATE
-from models.speech.segments import Segment, Transcript, window_segments
+from models.speech.segments import Segment, Transcript, scored, window_segments
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -32,6 +32,8 @@ APPEND_PUNCTUATIONS = "\"'.。,，!！?？:：”)]}、"
 
 
 Word = tuple[str, float, float, float]  # (text, start, end, probability), window-relative
+# A decoded window: its text, its words, its avg_logprob and its no_speech_prob.
+Decoded = tuple[str, list[Word], float | None, float | None]
 
 
 class SpeechEngine(ABC):
@@ -51,22 +53,34 @@ class SpeechEngine(ABC):
     version: str | None
 
     @abstractmethod
-    def _detect(self, chunk: np.ndarray) -> str:
-        """The language spoken in a window (a multilingual model's)."""
+    def _detect(self, chunk: np.ndarray) -> tuple[str, float]:
+        """The language spoken in a window (a multilingual model's), and its probability."""
 
     @abstractmethod
     def _decode(
-        self, chunks: Sequence[np.ndarray], language: str, task: str, prompt: str | None, temperature: float
-    ) -> list[tuple[str, list[Word]]]:
-        """Each window's text (decoded without timestamp tokens: models.speech.segments says why)
-        and its words as aligned, from one batched call over the windows."""
+        self,
+        chunks: Sequence[np.ndarray],
+        language: str,
+        task: str,
+        prompt: str | None,
+        temperature: float,
+        hotwords: str | None = None,
+    ) -> list[Decoded]:
+        """Each window's text (decoded without timestamp tokens: models.speech.segments says why),
+        its words as aligned and its scores (avg_logprob, no_speech_prob; None where the engine
+        has none), from one batched call over the windows."""
 
     def language_of(self, chunk: np.ndarray, language: str | None) -> str:
         """The language to decode a job in: the requested one, else detected on its first window."""
+        return self.detect_language(chunk, language)[0]
+
+    def detect_language(self, chunk: np.ndarray, language: str | None) -> tuple[str, float]:
+        """language_of's answer and how sure the model is of it (1.0 where it was given, or the
+        model knows only English)."""
         if not self.multilingual:
-            return "en"
+            return "en", 1.0
         if language:
-            return language
+            return language, 1.0
         return self._detect(chunk)
 
     def transcribe_batch(
@@ -78,19 +92,21 @@ class SpeechEngine(ABC):
         word_timestamps: bool = False,
         prompt: str | None = None,
         temperature: float = 0.0,
+        hotwords: str | None = None,
     ) -> list[list[Segment]]:
         """One inference call over several windows; segments per window, in the recording's
         time (each window's offset, or its TimeMap when it is stretches of speech packed together).
 
         Each window's text is decoded whole, its words aligned, and then cut into segments.
-        `prompt` is Whisper's initial prompt (spellings, names, style) for every window.
+        `prompt` is Whisper's initial prompt (spellings, names, style) for every window;
+        `hotwords`, words to listen for (faster-whisper's hotwords; a prompt's start elsewhere).
         """
         if not chunks:
             return []
-        decoded = self._decode(chunks, language, task, prompt, temperature)
+        decoded = self._decode(chunks, language, task, prompt, temperature, hotwords)
         return [
-            window_segments(text, words, offset, len(chunk) / SAMPLE_RATE, word_timestamps)
-            for chunk, offset, (text, words) in zip(chunks, offsets, decoded, strict=True)
+            scored(window_segments(text, words, offset, len(chunk) / SAMPLE_RATE, word_timestamps), logprob, no_speech)
+            for chunk, offset, (text, words, logprob, no_speech) in zip(chunks, offsets, decoded, strict=True)
         ]
 
     def transcribe(
@@ -101,14 +117,16 @@ class SpeechEngine(ABC):
 
         windows = split_windows(audio)
         segments: list[Segment] = []
-        lang = self.language_of(windows[0].samples(audio), language) if windows else (language or "en")
+        lang, probability = (
+            self.detect_language(windows[0].samples(audio), language) if windows else (language or "en", 1.0)
+        )
         for i in range(0, len(windows), batch_size):
             group = windows[i : i + batch_size]
             for segs in self.transcribe_batch(
                 [w.samples(audio) for w in group], [w.time_map() for w in group], lang, task
             ):
                 segments.extend(segs)
-        return Transcript.from_segments(segments, lang, len(audio) / SAMPLE_RATE)
+        return Transcript.from_segments(segments, lang, len(audio) / SAMPLE_RATE, probability)
 
 
 def bundled_model_path() -> str:
@@ -190,7 +208,9 @@ class FasterWhisperEngine(SpeechEngine):
             self._tokenizers[key] = Tokenizer(self.model.hf_tokenizer, self.multilingual, task=task, language=language)
         return self._tokenizers[key]
 
-    def _options(self, tokenizer: Any, prompt: str | None = None, temperature: float = 0.0) -> Any:
+    def _options(
+        self, tokenizer: Any, prompt: str | None = None, temperature: float = 0.0, hotwords: str | None = None
+    ) -> Any:
         """faster-whisper's batched pipeline's decoding options: text without timestamp tokens
         (models.speech.segments says why); beam size from the settings, prompt and temperature per job."""
         return compat.faster_whisper_options(
@@ -198,18 +218,25 @@ class FasterWhisperEngine(SpeechEngine):
             beam_size=self.beam_size,
             prompt=prompt,
             temperature=temperature,
+            hotwords=hotwords,
             prepend_punctuations=PREPEND_PUNCTUATIONS,
             append_punctuations=APPEND_PUNCTUATIONS,
         )
 
-    def _detect(self, chunk: np.ndarray) -> str:
+    def _detect(self, chunk: np.ndarray) -> tuple[str, float]:
         detected: str
-        detected, _prob, _all = self.model.detect_language(chunk)
-        return detected
+        detected, probability, _all = self.model.detect_language(chunk)
+        return detected, float(probability)
 
     def _decode(
-        self, chunks: Sequence[np.ndarray], language: str, task: str, prompt: str | None, temperature: float
-    ) -> list[tuple[str, list[Word]]]:
+        self,
+        chunks: Sequence[np.ndarray],
+        language: str,
+        task: str,
+        prompt: str | None,
+        temperature: float,
+        hotwords: str | None = None,
+    ) -> list[Decoded]:
         """The windows decoded as faster-whisper's batched pipeline decodes them; their words
         then aligned on the same encoder output (one more batched call, a small share of the
         decoding's cost)."""
@@ -220,7 +247,7 @@ class FasterWhisperEngine(SpeechEngine):
         tokenizer = self._tokenizer(language, task)
         features = np.stack([pad_or_trim(self.model.feature_extractor(c)[..., :-1]) for c in chunks])
         encoder_output, outputs = compat.faster_whisper_decode(
-            self.pipeline, features, tokenizer, self._options(tokenizer, prompt, temperature)
+            self.pipeline, features, tokenizer, self._options(tokenizer, prompt, temperature, hotwords)
         )
         texts = [[t for t in out["tokens"] if t < tokenizer.eot] for out in outputs]
         hop = self.model.feature_extractor.hop_length
@@ -233,7 +260,9 @@ class FasterWhisperEngine(SpeechEngine):
             aligned = list(alignments[n]) if tokens and n < len(alignments) else []
             merge_punctuations(aligned, PREPEND_PUNCTUATIONS, APPEND_PUNCTUATIONS)
             words = [(w["word"], w["start"], w["end"], w["probability"]) for w in aligned]
-            result.append((tokenizer.decode(tokens), words))
+            result.append(
+                (tokenizer.decode(tokens), words, outputs[n].get("avg_logprob"), outputs[n].get("no_speech_prob"))
+            )
         return result
 
 

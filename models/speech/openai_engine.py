@@ -24,6 +24,7 @@ from models import compat
 from models.speech.engines import (
     APPEND_PUNCTUATIONS,
     PREPEND_PUNCTUATIONS,
+    Decoded,
     SpeechEngine,
     Word,
     bundled_model_path,
@@ -135,18 +136,27 @@ class OpenAIWhisperEngine(SpeechEngine):
         mel = log_mel_spectrogram(samples, self.model.dims.n_mels, padding=N_SAMPLES, device=self.device)
         return pad_or_trim(mel[:, :N_FRAMES], N_FRAMES).to(torch.float16 if self.fp16 else torch.float32)
 
-    def _detect(self, chunk: np.ndarray) -> str:
+    def _detect(self, chunk: np.ndarray) -> tuple[str, float]:
         mel = self._mel(chunk)
         probs: dict[str, float]  # one window: one language -> probability mapping
         with self._lock:
             _tokens, probs = self.model.detect_language(mel)
-        return max(probs, key=probs.__getitem__)
+        best = max(probs, key=probs.__getitem__)
+        return best, float(probs[best])
 
     def _decode(
-        self, chunks: Sequence[np.ndarray], language: str, task: str, prompt: str | None, temperature: float
-    ) -> list[tuple[str, list[Word]]]:
+        self,
+        chunks: Sequence[np.ndarray],
+        language: str,
+        task: str,
+        prompt: str | None,
+        temperature: float,
+        hotwords: str | None = None,
+    ) -> list[Decoded]:
         """One `whisper.decode` call over several windows; then each window's words aligned
-        (whisper.timing)."""
+        (whisper.timing). openai-whisper has no hotwords: they go first in the prompt."""
+        if hotwords:
+            prompt = f"{hotwords}. {prompt}" if prompt else hotwords
         import torch
         import whisper
 
@@ -167,7 +177,7 @@ class OpenAIWhisperEngine(SpeechEngine):
             for chunk, mel, result in zip(chunks, mels, results, strict=True):
                 tokens = [t for t in result.tokens if t < tokenizer.eot]
                 aligned = self._align(tokens, tokenizer, mel, len(chunk)) if tokens else []
-                out.append((tokenizer.decode(tokens), aligned))
+                out.append((tokenizer.decode(tokens), aligned, result.avg_logprob, result.no_speech_prob))
         return out
 
     def _align(self, tokens: list[int], tokenizer: Any, mel: Any, samples: int) -> list[Word]:

@@ -12,8 +12,10 @@ cue grows past two lines or seven seconds.
 
 from __future__ import annotations
 
+import math
+import zlib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from models.speech.windows import TimeMap
@@ -35,6 +37,13 @@ class Segment:
     # The language it was decoded in, where the model found it window by window (multilingual
     # models, no language asked for).
     language: str | None = None
+    # How sure the model was, as Whisper reports it: the mean log-probability of the window's
+    # tokens and the probability that the window holds no speech (both the window's: it is
+    # decoded in one pass), and the gzip compression ratio of this segment's text (over 2.4: a
+    # repetition loop).
+    avg_logprob: float | None = None
+    no_speech_prob: float | None = None
+    compression_ratio: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"start": self.start, "end": self.end, "text": self.text}
@@ -42,7 +51,43 @@ class Segment:
             out["words"] = [dict(w) for w in self.words]
         if self.language is not None:
             out["language"] = self.language
+        for name in ("avg_logprob", "no_speech_prob", "compression_ratio"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
         return out
+
+
+def compression_ratio(text: str) -> float:
+    """The gzip compression ratio of a text, as Whisper computes it."""
+    data = text.encode("utf-8")
+    return round(len(data) / len(zlib.compress(data)), 3) if data else 0.0
+
+
+def scored(segments: Sequence[Segment], avg_logprob: float | None, no_speech_prob: float | None) -> list[Segment]:
+    """A window's segments with its scores, and each its own compression ratio."""
+    return [
+        replace(
+            s,
+            avg_logprob=None if avg_logprob is None else round(float(avg_logprob), 4),
+            no_speech_prob=None if no_speech_prob is None else round(float(no_speech_prob), 4),
+            compression_ratio=compression_ratio(s.text),
+        )
+        for s in segments
+    ]
+
+
+def confidence(segments: Iterable[dict[str, Any]]) -> float | None:
+    """A transcript's confidence from 0 to 1: the mean per-token probability of its segments
+    (exp of their avg_logprob), weighted by each segment's length; None without scores."""
+    total = weight = 0.0
+    for s in segments:
+        logprob = s.get("avg_logprob")
+        if logprob is None:
+            continue
+        length = max(0.1, float(s.get("end", 0.0)) - float(s.get("start", 0.0)))
+        total += math.exp(min(0.0, float(logprob))) * length
+        weight += length
+    return round(total / weight, 4) if weight else None
 
 
 @dataclass(frozen=True)
@@ -51,19 +96,33 @@ class Transcript:
     language: str | None
     duration: float
     segments: tuple[Segment, ...] = field(default_factory=tuple)
+    # How sure the model was of the language: the detection's probability, 1.0 where the
+    # language was given or the model knows only one (as faster-whisper reports it).
+    language_probability: float | None = None
 
     @classmethod
-    def from_segments(cls, segments: Sequence[Segment], language: str | None, duration: float) -> Transcript:
+    def from_segments(
+        cls,
+        segments: Sequence[Segment],
+        language: str | None,
+        duration: float,
+        language_probability: float | None = None,
+    ) -> Transcript:
         ordered = tuple(sorted(segments, key=lambda s: (s.start, s.end)))
-        return cls(" ".join(s.text for s in ordered if s.text), language, round(duration, 3), ordered)
+        return cls(
+            " ".join(s.text for s in ordered if s.text), language, round(duration, 3), ordered, language_probability
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "text": self.text,
             "language": self.language,
             "duration": self.duration,
             "segments": [s.to_dict() for s in self.segments],
         }
+        if self.language_probability is not None:
+            out["language_probability"] = round(self.language_probability, 4)
+        return out
 
 
 @dataclass(frozen=True)

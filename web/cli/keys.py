@@ -176,6 +176,31 @@ def s3_sources(key: str, entries: tuple[str, ...], clear: bool) -> None:
     )
 
 
+@keys.command("hotwords")
+@click.argument("key")
+@click.argument("words", required=False)
+@click.option("--none", "clear", is_flag=True, help="Take the key's list away.")
+def hotwords(key: str, words: str | None, clear: bool) -> None:
+    """Show, or set, the words a key's (by id or the start of the key) jobs listen for when a job
+    names none: names and jargon, separated by commas ("Kubernetes, Anthropic, Siobhan")."""
+    from models.access.apikeys import find_key, set_hotwords
+    from models.errors import WhisperqError
+    from models.pipeline.options import parse_hotwords
+
+    if words and clear:
+        raise click.UsageError("give words or --none, not both")
+    try:
+        rt = open_runtime()
+        record = (
+            set_hotwords(rt, key, None if clear else parse_hotwords(words)) if words or clear else find_key(rt, key)
+        )
+    except WhisperqError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(
+        f"key {record.id} ({record.name}): " + (f"hotwords {record.hotwords}" if record.hotwords else "no hotwords")
+    )
+
+
 @keys.command("usage")
 @click.argument("key", required=False)
 @click.option("--from", "first", metavar="YYYY-MM-DD", help="First UTC day (default: the first of this month).")

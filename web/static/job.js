@@ -119,18 +119,29 @@
     show(eta, parts.length > 0);
   }
 
-  function segmentItem(seg) {
+  // A word the model was less sure of than this is marked for a reviewer (job.html's `low`).
+  var LOW = 0.5;
+
+  function segmentItem(seg, previous) {
     var li = document.createElement("li");
     var time = document.createElement("time");
     time.textContent = clock(seg.start);
     time.title = clock(seg.start) + " to " + clock(seg.end);
     var text = document.createElement("span");
     text.className = "text";
+    if (seg.speaker && (!previous || previous.speaker !== seg.speaker)) {  // a new turn
+      var who = document.createElement("b");
+      who.className = "speaker";
+      who.textContent = "Speaker " + seg.speaker;
+      text.appendChild(who);
+      text.appendChild(document.createTextNode(" "));
+    }
     if (seg.words && seg.words.length) {
       seg.words.forEach(function (w) {
         var span = document.createElement("span");
-        span.className = "word";
-        span.title = clock(w.start);
+        var sure = typeof w.probability === "number";
+        span.className = "word" + (sure && w.probability < LOW ? " unsure" : "");
+        span.title = clock(w.start) + (sure ? " · " + Math.round(w.probability * 100) + "% sure" : "");
         span.textContent = w.word;
         text.appendChild(span);
       });
@@ -148,7 +159,7 @@
     if (!result) return;
     var list = $("segments");
     list.textContent = "";
-    (result.segments || []).forEach(function (seg) { list.appendChild(segmentItem(seg)); });
+    (result.segments || []).forEach(function (seg, n) { list.appendChild(segmentItem(seg, result.segments[n - 1])); });
     setText($("full-text"), String(result.text || "").trim());
     if (result.language) setText($("language"), result.language);
     show($("partial-note"), !!result.partial);

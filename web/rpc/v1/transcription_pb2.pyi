@@ -12,7 +12,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SubmitRequest(_message.Message):
-    __slots__ = ("audio", "audio_url", "filename", "language", "priority", "model", "task", "word_timestamps", "prompt", "temperature", "collect", "callback_url", "idempotency_key")
+    __slots__ = ("audio", "audio_url", "filename", "language", "priority", "model", "task", "word_timestamps", "prompt", "temperature", "collect", "callback_url", "idempotency_key", "hotwords", "speakers", "redact")
     AUDIO_FIELD_NUMBER: _ClassVar[int]
     AUDIO_URL_FIELD_NUMBER: _ClassVar[int]
     FILENAME_FIELD_NUMBER: _ClassVar[int]
@@ -26,6 +26,9 @@ class SubmitRequest(_message.Message):
     COLLECT_FIELD_NUMBER: _ClassVar[int]
     CALLBACK_URL_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    HOTWORDS_FIELD_NUMBER: _ClassVar[int]
+    SPEAKERS_FIELD_NUMBER: _ClassVar[int]
+    REDACT_FIELD_NUMBER: _ClassVar[int]
     audio: bytes
     audio_url: str
     filename: str
@@ -39,7 +42,10 @@ class SubmitRequest(_message.Message):
     collect: bool
     callback_url: str
     idempotency_key: str
-    def __init__(self, audio: _Optional[bytes] = ..., audio_url: _Optional[str] = ..., filename: _Optional[str] = ..., language: _Optional[str] = ..., priority: _Optional[str] = ..., model: _Optional[str] = ..., task: _Optional[str] = ..., word_timestamps: _Optional[bool] = ..., prompt: _Optional[str] = ..., temperature: _Optional[float] = ..., collect: _Optional[bool] = ..., callback_url: _Optional[str] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
+    hotwords: str
+    speakers: str
+    redact: str
+    def __init__(self, audio: _Optional[bytes] = ..., audio_url: _Optional[str] = ..., filename: _Optional[str] = ..., language: _Optional[str] = ..., priority: _Optional[str] = ..., model: _Optional[str] = ..., task: _Optional[str] = ..., word_timestamps: _Optional[bool] = ..., prompt: _Optional[str] = ..., temperature: _Optional[float] = ..., collect: _Optional[bool] = ..., callback_url: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., hotwords: _Optional[str] = ..., speakers: _Optional[str] = ..., redact: _Optional[str] = ...) -> None: ...
 
 class UploadChunk(_message.Message):
     __slots__ = ("head", "data")

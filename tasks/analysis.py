@@ -1,0 +1,47 @@
+"""`whisperq.analyze` (analysis pool): one analysis of one job, after its transcript is stored
+(models.jobs.analyses). It retries on its own with the jobs' backoff and attempts, and fails
+alone: a failure for good leaves the job's transcript delivered, with why the analysis failed.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+from celery.exceptions import Reject
+
+from models.analysis import MODULES
+from models.errors import WhisperqError
+from models.jobs.analyses import fail_analysis, run_analysis
+from models.jobs.record import AnalysisStatus, JobAnalysis
+from models.retry import Verdict, classify
+from tasks.app import runtime
+
+log = logging.getLogger(__name__)
+
+
+@shared_task(name="whisperq.analyze", bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def analyze(self, job_id: str, name: str) -> None:
+    if not isinstance(job_id, str) or not isinstance(name, str) or name not in MODULES:
+        raise Reject(f"an analysis message for {name!r} of job {job_id!r} was dropped: no such analysis", requeue=False)
+    rt = runtime()
+    try:
+        outcome = run_analysis(rt, job_id, name)
+    except Exception as exc:
+        reason = str(exc) if isinstance(exc, WhisperqError) else f"{type(exc).__name__}: {exc}"
+        with rt.db.session() as session:
+            run = session.get(JobAnalysis, (job_id, name))
+            attempts = run.attempts if run is not None else 0
+            pending = run is not None and run.status == AnalysisStatus.RUNNING.value
+        if not pending:
+            return
+        if classify(exc) is Verdict.PERMANENT or rt.job_retries.exhausted(attempts):
+            log.warning("job %s: analysis %s failed after %d attempt(s)", job_id, name, attempts, exc_info=True)
+            fail_analysis(rt, job_id, name, reason)
+            return
+        delay = rt.job_retries.backoff(attempts)
+        log.warning(
+            "job %s: analysis %s failed (%s); attempt %d again in %.0f s", job_id, name, reason, attempts + 1, delay
+        )
+        raise self.retry(countdown=delay, max_retries=None) from exc
+    log.info("job %s: analysis %s %s", job_id, name, outcome)
