@@ -229,3 +229,41 @@ def test_low_confidence_jobs_are_listed_for_review(client, app_rt):
     listed = {j["job_id"] for j in client.get("/v1/jobs?max_confidence=0.5&limit=200").get_json()["jobs"]}
     assert made[0] in listed and made[1] not in listed
     assert client.get("/v1/jobs?max_confidence=2").status_code == 400
+
+
+def test_json_batches_and_the_json_api_take_analyses_as_json_values(client, app_rt, published):
+    from models.jobs.operations import get_job
+
+    _need_speakers()
+    urls = ["http://127.0.0.1:9/a.mp3", "http://127.0.0.1:9/b.mp3"]
+    made = client.post(
+        "/v1/batches", json={"audio_urls": urls, "speakers": {"min": 2, "max": 4}, "redact": ["email", "phone"]}
+    )
+    assert made.status_code == 202, made.get_json()
+    one = client.post(
+        "/v1/jobs", json={"audio_url": urls[0], "speakers": 3, "hotwords": ["Siobhan", "Saoirse"], "redact": True}
+    )
+    assert one.status_code == 202, one.get_json()
+    for job in made.get_json()["jobs"]:
+        row = get_job(app_rt, job["job_id"])
+        assert row.analyses == {
+            "redact": {"kinds": ["EMAIL_ADDRESS", "PHONE_NUMBER"]},
+            "speakers": {"min_speakers": 2, "max_speakers": 4},
+        }, row.analyses
+        assert row.word_timestamps  # speakers are told word by word
+    row = get_job(app_rt, one.get_json()["job_id"])
+    assert row.analyses["speakers"] == {"speakers": 3} and row.hotwords == "Siobhan, Saoirse"
+    assert set(row.analyses) == {"speakers", "redact"}
+    refused = client.post("/v1/batches", json={"audio_urls": urls, "speakers": "many"})
+    assert refused.status_code == 400 and "speakers" in refused.get_json()["error"]["message"]
+
+
+def test_an_analysis_not_installed_is_refused_saying_how_to_add_it(client, monkeypatch):
+    from models.analysis import speakers
+
+    monkeypatch.setattr(speakers, "missing", lambda: "install it with `pip install -e '.[speakers]'`")
+    resp = upload(client, speakers="true")
+    assert resp.status_code == 400
+    assert "speakers is not installed on this deployment" in resp.get_json()["error"]["message"]
+    assert "pip install" in resp.get_json()["error"]["message"]
+    assert client.get("/readyz").get_json()["analyses"]["installed"] == ["redact"]
