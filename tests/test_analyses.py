@@ -267,3 +267,21 @@ def test_an_analysis_not_installed_is_refused_saying_how_to_add_it(client, monke
     assert "speakers is not installed on this deployment" in resp.get_json()["error"]["message"]
     assert "pip install" in resp.get_json()["error"]["message"]
     assert client.get("/readyz").get_json()["analyses"]["installed"] == ["redact"]
+
+
+def test_the_openai_endpoint_answers_diarized_json(client, worker, analysis_pool, tmp_path):
+    import io
+
+    _need_speakers()
+    analysis_pool()
+    data, _turns = _conversation(tmp_path)
+    resp = client.post(
+        "/v1/audio/transcriptions",
+        data={"model": "whisper-1", "response_format": "diarized_json", "file": (io.BytesIO(data), "meeting.wav")},
+        content_type="multipart/form-data",
+    )
+    assert resp.status_code == 200, resp.get_json()
+    body = resp.get_json()
+    assert body["task"] == "transcribe" and body["text"]
+    assert {s["type"] for s in body["segments"]} == {"transcript.text.segment"}
+    assert len({s["speaker"] for s in body["segments"]}) == 3, body["segments"]
