@@ -23,7 +23,7 @@ A last row runs every conversation again with its speaker count given. The thres
 models/analysis/speakers.py were tuned on the conversations of seed 7; the table is of seed 11
 (--seed / BENCH_SEED), which tuning never saw.
 
-Needs the `speakers` extra, pyannote.metrics (`pip install pyannote.metrics`: a bench
+Needs the `speakers` extra and the `bench` extra (its pyannote.metrics: a bench
 dependency only), Debian's flite (and espeak-ng, optional). Size: --size / BENCH_SIZE, `tiny`
 (one 2-speaker conversation, for CI) or `full` (the default, the table in
 docs/analyses/speakers.md). From the repository's root, either of:
