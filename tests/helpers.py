@@ -57,6 +57,19 @@ def need_service(reason: str) -> None:
     pytest.skip(reason)
 
 
+def flite(tmp: Path, voice: str, text: str) -> Path:
+    """`text` spoken by flite's `voice` (slt, rms, awb, kal) into a WAV file under `tmp`; a test
+    without flite (Debian: apt-get install flite) is skipped, or fails with REQUIRE_SERVICES=1."""
+    import shutil
+    import uuid
+
+    if shutil.which("flite") is None:
+        need_service("flite is not installed (Debian: apt-get install flite)")
+    path = tmp / f"{voice}-{uuid.uuid4().hex[:8]}.wav"
+    subprocess.run(["flite", "-voice", voice, "-t", text, "-o", str(path)], check=True, timeout=60)
+    return path
+
+
 def stored_files(settings) -> set[str]:
     """What uploads leave on disk: every file under the data dir's audio folder, and the upload
     spools in its tmp folder (not the workers' own temporary files there, which come and go

@@ -6,7 +6,6 @@ worker's analysis is run again and stored once."""
 from __future__ import annotations
 
 import os
-import subprocess
 import uuid
 
 import numpy as np
@@ -14,7 +13,7 @@ import psutil
 import pytest
 from api import submit_id, upload, wait_for_job
 from conftest import start_worker, stop_worker
-from helpers import wait_until
+from helpers import flite, wait_until
 
 from models.speech import audio
 
@@ -31,9 +30,7 @@ VOICES = {
 
 
 def _flite(tmp_path, voice: str, text: str) -> np.ndarray:
-    path = tmp_path / f"{voice}-{uuid.uuid4().hex[:6]}.wav"
-    subprocess.run(["flite", "-voice", voice, "-t", text, "-o", str(path)], check=True, timeout=60)
-    return audio.decode(path)
+    return audio.decode(flite(tmp_path, voice, text))
 
 
 def _wav(tmp_path, samples: np.ndarray) -> bytes:

@@ -5,10 +5,10 @@ bundled engine)."""
 from __future__ import annotations
 
 import dataclasses
-import subprocess
 
 import pytest
 from api import bearer, upload
+from helpers import flite
 
 from models.speech import audio
 
@@ -16,9 +16,7 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def _spoken(tmp_path, text: str):
-    path = tmp_path / "said.wav"
-    subprocess.run(["flite", "-voice", "slt", "-t", text, "-o", str(path)], check=True, timeout=60)
-    return audio.decode(path)
+    return audio.decode(flite(tmp_path, "slt", text))
 
 
 def test_a_rare_name_is_heard_with_hotwords_and_not_without(bundled_engine, tmp_path):
