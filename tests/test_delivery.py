@@ -73,7 +73,9 @@ def test_kill_9_of_the_inference_worker_mid_job_costs_one_attempt(client, worker
     assert engine_runs(database, job_id) == 1  # the killed run never finished; the redelivery ran once
 
 
-def wait_for_workers(celery_app, worker, timeout: float = 90) -> None:
+def wait_for_workers(celery_app, worker, timeout: float = 180) -> None:
+    """Until the pools answer pings again. A worker reconnects with Celery's growing backoff,
+    and RabbitMQ's start_app on a loaded machine: on a full CI run this once took over 90 s."""
     from conftest import control_connection
 
     nodes = {worker.prepare.node, worker.inference.node}
