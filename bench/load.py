@@ -294,11 +294,27 @@ class Service:
             raise RuntimeError(f"the warm-up job did not complete; see {tmp / 'logs'}")
         self.db = sqlite3.connect(tmp / "whisperq.db", timeout=30)
 
-    def _logs(self) -> tuple[str, str]:
-        return (self.tmp / "logs" / "inference.log").read_text(), (self.tmp / "logs" / "web.log").read_text()
+    def _log(self, name: str) -> str:
+        """A process's log with its rotated parts before it, oldest first: supervisord rotates
+        each at 10 MB (web.supervise), which a burst of naive pollers' access lines passes."""
+        logs = self.tmp / "logs"
+        parts = [logs / f"{name}.log.{n}" for n in (3, 2, 1)] + [logs / f"{name}.log"]
+        return "".join(p.read_text(errors="replace") for p in parts if p.exists())
+
+    def _web_since(self, marker: str) -> str:
+        """The web's access log from the line of the request for `marker` on (the burst's own
+        lines, however the log rotated meanwhile); empty if it rotated away."""
+        text = self._log("web")
+        at = text.rfind(marker)
+        if at < 0:
+            print(f"note: the web log rotated past the burst's start ({marker}): no server timings", flush=True)
+            return ""
+        return text[at:]
 
     def burst(self, jobs: int, mode: str, seconds: float) -> dict:
-        inference_before, web_before = self._logs()
+        inference_before = self._log("inference")
+        marker = f"/v1/jobs/bench-burst-{time.monotonic_ns()}"
+        requests.get(self.base + marker, timeout=30)  # a 404 whose access line marks the burst's start
         audio_before = self.db.execute("select coalesce(sum(audio_duration), 0) from jobs").fetchone()[0]
         accept: list[float] = []
         accept_cpu: list[float] = []
@@ -335,14 +351,11 @@ class Service:
         done.set()
         watcher.join()
         after = cpu_by_kind(self.proc.pid)
-        inference_log, web_log = self._logs()
+        inference_log, web_log = self._log("inference"), self._web_since(marker)
         sizes = [int(m) for m in re.findall(r"batch: (\d+) windows", inference_log[len(inference_before) :])]
         # The uploads as the server timed them (gunicorn's access log): from the request read to
         # the answer sent, without the clients' own time on these cores.
-        posts = [
-            float(m)
-            for m in re.findall(r'"POST /v1/jobs HTTP[^\n]*?"duration_ms": ([\d.]+)', web_log[len(web_before) :])
-        ]
+        posts = [float(m) for m in re.findall(r'"POST /v1/jobs HTTP[^\n]*?"duration_ms": ([\d.]+)', web_log)]
         prepared = self.db.execute("select coalesce(sum(audio_duration), 0) from jobs").fetchone()[0] - audio_before
         used = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
         return outcome(
