@@ -20,7 +20,7 @@ the transcript only where none is). For each setting:
   (faster-whisper on every core, batches of 4 windows).
 
 A last row runs every conversation again with its speaker count given. The thresholds in
-models/analysis/speakers.py were tuned on the conversations of seed 7; the table is of seed 11
+models/analysis/diarization.py were tuned on the conversations of seed 7; the table is of seed 11
 (--seed / BENCH_SEED), which tuning never saw.
 
 Needs the `speakers` extra and the `bench` extra (its pyannote.metrics: a bench
@@ -51,7 +51,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from models.analysis import speakers  # noqa: E402
+from models.analysis import diarization, speakers  # noqa: E402
 from models.speech import audio as speech_audio  # noqa: E402
 
 RATE = 16000
@@ -208,7 +208,7 @@ def annotation(turns: list[tuple[str, float, float]]) -> Any:
 
 def labelled(conv: Conversation, spans: list[tuple[float, float]]) -> list[tuple[str, float, float]]:
     """`spans` each labelled with who really spoke there (the reference turn each overlaps
-    most, "none" where none), as turns (speakers._turns: a pause over TURN_GAP ends one)."""
+    most, "none" where none), as turns (diarization._turns: a pause over TURN_GAP ends one)."""
     labels = []
     for start, end in spans:
         overlap: dict[str, float] = {}
@@ -216,13 +216,13 @@ def labelled(conv: Conversation, spans: list[tuple[float, float]]) -> list[tuple
             overlap[v] = overlap.get(v, 0.0) + max(0.0, min(end, te) - max(start, ts))
         best = max(overlap, key=overlap.__getitem__)
         labels.append(best if overlap[best] > 0 else "none")
-    return [(t["speaker"], t["start"], t["end"]) for t in speakers._turns(labels, spans)]
+    return [(t["speaker"], t["start"], t["end"]) for t in diarization._turns(labels, spans)]
 
 
 def found_turns(conv: Conversation, result: dict[str, Any]) -> list[tuple[str, float, float]]:
     """The speech the analysis finds, each unit of it given its true speaker: the floor a
     perfect clustering would reach."""
-    spans, _owner = speakers._units(speakers._regions(result, conv.samples))
+    spans, _owner = diarization._units(diarization._regions(conv.samples, speakers._word_spans(result)))
     return labelled(conv, spans)
 
 
@@ -335,7 +335,7 @@ def main() -> None:
         flush=True,
     )
     began = time.perf_counter()
-    speakers._encoder()
+    diarization._encoder()
     print(
         f"torch, Resemblyzer and scikit-learn imported and the voice encoder loaded in "
         f"{time.perf_counter() - began:.2f} s (once per worker process)",

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from models.analysis import speakers
+from models.analysis import diarization, speakers
 from models.errors import InvalidRequest
 
 pytestmark = pytest.mark.timeout(300)
@@ -371,20 +371,20 @@ def test_apply_with_no_turns():
 def test_short_flips_are_smoothed():
     spans = [(i * 0.2, i * 0.2 + 0.2) for i in range(9)]
     # A 0.2 s flip between two runs of one speaker is theirs; a 0.6 s turn stays.
-    assert speakers._smooth([0, 1, 0, 0, 0, 0, 0, 0, 0], spans) == [0] * 9
-    assert speakers._smooth([0, 1, 1, 1, 0, 0, 0, 0, 0], spans) == [0, 1, 1, 1, 0, 0, 0, 0, 0]
+    assert diarization._smooth([0, 1, 0, 0, 0, 0, 0, 0, 0], spans) == [0] * 9
+    assert diarization._smooth([0, 1, 1, 1, 0, 0, 0, 0, 0], spans) == [0, 1, 1, 1, 0, 0, 0, 0, 0]
     # At the ends, and between two different speakers, a short run stays.
-    assert speakers._smooth([0, 0, 0, 0, 0, 0, 0, 0, 1], spans) == [0, 0, 0, 0, 0, 0, 0, 0, 1]
-    assert speakers._smooth([0, 0, 0, 1, 2, 2, 2, 2, 2], spans) == [0, 0, 0, 1, 2, 2, 2, 2, 2]
+    assert diarization._smooth([0, 0, 0, 0, 0, 0, 0, 0, 1], spans) == [0, 0, 0, 0, 0, 0, 0, 0, 1]
+    assert diarization._smooth([0, 0, 0, 1, 2, 2, 2, 2, 2], spans) == [0, 0, 0, 1, 2, 2, 2, 2, 2]
     # A short stretch of speech of its own ("yes" between pauses) is a turn, not a flip.
     owner = [0, 1, 2, 2, 2, 2, 2, 2, 2]
-    assert speakers._smooth([0, 1, 0, 0, 0, 0, 0, 0, 0], spans, owner) == [0, 1, 0, 0, 0, 0, 0, 0, 0]
-    assert speakers._smooth([0, 0, 0, 0, 1, 0, 0, 0, 0], spans, owner) == [0] * 9
+    assert diarization._smooth([0, 1, 0, 0, 0, 0, 0, 0, 0], spans, owner) == [0, 1, 0, 0, 0, 0, 0, 0, 0]
+    assert diarization._smooth([0, 0, 0, 0, 1, 0, 0, 0, 0], spans, owner) == [0] * 9
 
 
 def test_turns_end_at_long_pauses():
     spans = [(0.0, 1.0), (1.2, 2.0), (5.0, 6.0), (6.1, 7.0)]
-    assert speakers._turns(["A", "A", "A", "B"], spans) == [
+    assert diarization._turns(["A", "A", "A", "B"], spans) == [
         {"speaker": "A", "start": 0.0, "end": 2.0},
         {"speaker": "A", "start": 5.0, "end": 6.0},
         {"speaker": "B", "start": 6.1, "end": 7.0},
@@ -392,7 +392,7 @@ def test_turns_end_at_long_pauses():
 
 
 def test_units_cover_each_stretch():
-    spans, owner = speakers._units([(0.0, 1.0), (2.0, 2.1), (3.0, 3.6)])
+    spans, owner = diarization._units([(0.0, 1.0), (2.0, 2.1), (3.0, 3.6)])
     assert owner == [0, 0, 0, 0, 1, 2, 2]
     assert spans[0] == (0.0, 0.25) and spans[3][1] == 1.0 and spans[4] == (2.0, 2.1)
     assert spans[-1][1] == pytest.approx(3.6)
@@ -423,7 +423,7 @@ def _share_of_speech(turns: list[tuple[str, float, float]], found: list[dict], s
 
 def test_speech_is_found_in_the_audio(conversation):
     samples, turns, _made = conversation
-    found = speakers._speech(samples)
+    found = diarization._speech(samples)
     step = 0.01
     times = np.arange(0, len(samples) / RATE, step)
     said = np.array([any(s <= t < e for _, s, e in turns) for t in times])

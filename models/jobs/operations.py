@@ -201,15 +201,21 @@ def complete_job(
         elif stored.state.finished:
             refused = PermanentJobError(f"the job is {stored.status}; its transcript was not stored")
         elif stored.stage == Stage.ANALYSIS.value:  # stored by another delivery; its analyses run
-            return {"job_id": job_id, "status": stored.status, "stage": stored.stage}, False
+            return stored.analysing(), False
         else:
-            transcript = (data["text"], data["language"], data["segments"], data["duration"], data.get("model"))
+            stored.store_transcript(
+                data["text"],
+                data["language"],
+                data["segments"],
+                data["duration"],
+                data.get("model"),
+                data.get("language_probability"),
+            )
             if stored.analyses:  # COMPLETED once its analyses are done (models.jobs.analyses)
-                stored.store_transcript(*transcript, data.get("language_probability"))
                 begin_analyses(stored)
-                result = {"job_id": job_id, "status": stored.status, "stage": stored.stage}
+                result = stored.analysing()
             else:
-                stored.complete(*transcript, data.get("language_probability"))
+                stored.finish()
                 result = cast("dict[str, Any]", stored.result())  # COMPLETED now
             # shadow transcripts that came first are scored against this one now
             scored = score_waiting_shadows(session, stored) if stored.shadow else []
@@ -246,7 +252,7 @@ def begin_inference(rt: Runtime, job_id: str, worker: str | None, worker_id: str
         if job.state is JobStatus.COMPLETED:
             return job.result()
         if job.stage == Stage.ANALYSIS.value:  # transcribed; a late copy of its message runs nothing
-            return {"job_id": job_id, "status": job.status, "stage": job.stage}
+            return job.analysing()
         if job.state is JobStatus.CANCELLED:
             raise JobCancelled(f"job {job_id} was cancelled; it is not run")
         if job.state.finished:

@@ -266,16 +266,9 @@ class Job(Base):
         self.next_attempt_at = None
         self.progress_seconds = None
 
-    def complete(
-        self,
-        text: str,
-        language: str | None,
-        segments: list[dict[str, Any]],
-        duration: float | None,
-        made_by: dict[str, Any] | None = None,
-        language_probability: float | None = None,
-    ) -> None:
-        self.store_transcript(text, language, segments, duration, made_by, language_probability)
+    def complete(self, *transcript: Any, **named: Any) -> None:
+        """The transcript stored (store_transcript's arguments) and the job COMPLETED at once."""
+        self.store_transcript(*transcript, **named)
         self.finish()
 
     def store_transcript(
@@ -297,6 +290,10 @@ class Job(Base):
         self.confidence = confidence(segments)
         if duration is not None:
             self.audio_duration = duration
+
+    def analysing(self) -> dict[str, Any]:
+        """What a run answers for a job whose transcript is stored while its analyses run."""
+        return {"job_id": self.id, "status": self.status, "stage": self.stage}
 
     def replace_transcript(self, text: str, segments: list[dict[str, Any]]) -> None:
         self.result_text = text
