@@ -75,7 +75,7 @@ def _speech(samples: np.ndarray) -> list[tuple[float, float]]:
     """Where the audio holds speech: WebRTC's voice activity detector (webrtcvad, which
     Resemblyzer requires) on VAD_FRAME frames at VAD_MODE, speech runs closer than
     SPEECH_FILL joined and those shorter than MIN_SPEECH dropped."""
-    import webrtcvad  # type: ignore[import-untyped,import-not-found,unused-ignore]
+    import webrtcvad
 
     vad = webrtcvad.Vad(VAD_MODE)
     n = int(SAMPLE_RATE * VAD_FRAME)
@@ -149,11 +149,11 @@ def _encoder() -> Any:
     what a first call pays once made here: librosa's mel filters, scikit-learn's import."""
     import warnings
 
-    import sklearn.cluster  # type: ignore[import-untyped,import-not-found,unused-ignore]  # noqa: F401
+    import sklearn.cluster  # noqa: F401
 
     with warnings.catch_warnings():  # Resemblyzer imports scipy.ndimage.morphology (deprecated)
         warnings.simplefilter("ignore", DeprecationWarning)
-        from resemblyzer import VoiceEncoder  # type: ignore[import-untyped,import-not-found,unused-ignore]
+        from resemblyzer import VoiceEncoder
 
     encoder = VoiceEncoder(verbose=False)
     encoder.eval()
@@ -234,7 +234,7 @@ def _centroids(embeddings: np.ndarray, labels: np.ndarray) -> np.ndarray:
 
 
 def _agglomerate(embeddings: np.ndarray, count: int | None) -> np.ndarray:
-    from sklearn.cluster import AgglomerativeClustering  # type: ignore[import-untyped,import-not-found,unused-ignore]
+    from sklearn.cluster import AgglomerativeClustering
 
     if len(embeddings) < 2:
         return np.zeros(len(embeddings), dtype=int)
