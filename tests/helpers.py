@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import socket
 import ssl
 import subprocess
 import sys
@@ -48,6 +49,13 @@ RESULT_WITH_WORDS = {
         {"start": 61.25, "end": 63.0, "text": " General Kenobi."},
     ],
 }
+
+
+def free_port() -> int:
+    """A TCP port on loopback nobody listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def need_service(reason: str) -> None:

@@ -10,7 +10,6 @@ import json
 import logging
 import re
 import shutil
-import socket
 import subprocess
 import time
 import urllib.request
@@ -21,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 from api import submit_id, wait_for_job
-from helpers import CLIPS, need_service, wait_until
+from helpers import CLIPS, free_port, need_service, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,12 +55,6 @@ def value(samples: dict, metric: str, /, **labels) -> float:
 def total(samples: dict, metric: str, /, **labels) -> float:
     """Sum over the series of `metric` whose labels include `labels`."""
     return sum(v for (n, ls), v in samples.items() if n == metric and labels.items() <= dict(ls).items())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def load_script(name: str):

@@ -10,7 +10,7 @@ import time
 
 import pytest
 from api import bearer
-from helpers import make_job, wait_until
+from helpers import free_port, make_job, wait_until
 from sqlalchemy import event, text
 
 
@@ -135,6 +135,80 @@ def test_a_poller_faster_than_retry_after_gets_429(settings, database):
     assert f"every {answers[0].headers['Retry-After']} s" in error["message"] and "?wait=" in error["message"]
     assert client.get(f"/v1/jobs/{other.id}").status_code == 200  # per job
     assert client.get(f"/v1/jobs/{job.id}", environ_base={"REMOTE_ADDR": "10.1.2.3"}).status_code == 200  # per client
+
+
+def test_a_too_early_poll_is_held_until_its_next_read_was_due():
+    """The 429 waits (under gevent) for when the read would have been allowed: a client that
+    ignores Retry-After is paced all the same, at no cost to the web while it waits."""
+    from web.pollrate import GRACE, HOLD, PollRate, PollTooFast
+
+    held: list[float] = []
+    pace = PollRate(hold=held.append)
+    for _ in range(GRACE):
+        pace.take("addr:10.0.0.1", "job", 8)
+    assert held == []
+    with pytest.raises(PollTooFast) as refused:
+        pace.take("addr:10.0.0.1", "job", 8)
+    assert refused.value.retry_after == 8 and len(held) == 1 and 7.0 < held[0] <= 8.0
+    with pytest.raises(PollTooFast):
+        pace.take("addr:10.0.0.1", "job", 60)  # never longer than HOLD
+    assert held[1] == HOLD
+    pace.take("addr:10.0.0.2", "job", 8)  # another client's bucket
+    assert len(held) == 2
+
+
+@pytest.mark.timeout(120)
+def test_the_gevent_web_holds_a_too_early_poll(settings, database):
+    """gunicorn's gevent worker, as the Procfile runs it: the first 429 comes no earlier than
+    the bucket's first read plus the job's Retry-After, though it was asked for at once."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import requests
+
+    from web.pollrate import GRACE
+
+    rt = build(settings, poll_limit=True).extensions["whisperq"]
+    job = pending(rt)
+    port = free_port()
+    root = Path(__file__).resolve().parent.parent
+    web = subprocess.Popen(
+        [
+            *(str(Path(sys.executable).parent / "gunicorn"), "--bind", f"127.0.0.1:{port}", "--workers", "1"),
+            *("--worker-class", "web.server.JSONErrorGeventWorker", "web.wsgi:app"),
+        ],
+        cwd=root,
+        env={**os.environ, "WHISPERQ_POLL_LIMIT": "true"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+
+        def up() -> bool:
+            assert web.poll() is None, web.stderr.read() if web.stderr else "gunicorn exited"
+            try:
+                return requests.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code in (200, 503)
+            except requests.ConnectionError:
+                return False
+
+        wait_until(up, 60, "the gevent web answered")
+        url = f"http://127.0.0.1:{port}/v1/jobs/{job.id}"
+        first_at = time.monotonic()
+        answers = [requests.get(url, timeout=30) for _ in range(GRACE)]
+        assert [a.status_code for a in answers] == [200] * GRACE, [a.text for a in answers]
+        interval = int(answers[0].headers["Retry-After"])
+        asked_at = time.monotonic()
+        refused = requests.get(url, timeout=30)
+        answered_at = time.monotonic()
+        assert refused.status_code == 429 and refused.headers["Retry-After"] == str(interval), refused.text
+        assert asked_at - first_at < interval, "the reads of grace took longer than the interval: nothing to hold"
+        assert answered_at - first_at >= interval - 0.05, (answered_at - first_at, interval)
+    finally:
+        web.terminate()
+        web.wait(30)
 
 
 def test_a_long_poll_that_waits_is_not_counted(settings, database):

@@ -6,7 +6,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,15 +14,9 @@ from pathlib import Path
 import helpers
 import pytest
 import requests
-from helpers import CLIPS, Receiver, word_error_rate
+from helpers import CLIPS, Receiver, free_port, word_error_rate
 
 pytestmark = pytest.mark.integration
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for_stack(check, timeout: float, what: str, proc: subprocess.Popen, log: Path):

@@ -7,18 +7,27 @@ is told to slow down, as hosted APIs tell their pollers, and spends no database 
 the way. A long-poll that waits is never counted: the server paces it. Counted in each
 web process (a client whose polls land on several processes gets that many buckets): a
 guard against loops, not a quota (WHISPERQ_POLL_LIMIT=false turns it off).
+
+Under the gevent web worker the 429 is held until the client's next read would have been
+allowed (at most HOLD seconds): a greenlet waiting costs nothing, and a client that ignores
+Retry-After and polls again right after each answer is paced all the same, instead of
+costing the web, and so the model on the same cores, a request every half second. Under a
+threaded worker a held 429 would hold a thread: it is answered at once there.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
+from collections.abc import Callable
 
 from models.errors import WhisperqError
 
 GRACE = 3  # reads allowed at once beyond the pace
 IDLE = 120.0  # seconds after which a bucket nobody used is forgotten
 _SWEEP_AT = 10_000  # buckets held before the idle ones are swept
+HOLD = 10.0  # the longest a too-early poll's 429 is held (well inside clients' and gateways' time-outs)
 
 
 class PollTooFast(WhisperqError):
@@ -34,23 +43,37 @@ class PollTooFast(WhisperqError):
         self.retry_after = interval
 
 
+def cooperative() -> bool:
+    """Whether this process runs under gevent (its time.sleep a greenlet's, not a thread's)."""
+    monkey = sys.modules.get("gevent.monkey")
+    return monkey is not None and bool(monkey.is_module_patched("time"))
+
+
 class PollRate:
-    def __init__(self, grace: int = GRACE):
+    def __init__(self, grace: int = GRACE, hold: Callable[[float], None] | None = None):
+        """`hold(seconds)` holds a too-early poll before its 429: by default a sleep under
+        gevent, nothing elsewhere."""
         self.grace = grace
+        self.hold = hold
         self._lock = threading.Lock()
         self._buckets: dict[tuple[str, str], tuple[float, float]] = {}  # (client, job) -> (tokens, at)
 
     def take(self, client: str, job_id: str, interval: int) -> None:
         """Count one read of `job_id` by `client` at one read per `interval` seconds; PollTooFast
-        (429, Retry-After: the interval) when the client's grace is spent."""
+        (429, Retry-After: the interval) when the client's grace is spent, held first until
+        its next read would have been allowed (see the module's docstring)."""
         now = time.monotonic()
         key = (client, job_id)
+        pace = max(1, interval)
         with self._lock:
             tokens, at = self._buckets.get(key, (float(self.grace), now))
-            tokens = min(float(self.grace), tokens + (now - at) / max(1, interval))
-            if tokens < 1.0:
-                self._buckets[key] = (tokens, now)
-                raise PollTooFast(interval)
-            self._buckets[key] = (tokens - 1.0, now)
+            tokens = min(float(self.grace), tokens + (now - at) / pace)
+            self._buckets[key] = (tokens - 1.0 if tokens >= 1.0 else tokens, now)
             if len(self._buckets) > _SWEEP_AT:
                 self._buckets = {k: v for k, v in self._buckets.items() if now - v[1] < IDLE}
+        if tokens >= 1.0:
+            return
+        hold = self.hold or (time.sleep if cooperative() else None)
+        if hold is not None:
+            hold(min(HOLD, (1.0 - tokens) * pace))
+        raise PollTooFast(interval)
