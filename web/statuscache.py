@@ -5,8 +5,8 @@ and keeps it here with its ETag. The next read of the same job is answered from 
 while the job is known unchanged; `If-None-Match` that matches gets a bodiless 304.
 
 Known unchanged means: the one reader per web process (web.waits.JobWatch, already looking
-at every long-polled job) also loads every job held here, in one query a step (0.5 s), and
-drops those whose state (web.api.job_state) moved; an entry it has not confirmed for STALE
+at every long-polled job) also loads the state's columns of every job held here, in one query
+a step (0.5 s), and drops those whose state (web.api.job_state) moved; an entry it has not confirmed for STALE
 seconds (the database away, the reader not started yet) is read afresh. A change made in
 this process (a cancel, a delete, a correction, a revoked key) drops the entry at once,
 from the session's flush, so a client reads its own writes; a change made by a worker or
@@ -42,7 +42,7 @@ MAX_ENTRIES = 20_000
 @dataclass
 class Entry:
     rt: Runtime
-    job: Job  # detached, as last loaded
+    job: Job  # detached, as loaded when the entry was built (its state unchanged since)
     state: str  # web.api.job_state of `job`
     place: int | None
     body: dict[str, Any]
@@ -99,16 +99,16 @@ class StatusCache:
                 del self._entries[job_id]
             return dict(self._entries)
 
-    def confirm(self, entry: Entry, job: Job | None, state: str | None, at: float) -> None:
-        """The reader loaded the job at `at`: keep the entry if its state is the same (with the
-        fresh row), else drop it. An entry replaced meanwhile is left alone."""
+    def confirm(self, entry: Entry, state: str | None, at: float) -> None:
+        """The reader found the job's state at `at` (None: gone): keep the entry if it is the
+        same, else drop it. An entry replaced meanwhile is left alone."""
         with self._lock:
             if self._entries.get(entry.job.id) is not entry:
                 return
-            if job is None or state != entry.state:
+            if state is None or state != entry.state:
                 del self._entries[entry.job.id]
             else:
-                entry.job, entry.checked = job, at
+                entry.checked = at
 
 
 cache = StatusCache()

@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from sqlalchemy import select
 
@@ -25,10 +26,28 @@ from .statuscache import StatusCache
 log = logging.getLogger(__name__)
 
 STEP = 0.5  # seconds between looks
+# What a job's state is a digest of (web.api.job_state): status, stage, progress, attempts,
+# errors; its webhook deliveries too where it has a callback. The reader loads these columns
+# of the jobs it looks at, not whole rows (their sealed transcripts, their analyses' rows).
+STATE_FIELDS = (
+    "status",
+    "stage",
+    "progress_seconds",  # with status and audio_duration, the progress
+    "attempts",
+    "error",
+    "next_attempt_at",
+    "finished_at",
+    "result_purged_at",
+    "audio_duration",
+    "corrected_at",
+)
+_LOOKED_AT = [getattr(Job, name) for name in ("id", "deleted_at", "callback_url", *STATE_FIELDS)]
 
 
 class JobWatch:
-    def __init__(self, fingerprint: Callable[[Runtime, Job], str], cache: StatusCache, step: float = STEP):
+    def __init__(self, fingerprint: Callable[[Runtime, Any], str], cache: StatusCache, step: float = STEP):
+        """`fingerprint(rt, job)` reads STATE_FIELDS, `id` and `callback_url` of `job` (a Job, or
+        the reader's row of those columns)."""
         self.fingerprint, self.cache, self.step = fingerprint, cache, step
         self._lock = threading.Lock()
         self._waiting: dict[tuple[int, str], list[tuple[threading.Event, str, Runtime]]] = {}
@@ -82,15 +101,13 @@ class JobWatch:
         for rt_id, (rt, ids) in by_runtime.items():
             at = time.monotonic()
             with rt.db.session() as session:
-                jobs = {job.id: job for job in session.scalars(select(Job).where(Job.id.in_(ids)))}
+                rows = {row.id: row for row in session.execute(select(*_LOOKED_AT).where(Job.id.in_(ids)))}
                 for job_id in ids:
-                    job = jobs.get(job_id)
-                    if job is not None and job.deleted_at is not None:
-                        job = None
-                    now = None if job is None else self.fingerprint(rt, job)
+                    row = rows.get(job_id)
+                    now = None if row is None or row.deleted_at is not None else self.fingerprint(rt, row)
                     for event, tag, _rt in waiting.get((rt_id, job_id), ()):
                         if now != tag:
                             event.set()
                     held = cached.get(job_id)
                     if held is not None and held.rt is rt:
-                        self.cache.confirm(held, job, now, at)
+                        self.cache.confirm(held, now, at)
