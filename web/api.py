@@ -30,7 +30,7 @@ from .pollrate import PollRate
 from .statuscache import BODY_AGE, Entry
 from .statuscache import cache as statuses
 from .uploads import rerun_submission, upload_submission, url_submission
-from .waits import JobWatch
+from .waits import STATE_FIELDS, JobWatch
 
 bp = Blueprint("api", __name__, url_prefix="/v1")
 log = logging.getLogger(__name__)
@@ -267,21 +267,11 @@ def _wait_seconds(value: str | None) -> int:
     return int(value)
 
 
-def job_state(rt: Runtime, job: Job) -> str:
-    """A digest of the job itself as a client acts on it: status, stage, progress, attempts,
-    errors, webhook deliveries (not its place in the queue, nor the estimates)."""
-    state: list[Any] = [
-        job.status,
-        job.stage,
-        job.progress,
-        job.attempts,
-        job.error,
-        job.next_attempt_at,
-        job.finished_at,
-        job.result_purged_at,
-        job.audio_duration,
-        job.corrected_at,
-    ]
+def job_state(rt: Runtime, job: Any) -> str:
+    """A digest of the job itself as a client acts on it (web.waits.STATE_FIELDS: status,
+    stage, progress, attempts, errors), its webhook deliveries (not its place in the queue,
+    nor the estimates). `job`: a Job, or the long-poll reader's row of those columns."""
+    state: list[Any] = [getattr(job, name) for name in STATE_FIELDS]
     if job.callback_url:
         state.append([(d["status"], len(d["attempts"])) for d in deliveries_of(rt, job.id)])
     return hashlib.sha256(json.dumps(state, default=str).encode()).hexdigest()[:24]
@@ -293,14 +283,16 @@ _pace = PollRate()
 
 def poll_after(job: Job, body: dict) -> int:
     """Seconds before a poll may show something new: 1 while it is transcribed (progress
-    moves window by window), else a quarter of the wait to its estimated start, 1 to 30."""
+    moves window by window), else half the wait to its estimated start, 1 to 30: polls that
+    close in on the start, each halving what is left (the estimates are right within about a
+    quarter, models.jobs.eta), a few per job where every half second would be a hundred."""
     if job.stage == Stage.INFER:
         return 1
     start = body.get("estimated_start_at")
     if not start:
         return 5
     wait = (datetime.fromisoformat(start.replace("Z", "+00:00")) - datetime.now(UTC)).total_seconds()
-    return int(min(30, max(1, wait / 4)))
+    return int(min(30, max(1, wait / 2)))
 
 
 @bp.post("/jobs/<job_id>/cancel")
