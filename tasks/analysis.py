@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import logging
 
-from celery import shared_task
+from celery import Task, shared_task, states
 from celery.exceptions import Reject
 
 from models.analysis import MODULES
-from models.errors import WhisperqError
+from models.errors import JobCancelled, PermanentJobError, WhisperqError
 from models.jobs.analyses import fail_analysis, run_analysis
-from models.jobs.record import AnalysisStatus, JobAnalysis
+from models.jobs.record import AnalysisStatus, Job, JobAnalysis, JobStatus
+from models.pipeline.door import keeps_result
 from models.retry import Verdict, classify
 from tasks.app import runtime
 
@@ -38,6 +39,7 @@ def analyze(self, job_id: str, name: str) -> None:
         if classify(exc) is Verdict.PERMANENT or rt.job_retries.exhausted(attempts):
             log.warning("job %s: analysis %s failed after %d attempt(s)", job_id, name, attempts, exc_info=True)
             fail_analysis(rt, job_id, name, reason)
+            _deliver(self, rt, job_id)
             return
         delay = rt.job_retries.backoff(attempts)
         log.warning(
@@ -45,3 +47,21 @@ def analyze(self, job_id: str, name: str) -> None:
         )
         raise self.retry(countdown=delay, max_retries=None) from exc
     log.info("job %s: analysis %s %s", job_id, name, outcome)
+    _deliver(self, rt, job_id)
+
+
+def _deliver(task: Task, rt, job_id: str) -> None:
+    """A transcribe.delay() job that is finished: its end to the result backend under the job's
+    id, where its caller's r.get() waits (the inference task stored nothing for it): the merged
+    result once COMPLETED, the reason once cancelled or failed. Stored again by a later
+    analysis's message, the same."""
+    with rt.db.session() as session:
+        job = session.get(Job, job_id)
+        if job is None or not keeps_result(job) or not job.state.finished:
+            return
+        if job.state is JobStatus.COMPLETED:
+            task.backend.store_result(job_id, job.result(), states.SUCCESS)
+            return
+        why = job.error or f"the job is {job.status}"
+        error = JobCancelled(why) if job.state is JobStatus.CANCELLED else PermanentJobError(why)
+    task.backend.mark_as_failure(job_id, error)

@@ -293,6 +293,10 @@ def infer(self, message: dict) -> dict | None:
         return _after_failure(self, prepared.job_id, exc)
     if result is not None and result.get("stage") == Stage.ANALYSIS.value:
         _send_analyses(self, prepared)
+        if _answer(rt, prepared.job_id, result) is not None:
+            # A transcribe.delay() caller's r.get() waits for the merged result, which the
+            # analysis that finishes the job stores under this id (tasks.analysis).
+            raise Ignore()
     return _answer(rt, prepared.job_id, result)
 
 

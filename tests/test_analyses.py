@@ -193,12 +193,32 @@ def test_delay_and_mqtt_style_options_ask_for_analyses_too(client, worker, analy
 
     analysis_pool()
     r = transcribe.delay(str(CLIPS["fox.flac"]["path"]), redact="email,phone", hotwords="fox")
-    answered = r.get(timeout=300)  # the transcript is stored; the analyses run on
-    assert answered["job_id"] == r.id and answered.get("stage") == "analysis", answered
-    job = wait_for_job(client, r.id, timeout=300)
+    answered = r.get(timeout=300)  # once the analyses are done: the merged result, as the API gives it
+    job = wait_for_job(client, r.id, timeout=30)
     assert job["status"] == "COMPLETED" and job["hotwords"] == "fox"
     assert job["result"]["analyses"]["redact"]["status"] == "DONE"
     assert job["result"]["redacted"]["count"] == 0 and "fox" in job["result"]["text"].lower()
+    assert answered["analyses"]["redact"]["status"] == "DONE" and answered["redacted"] == job["result"]["redacted"]
+    assert answered["text"] == job["result"]["text"]
+
+
+def test_delay_with_an_analysis_cancelled_before_it_runs_raises_the_cancel(client, worker, analysis_pool):
+    """No analysis pool: the job waits in stage analysis; the caller's r.get() waits too, and
+    once the job is cancelled the analysis's message, when a pool takes it, tells r.get()."""
+    import celery.exceptions
+    from helpers import CLIPS
+
+    from tasks import transcribe
+
+    r = transcribe.delay(str(CLIPS["fox.flac"]["path"]), redact="email")
+    wait_until(lambda: client.get(f"/v1/jobs/{r.id}").get_json().get("stage") == "analysis", 300, "stage analysis")
+    with pytest.raises(celery.exceptions.TimeoutError):
+        r.get(timeout=1)  # the transcript alone is not the answer
+    cancelled = client.post(f"/v1/jobs/{r.id}/cancel")
+    assert cancelled.status_code == 200 and cancelled.get_json()["status"] == "CANCELLED", cancelled.get_json()
+    analysis_pool()
+    with pytest.raises(Exception, match="cancelled by the client"):
+        r.get(timeout=120)
 
 
 def test_a_job_asking_for_an_analysis_is_refused_with_what_to_send(client):
