@@ -29,10 +29,11 @@ Every burst size (--jobs / BENCH_JOBS, a list, default 60,200) runs in each of -
 runs (default 3), the ways interleaved run by run so drift on a shared machine hits them alike;
 the table gives each column's median over the runs. For (c) it also gives accept p50/p99 as the
 clients saw it and as the server timed it (its access log), the web's CPU per upload (each
-answer's `Server-Timing: cpu;dur=`), status reads during the burst (a prober
-reading a waiting job every 100 ms), the CPU each kind of process used, the batch sizes seen, and
-prepare's CPU per audio-second. The table is printed in Markdown; every run's numbers go to
-var/bench/load.json. `make bench-load`:
+answer's `Server-Timing: cpu;dur=`), status reads during the burst (a prober reading a waiting
+job every 100 ms, its Retry-After after a 429), the requests the web answered, the CPU each kind
+of process used, the batch sizes seen, and prepare's CPU per audio-second; with both client modes,
+the share of the long-poll's throughput that naive polling keeps. The table is printed in
+Markdown; every run's numbers go to var/bench/load.json. `make bench-load`:
 
     BENCH_JOBS=60,200 BENCH_RUNS=3 python bench/load.py
 """
@@ -325,10 +326,15 @@ class Service:
         deadline = time.monotonic() + GIVE_UP
 
         def prober() -> None:  # a client reading a waiting job the plain way, every 100 ms
-            while not done.wait(0.1):
+            pause = 0.1
+            while not done.wait(pause):
                 if probe:
                     t = time.perf_counter()
-                    requests.get(probe[0], timeout=10)
+                    resp = requests.get(probe[0], timeout=30)
+                    pause = 0.1
+                    if resp.status_code == 429:  # paced (web.pollrate): a held 429 times no read
+                        pause = retry_after(resp)
+                        continue
                     status_reads.append(time.perf_counter() - t)
 
         def client(n: int) -> float | None:
@@ -365,6 +371,7 @@ class Service:
             accept=accept,
             accept_server_ms=posts,
             accept_cpu_ms=accept_cpu,
+            web_requests=web_log.count('"duration_ms"'),
             status=status_reads,
             cpu=used,
             sizes=sizes,
@@ -517,12 +524,22 @@ def report(runs: list[dict], seconds: float, script_ways: list[str], other_ways:
                 f"{pct(last['accept_cpu_ms'], 0.5):.1f} ms, p99 {pct(last['accept_cpu_ms'], 0.99):.1f} ms); "
                 f"status reads p50 "
                 f"{pct(last['status'], 0.5) * 1000:.1f} ms, p99 {pct(last['status'], 0.99) * 1000:.1f} ms "
-                f"({len(last['status'])}); CPU "
+                f"({len(last['status'])}); {last.get('web_requests', 0)} requests answered by the web; CPU "
                 + ", ".join(
                     f"{k} {v:.1f} s ({v / total:.0%})" for k, v in sorted(last["cpu"].items(), key=lambda kv: -kv[1])
                 )
                 + f"; batch sizes mean {statistics.mean(last['sizes'] or [0]):.2f} ({len(last['sizes'])} batches); "
                 f"prepare {last['prepare_cpu_per_audio_s'] * 1000:.1f} ms CPU per audio-s"
+            )
+    if set(MODES) == {"poll", "longpoll"}:
+        poll, longpoll = (next(w for w in other_ways if w.endswith(f"clients {m}")) for m in ("poll", "longpoll"))
+        sync = other_ways[-1]
+        for jobs in KNOBS.jobs:
+            print(
+                f"- {jobs} uploads: naive polling keeps "
+                f"{median(poll, jobs, 'rate') / max(median(longpoll, jobs, 'rate'), 1e-9):.0%} of the long-poll's "
+                f"throughput; answered within 60 s: polling {median(poll, jobs, 'within'):.0f}, long-poll "
+                f"{median(longpoll, jobs, 'within'):.0f}, the synchronous server {median(sync, jobs, 'within'):.0f}"
             )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(
