@@ -7,11 +7,12 @@ minute (default: two thirds of the capacity measured first, on this machine, wit
 9.4 s clip the tests use, tests/fixtures/report.opus), Poisson arrivals, and a burst of
 --burst-size jobs every --burst-every seconds. Each arrival is one of: an upload, an audio_url
 (served by a file server in this process), a batch of audio_urls, a `transcribe.delay()` call,
+an upload asking for an analysis (`redact=pii`, run by the analysis pool after the transcript),
 or bad input (garbage bytes, a format not taken, a URL to garbage), at every priority. Bad input
-must be refused at the door or end FAILED, never be lost.
+must be refused at the door or end FAILED, never be lost; an analysis must end DONE.
 
-On a schedule (--chaos-every seconds) it SIGKILLs, in turn: the prepare, inference and notify
-pools, a web worker, and the broker (the embedded Redis, which supervisord starts again; an
+On a schedule (--chaos-every seconds) it SIGKILLs, in turn: the prepare, inference, analysis
+and notify pools, a web worker, and the broker (the embedded Redis, which supervisord starts again; an
 external broker only with --broker-restart CMD, a command that restarts it); on PostgreSQL it
 also restarts PostgreSQL (pg_ctlcluster), unless --no-postgres-restart.
 
@@ -61,7 +62,8 @@ CAPACITY_CLIP = "report.opus"
 GOOD_CLIPS = ("report.opus", "fox.flac")
 PRIORITIES = {"high": 0.2, "normal": 0.5, "low": 0.3}
 KINDS = {
-    "upload": 0.40,
+    "upload": 0.35,
+    "analysed": 0.05,
     "url": 0.15,
     "batch": 0.08,
     "delay": 0.15,
@@ -261,10 +263,10 @@ class Client:
                     return
                 return self.ledger.add(**record, clip=None, code=resp.status_code, error=_error(resp))
             fields = {"priority": priority, "language": "en"}
-            if kind == "upload":
+            if kind in ("upload", "analysed"):
                 resp = self.stack.session.post(
                     f"{self.stack.base}/v1/jobs",
-                    data=fields,
+                    data={**fields, "redact": "pii"} if kind == "analysed" else fields,
                     timeout=60,
                     files={"file": (clip, CLIPS[clip]["path"].read_bytes())},
                 )
@@ -365,6 +367,15 @@ def stream(
         time.sleep(min(rng.expovariate(rate / 60), max(0.0, start + seconds - time.monotonic())))
 
 
+def analysis_status(stack: Stack, job_id: str) -> str | None:
+    """How the redact analysis of an upload that asked for it ended (DONE, FAILED), as its result says."""
+    try:
+        resp = stack.session.get(f"{stack.base}/v1/jobs/{job_id}", timeout=30)
+        return ((resp.json().get("result") or {}).get("analyses") or {}).get("redact", {}).get("status")
+    except (requests.RequestException, ValueError):
+        return None
+
+
 def transcript(stack: Stack, client: Client, job_id: str, kind: str) -> str | None:
     try:
         resp = stack.session.get(f"{stack.base}/v1/jobs/{job_id}", timeout=30)
@@ -431,6 +442,12 @@ def report(stack: Stack, client: Client, ledger: Ledger, rows: dict[str, dict]) 
             counts["failed_unexpectedly"] += 1
             problems["failed_unexpectedly"].append(
                 {"job_id": item["job_id"], "kind": item["kind"], "status": status, "error": (row["error"] or "")[:300]}
+            )
+            continue
+        if item["kind"] == "analysed" and (ended := analysis_status(stack, item["job_id"])) != "DONE":
+            counts["failed_unexpectedly"] += 1
+            problems["failed_unexpectedly"].append(
+                {"job_id": item["job_id"], "kind": item["kind"], "status": status, "error": f"redact: {ended}"}
             )
             continue
         counts["completed"] += 1

@@ -17,6 +17,7 @@ LABELS = (
     ("redis-server", "broker"),
     ("prepare@", "prepare"),
     ("inference@", "inference"),
+    ("analysis@", "analysis"),
     ("notify@", "notify"),
     ("flower", "flower"),
     (" beat", "beat"),
@@ -140,7 +141,7 @@ class Chaos(threading.Thread):
         super().__init__(daemon=True)
         self.stack, self.every, self.done, self.events = stack, every, threading.Event(), []
         self.broker_restart = broker_restart
-        self.targets = ["prepare", "inference", "web worker", "broker", "notify"]
+        self.targets = ["prepare", "inference", "web worker", "broker", "analysis", "notify"]
         if postgres_restart and self.stack.settings.database_url.startswith("postgresql"):
             self.targets.append("postgresql")
         self.t0 = time.time()
@@ -158,7 +159,7 @@ class Chaos(threading.Thread):
             print(f"  chaos t={self.events[-1]['t']:.0f}s {target}: {what}", flush=True)
 
     def hit(self, target: str) -> str:
-        if target in ("prepare", "inference", "notify"):
+        if target in ("prepare", "inference", "analysis", "notify"):
             return self.kill(self.stack.pid(target))
         if target == "web worker":
             master = self.stack.pid("web")
