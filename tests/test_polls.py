@@ -223,6 +223,27 @@ def test_a_long_poll_that_waits_is_not_counted(settings, database):
         assert client.get(f"/v1/jobs/{job.id}?wait=1", headers={"If-None-Match": tag}).status_code == 304
 
 
+def test_a_long_poll_told_of_each_change_is_never_paced(settings, database):
+    """A job that changes faster than its Retry-After (prepared, queued, transcribed window by
+    window, done): each long-poll holding the last ETag is answered at once with the change,
+    however many come, never 429 (which would leave the client waiting out a Retry-After)."""
+    from models.jobs.record import Job
+    from web.pollrate import GRACE
+
+    app = build(settings, poll_limit=True)
+    rt = app.extensions["whisperq"]
+    job = pending(rt)
+    client = app.test_client()
+    tag = client.get(f"/v1/jobs/{job.id}").headers["ETag"]
+    for step in range(1, GRACE + 4):
+        with rt.db.session(write=True) as session:  # as the pools move it on
+            session.get(Job, job.id).progress_seconds = float(step)
+        answer = client.get(f"/v1/jobs/{job.id}?wait=30", headers={"If-None-Match": tag})
+        assert answer.status_code == 200, (step, answer.status_code, answer.get_json())
+        assert answer.headers["ETag"] != tag
+        tag = answer.headers["ETag"]
+
+
 def test_wait_without_if_none_match_waits_for_a_change(settings, database):
     from models.jobs.operations import cancel_job
     from web.api import _watch

@@ -206,7 +206,8 @@ def show(job_id: str):
         # One reader per process looks at every waiting client's job (web.waits).
         _watch.wait(rt, job_id, entry.state, wait)
         entry = _status(rt, job_id)
-    elif rt.settings.poll_limit and not entry.job.state.finished and known is None:
+    elif not wait and rt.settings.poll_limit and not entry.job.state.finished and known is None:
+        # (a long-poll answered at once tells of a change since the ETag it sent: never paced)
         _pace.take(client_key(), job_id, poll_after(entry.job, entry.body))
     resp = Response(entry.payload, mimetype="application/json")
     if not entry.job.state.finished:
