@@ -29,11 +29,11 @@ Every burst size (--jobs / BENCH_JOBS, a list, default 60,200) runs in each of -
 runs (default 3), the ways interleaved run by run so drift on a shared machine hits them alike;
 the table gives each column's median over the runs. For (c) it also gives accept p50/p99 as the
 clients saw it and as the server timed it (its access log), the web's CPU per upload (each
-answer's `Server-Timing: cpu;dur=`), status reads during the burst (a prober reading a waiting
-job every 100 ms, its Retry-After after a 429), the requests the web answered, the CPU each kind
-of process used, the batch sizes seen, and prepare's CPU per audio-second; with both client modes,
-the share of the long-poll's throughput that naive polling keeps. The table is printed in
-Markdown; every run's numbers go to var/bench/load.json. `make bench-load`:
+answer's `Server-Timing: cpu;dur=`), status reads during the burst (a prober reading the job
+accepted last every 100 ms, its Retry-After after a 429, until it is finished), the requests
+the web answered, the CPU each kind of process used, the batch sizes seen, and prepare's CPU per
+audio-second; with both client modes, the share of the long-poll's throughput that naive
+polling keeps. The table is printed in Markdown; every run's numbers go to var/bench/load.json. `make bench-load`:
 
     BENCH_JOBS=60,200 BENCH_RUNS=3 python bench/load.py
 """
@@ -328,21 +328,22 @@ class Service:
         def prober() -> None:  # a client reading a waiting job the plain way, every 100 ms
             pause = 0.1
             while not done.wait(pause):
-                if probe:
+                if probe:  # the job accepted last: the one that waits longest
                     t = time.perf_counter()
-                    resp = requests.get(probe[0], timeout=30)
+                    resp = requests.get(probe[-1], timeout=30)
                     pause = 0.1
                     if resp.status_code == 429:  # paced (web.pollrate): a held 429 times no read
                         pause = retry_after(resp)
                         continue
                     status_reads.append(time.perf_counter() - t)
+                    if resp.status_code == 200 and resp.json()["status"] in FINISHED:
+                        return  # nothing waits any more
 
         def client(n: int) -> float | None:
             t = time.perf_counter()
             url = upload(self.base, f"burst-{n}.opus", self.data, mode, accept_cpu)
             accept.append(time.perf_counter() - t)
-            if not probe:
-                probe.append(url)
+            probe.append(url)
             if follow(url, mode, deadline) == "COMPLETED":
                 answered.append(time.perf_counter() - t)
                 return time.perf_counter()
