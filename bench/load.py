@@ -312,6 +312,15 @@ class Service:
             return ""
         return text[at:]
 
+    def serial_uploads(self, count: int = 10) -> list[float]:
+        """The web's CPU (ms) for an upload alone: `count` uploads one at a time. Under the gevent
+        worker a request's `Server-Timing` counts the process's CPU while the request was in it,
+        other requests' interleaved with it too: in a burst, an upper bound."""
+        cpu: list[float] = []
+        for n in range(count):
+            upload(self.base, f"serial-{n}.opus", self.data, "longpoll", cpu)
+        return cpu
+
     def burst(self, jobs: int, mode: str, seconds: float) -> dict:
         inference_before = self._log("inference")
         marker = f"/v1/jobs/bench-burst-{time.monotonic_ns()}"
@@ -471,6 +480,7 @@ def main() -> None:
                         file=sys.stderr,
                         flush=True,
                     )
+            results["door"] = {"serial_upload_cpu_ms": service.serial_uploads()}  # after the bursts
         for jobs in order:
             results.setdefault(sync_way, {})[jobs] = synchronous(jobs, seconds)
         runs.append(results)
@@ -532,6 +542,12 @@ def report(runs: list[dict], seconds: float, script_ways: list[str], other_ways:
                 + f"; batch sizes mean {statistics.mean(last['sizes'] or [0]):.2f} ({len(last['sizes'])} batches); "
                 f"prepare {last['prepare_cpu_per_audio_s'] * 1000:.1f} ms CPU per audio-s"
             )
+    alone = [pct(r["door"]["serial_upload_cpu_ms"], 0.5) for r in runs if "door" in r]
+    if alone:
+        print(
+            f"- an upload alone (10 one at a time after the bursts, the median run's p50): web CPU "
+            f"{statistics.median(alone):.1f} ms (a burst's per-upload figures above count other requests' CPU too)"
+        )
     if set(MODES) == {"poll", "longpoll"}:
         poll, longpoll = (next(w for w in other_ways if w.endswith(f"clients {m}")) for m in ("poll", "longpoll"))
         sync = other_ways[-1]
