@@ -94,11 +94,15 @@ class EmbeddedRedis:
                         "protected-mode yes",
                         f"requirepass {self.password}",
                         f"dir {self.directory}",
-                        # Every write is in the file within a second: a broker killed outright
-                        # (SIGKILL, the OOM killer) comes back with its queues; what it lost of
-                        # the last second the sweeper publishes again.
+                        # Every write is on disk before its client hears OK: a broker killed
+                        # outright (SIGKILL, the OOM killer) comes back with every message it
+                        # took. With `everysec` a write can wait in Redis's buffer while a slow
+                        # fsync runs, and a SIGKILL then loses it, though the client was told
+                        # it was queued: a transcribe.delay() job (its message is all there is of
+                        # it until a worker takes it) was lost that way under a soak. A job's
+                        # writes are a few, an fsync here about 0.1 ms.
                         "appendonly yes",
-                        "appendfsync everysec",
+                        "appendfsync always",
                         "dbfilename dump.rdb",
                         "save 60 1",
                         f"pidfile {self.pid_file}",  # how the next run knows an orphan for ours
