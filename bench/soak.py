@@ -598,6 +598,9 @@ def main() -> int:
     print(f"written: {args.out / 'soak.json'}, {args.out / 'soak.png'}", flush=True)
     bad = {k: counts[k] for k in ("lost", "run_twice", "wrong_words", "failed_unexpectedly") if counts[k]}
     if bad:
+        # The problems themselves on stdout too: CI keeps what the run printed, not var/soak/.
+        problems = {k: v for k, v in results["problems"].items() if v}
+        print(json.dumps({"problems": problems}, indent=1, default=str)[:20000], flush=True)
         print(f"FAIL: {bad}; see problems in {args.out / 'soak.json'}", flush=True)
         return 1
     return 0
