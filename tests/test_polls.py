@@ -137,6 +137,34 @@ def test_a_poller_faster_than_retry_after_gets_429(settings, database):
     assert client.get(f"/v1/jobs/{job.id}", environ_base={"REMOTE_ADDR": "10.1.2.3"}).status_code == 200  # per client
 
 
+@pytest.mark.parametrize(
+    ("stage", "field", "seconds", "expected"),
+    [
+        ("infer", "estimated_finish_at", 20, 10),  # transcribed: half the way to its finish, not every second
+        ("infer", "estimated_finish_at", -5, 1),  # late: every second
+        ("infer", None, None, 1),  # no estimate while transcribed: progress moves window by window
+        ("prepare", "estimated_start_at", 12, 6),
+        ("prepare", "estimated_finish_at", 12, 5),  # waiting: its start counts, not its finish
+        (None, "estimated_start_at", 600, 30),  # at most 30 s
+        (None, None, None, 5),
+    ],
+)
+def test_retry_after_is_half_the_wait_to_the_next_estimated_moment(stage, field, seconds, expected):
+    """A burst's jobs are transcribed together for many seconds: a Retry-After of 1 s
+    all that time was most of a polling client's reads."""
+    from datetime import UTC, datetime, timedelta
+
+    from models.jobs.record import Job
+    from web.api import poll_after
+
+    body = {}
+    if field:
+        # a second more, as the time it is read at has moved on by then
+        at = datetime.now(UTC) + timedelta(seconds=seconds + (1 if seconds > 0 else 0))
+        body[field] = at.isoformat().replace("+00:00", "Z")
+    assert poll_after(Job(id="j", audio_ref="a", priority="normal", stage=stage), body) == expected
+
+
 def test_a_too_early_poll_is_held_until_its_next_read_was_due():
     """The 429 waits (under gevent) for when the read would have been allowed: a client that
     ignores Retry-After is paced all the same, at no cost to the web while it waits."""

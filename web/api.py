@@ -283,16 +283,19 @@ _pace = PollRate()
 
 
 def poll_after(job: Job, body: dict) -> int:
-    """Seconds before a poll may show something new: 1 while it is transcribed (progress
-    moves window by window), else half the wait to its estimated start, 1 to 30: polls that
-    close in on the start, each halving what is left (the estimates are right within about a
-    quarter, models.jobs.eta), a few per job where every half second would be a hundred."""
+    """Seconds before a poll may show something new: half the wait to the next moment the
+    estimates name (its start while it waits, its finish while it is transcribed), 1 to 30:
+    polls that close in on that moment, each halving what is left (the estimates are right
+    within about a quarter, models.jobs.eta), a few per job where every half second would be a
+    hundred. Without an estimate: 1 while it is transcribed (progress moves window by window),
+    else 5."""
     if job.stage == Stage.INFER:
-        return 1
-    start = body.get("estimated_start_at")
-    if not start:
-        return 5
-    wait = (datetime.fromisoformat(start.replace("Z", "+00:00")) - datetime.now(UTC)).total_seconds()
+        at, unknown = body.get("estimated_finish_at"), 1
+    else:
+        at, unknown = body.get("estimated_start_at"), 5
+    if not at:
+        return unknown
+    wait = (datetime.fromisoformat(at.replace("Z", "+00:00")) - datetime.now(UTC)).total_seconds()
     return int(min(30, max(1, wait / 2)))
 
 
