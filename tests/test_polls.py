@@ -173,16 +173,83 @@ def test_a_too_early_poll_is_held_until_its_next_read_was_due():
     held: list[float] = []
     pace = PollRate(hold=held.append)
     for _ in range(GRACE):
-        pace.take("addr:10.0.0.1", "job", 8)
+        pace.take("addr:10.0.0.1", "job", "s1", 8)
     assert held == []
     with pytest.raises(PollTooFast) as refused:
-        pace.take("addr:10.0.0.1", "job", 8)
+        pace.take("addr:10.0.0.1", "job", "s1", 8)
     assert refused.value.retry_after == 8 and len(held) == 1 and 7.0 < held[0] <= 8.0
     with pytest.raises(PollTooFast):
-        pace.take("addr:10.0.0.1", "job", 60)  # never longer than HOLD
+        pace.take("addr:10.0.0.1", "job", "s1", 60)  # never longer than HOLD
     assert held[1] == HOLD
-    pace.take("addr:10.0.0.2", "job", 8)  # another client's bucket
+    pace.take("addr:10.0.0.2", "job", "s1", 8)  # another client's bucket
     assert len(held) == 2
+
+
+def test_only_reads_that_bring_nothing_new_are_counted():
+    """Grace spent, a read answered with a state this client has not been answered with is
+    let through at once (the job moved); the same state again is refused; a hold that ends
+    because the job changed lets the read through."""
+    from web.pollrate import GRACE, PollRate, PollTooFast
+
+    pace = PollRate(hold=lambda seconds: None)
+    for _ in range(GRACE):
+        pace.take("addr:10.0.0.1", "job", "s1", 8)
+        pace.answered("addr:10.0.0.1", "job", "s1")
+    with pytest.raises(PollTooFast):
+        pace.take("addr:10.0.0.1", "job", "s1", 8)
+    assert pace.take("addr:10.0.0.1", "job", "s2", 8) is False  # news: not counted, not held
+    pace.answered("addr:10.0.0.1", "job", "s2")
+    with pytest.raises(PollTooFast):
+        pace.take("addr:10.0.0.1", "job", "s2", 8)
+    woken = PollRate(hold=lambda seconds: True)
+    for _ in range(GRACE):
+        woken.take("addr:10.0.0.1", "job", "s1", 8)
+    assert woken.take("addr:10.0.0.1", "job", "s1", 8) is True  # held, and the job changed meanwhile
+
+
+def test_a_held_poll_is_answered_when_the_job_changes(settings, database, monkeypatch):
+    """Under gevent a too-early poll waits for its due time or for a change of the job,
+    whichever comes first: a change answers it with the job as it is now, not a 429."""
+    from models.jobs.record import Job
+    from web import pollrate
+    from web.api import _watch
+    from web.pollrate import GRACE
+
+    monkeypatch.setattr(pollrate, "cooperative", lambda: True)  # holds as under gevent (here a thread waits)
+    app = build(settings, poll_limit=True)
+    rt = app.extensions["whisperq"]
+    job = pending(rt)
+    client = app.test_client()
+    assert [client.get(f"/v1/jobs/{job.id}").status_code for _ in range(GRACE)] == [200] * GRACE
+    answer: dict = {}
+    asking = threading.Thread(target=lambda: answer.update(resp=client.get(f"/v1/jobs/{job.id}")))
+    asking.start()
+    wait_until(lambda: (id(rt), job.id) in _watch._waiting, 10, "the too-early poll was not held")
+    with rt.db.session(write=True) as session:
+        session.get(Job, job.id).start("w")
+    asking.join(20)
+    assert not asking.is_alive(), "the hold did not end with the change"
+    assert answer["resp"].status_code == 200 and answer["resp"].json["status"] == "PROCESSING"
+
+
+def test_a_long_poll_loop_with_a_stale_etag_is_paced(settings, database):
+    """A client that keeps sending the ETag it saw first with ?wait= is answered at once each
+    time (the job changed since), with nothing new after the first: paced like any poll,
+    not a loop without pause."""
+    from models.jobs.record import Job
+    from web.pollrate import GRACE
+
+    app = build(settings, poll_limit=True)
+    rt = app.extensions["whisperq"]
+    job = pending(rt)
+    client = app.test_client()
+    stale = client.get(f"/v1/jobs/{job.id}").headers["ETag"]
+    with rt.db.session(write=True) as session:
+        session.get(Job, job.id).progress_seconds = 1.0
+    codes = [
+        client.get(f"/v1/jobs/{job.id}?wait=30", headers={"If-None-Match": stale}).status_code for _ in range(GRACE + 1)
+    ]
+    assert codes[0] == 200 and codes[-1] == 429, codes
 
 
 @pytest.mark.timeout(120)

@@ -193,27 +193,42 @@ def show(job_id: str):
     waiting request holds no thread."""
     wait = _wait_seconds(request.args.get("wait"))
     rt = runtime()
+    paced = rt.settings.poll_limit
     known = None
-    if not wait and rt.settings.poll_limit:
+    if not wait and paced:
         # Paced on the answer last built, before any is built again: in a burst every job
         # that finishes moves the others' places, and a poll refused must cost nothing.
         known = _cached(rt, job_id)
         if known is not None and not known.job.state.finished:
-            _pace.take(client_key(), job_id, poll_after(known.job, known.body))
+            _pace_read(rt, job_id, known)
     entry = _status(rt, job_id)
     held = {tag.split(".", 1)[0] for tag in request.if_none_match.as_set(include_weak=True)}
     if wait and not entry.job.state.finished and (not held or entry.state in held):
         # One reader per process looks at every waiting client's job (web.waits).
         _watch.wait(rt, job_id, entry.state, wait)
         entry = _status(rt, job_id)
-    elif not wait and rt.settings.poll_limit and not entry.job.state.finished and known is None:
-        # (a long-poll answered at once tells of a change since the ETag it sent: never paced)
-        _pace.take(client_key(), job_id, poll_after(entry.job, entry.body))
+    elif paced and not entry.job.state.finished and known is None and _pace_read(rt, job_id, entry):
+        # (a long-poll answered at once is paced too, unless it brings news: web.pollrate)
+        entry = _status(rt, job_id)
     resp = Response(entry.payload, mimetype="application/json")
     if not entry.job.state.finished:
         resp.headers["Retry-After"] = str(poll_after(entry.job, entry.body))
+        if paced:
+            _pace.answered(client_key(), job_id, entry.state)
     resp.set_etag(entry.etag, weak=True)
     return resp.make_conditional(request)
+
+
+def _pace_read(rt: Runtime, job_id: str, entry: Entry) -> bool:
+    """Count this read of the job as `entry` shows it (web.pollrate); True when it was held
+    and the job changed meanwhile (build the answer again)."""
+    return _pace.take(
+        client_key(),
+        job_id,
+        entry.state,
+        poll_after(entry.job, entry.body),
+        until_changed=lambda seconds: _watch.wait(rt, job_id, entry.state, seconds),
+    )
 
 
 def _status(rt: Runtime, job_id: str) -> Entry:

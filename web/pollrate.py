@@ -8,11 +8,18 @@ the way. A long-poll that waits is never counted: the server paces it. Counted i
 web process (a client whose polls land on several processes gets that many buckets): a
 guard against loops, not a quota (WHISPERQ_POLL_LIMIT=false turns it off).
 
+Only reads that tell the client nothing new count: one answered with a state of the job
+other than the one this client was last answered with is news, and never paced (a job that
+is prepared, queued and transcribed window by window can change faster than its
+Retry-After); a loop that sends the same old ETag with `?wait=` is answered at once each
+time, with nothing new, and is paced like any poll.
+
 Under the gevent web worker the 429 is held until the client's next read would have been
-allowed (at most HOLD seconds): a greenlet waiting costs nothing, and a client that ignores
-Retry-After and polls again right after each answer is paced all the same, instead of
-costing the web, and so the model on the same cores, a request every half second. Under a
-threaded worker a held 429 would hold a thread: it is answered at once there.
+allowed (at most HOLD seconds), or until the job changes, which answers the read with the
+change: a greenlet waiting costs nothing, and a client that ignores Retry-After and polls
+again right after each answer is paced all the same, told of each change as it comes,
+instead of costing the web, and so the model on the same cores, a request every half
+second. Under a threaded worker a held 429 would hold a thread: it is answered at once there.
 """
 
 from __future__ import annotations
@@ -50,30 +57,50 @@ def cooperative() -> bool:
 
 
 class PollRate:
-    def __init__(self, grace: int = GRACE, hold: Callable[[float], None] | None = None):
-        """`hold(seconds)` holds a too-early poll before its 429: by default a sleep under
-        gevent, nothing elsewhere."""
+    def __init__(self, grace: int = GRACE, hold: Callable[[float], bool | None] | None = None):
+        """`hold(seconds)` holds a too-early poll before its 429, True if it ended because the
+        job changed: by default the `until_changed` given to take() under gevent, nothing
+        elsewhere."""
         self.grace = grace
         self.hold = hold
         self._lock = threading.Lock()
-        self._buckets: dict[tuple[str, str], tuple[float, float]] = {}  # (client, job) -> (tokens, at)
+        # (client, job) -> (tokens, at, the job's state as last answered to this client)
+        self._buckets: dict[tuple[str, str], tuple[float, float, str | None]] = {}
 
-    def take(self, client: str, job_id: str, interval: int) -> None:
-        """Count one read of `job_id` by `client` at one read per `interval` seconds; PollTooFast
-        (429, Retry-After: the interval) when the client's grace is spent, held first until
-        its next read would have been allowed (see the module's docstring)."""
+    def take(
+        self,
+        client: str,
+        job_id: str,
+        state: str,
+        interval: int,
+        until_changed: Callable[[float], bool] | None = None,
+    ) -> bool:
+        """Count one read of `job_id` by `client` that would be answered with the job's `state`,
+        at one read per `interval` seconds. A read that brings this client news (a state other
+        than the one it was last answered with) is never counted: a job that moves faster than
+        its Retry-After is told as it moves. A read of the same state, with the client's grace
+        spent, is held (see the module's docstring), then refused: PollTooFast (429, Retry-After:
+        the interval). True when the job changed while it was held: answer it with the change."""
         now = time.monotonic()
         key = (client, job_id)
         pace = max(1, interval)
         with self._lock:
-            tokens, at = self._buckets.get(key, (float(self.grace), now))
+            tokens, at, last = self._buckets.get(key, (float(self.grace), now, None))
+            if last is not None and last != state:
+                return False
             tokens = min(float(self.grace), tokens + (now - at) / pace)
-            self._buckets[key] = (tokens - 1.0 if tokens >= 1.0 else tokens, now)
+            self._buckets[key] = (tokens - 1.0 if tokens >= 1.0 else tokens, now, last)
             if len(self._buckets) > _SWEEP_AT:
                 self._buckets = {k: v for k, v in self._buckets.items() if now - v[1] < IDLE}
         if tokens >= 1.0:
-            return
-        hold = self.hold or (time.sleep if cooperative() else None)
-        if hold is not None:
-            hold(min(HOLD, (1.0 - tokens) * pace))
+            return False
+        hold = self.hold or ((until_changed or time.sleep) if cooperative() else None)
+        if hold is not None and hold(min(HOLD, (1.0 - tokens) * pace)):
+            return True
         raise PollTooFast(interval)
+
+    def answered(self, client: str, job_id: str, state: str) -> None:
+        """The job's state as this client was just answered with it."""
+        with self._lock:
+            tokens, at, _ = self._buckets.get((client, job_id), (float(self.grace), time.monotonic(), None))
+            self._buckets[(client, job_id)] = (tokens, at, state)

@@ -54,15 +54,16 @@ class JobWatch:
         self._thread: threading.Thread | None = None
         cache.on_entry = self.keep
 
-    def wait(self, rt: Runtime, job_id: str, tag: str, timeout: float) -> None:
-        """Return once the job's state is no longer `tag` (or it is gone), or after `timeout`."""
+    def wait(self, rt: Runtime, job_id: str, tag: str, timeout: float) -> bool:
+        """Return once the job's state is no longer `tag` (or it is gone): True; or after
+        `timeout`: False."""
         entry = (threading.Event(), tag, rt)
         key = (id(rt), job_id)
         with self._lock:
             self._waiting.setdefault(key, []).append(entry)
         self.keep()
         try:
-            entry[0].wait(timeout)
+            return entry[0].wait(timeout)
         finally:
             with self._lock:
                 entries = self._waiting.get(key, [])
