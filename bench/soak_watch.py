@@ -24,6 +24,7 @@ LABELS = (
     ("gunicorn", "web"),
     ("supervisord", "supervisord"),
     ("whisperq run", "run"),
+    ("whisperq grpc", "grpc"),
 )
 
 

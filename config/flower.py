@@ -81,6 +81,7 @@ def flower_command(settings: Settings, environ: dict[str, str]) -> tuple[list[st
         "flower",
         f"--address={address}",
         f"--port={settings.flower_port}",
+        f"--max_tasks={settings.flower_max_tasks}",
         "--persistent=True",
         f"--db={settings.data_dir / 'flower.db'}",
     ]

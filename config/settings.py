@@ -302,6 +302,16 @@ class Settings:
         form="an address",
         doc="The address Flower listens on; an address other machines reach needs FLOWER_BASIC_AUTH.",
     )
+    flower_max_tasks: int = setting(
+        "FLOWER_MAX_TASKS",
+        "int",
+        group="Web",
+        default=10_000,
+        low=100,
+        high=1_000_000,
+        doc="The most finished tasks Flower keeps in memory (about 4 KiB each; Flower's own default, "
+        "100,000, grows it by about 400 MiB on a busy day).",
+    )
     flower_basic_auth: str | None = setting(
         "FLOWER_BASIC_AUTH",
         "basic_auth",
