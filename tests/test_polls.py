@@ -150,8 +150,8 @@ def test_a_poller_faster_than_retry_after_gets_429(settings, database):
     ],
 )
 def test_retry_after_is_half_the_wait_to_the_next_estimated_moment(stage, field, seconds, expected):
-    """A burst's jobs are transcribed together for many seconds: a Retry-After of 1 s
-    all that time was most of a polling client's reads."""
+    """While it is transcribed, as while it waits, polls close in on the moment the estimates
+    name: a long recording transcribed for minutes was polled every second."""
     from datetime import UTC, datetime, timedelta
 
     from models.jobs.record import Job
