@@ -543,6 +543,16 @@ class Settings:
         low=1.0,
         doc="Seconds between sweeper passes (the beat process).",
     )
+    sweep_grace_seconds: float = setting(
+        "WHISPERQ_SWEEP_GRACE",
+        "float",
+        group="Retries & sweeps",
+        default=60.0,
+        low=1.0,
+        high=3600.0,
+        doc="Seconds a job's message may be neither queued nor held by a worker before the sweeper sends it "
+        "again (a worker that took it moments ago may not have answered the sweeper's probe yet).",
+    )
     admin_token: str | None = setting(
         "WHISPERQ_ADMIN_TOKEN",
         group="Security & keys",

@@ -165,7 +165,7 @@ def run_sweep(app, grace: timedelta | None = None, rt=None):
     """One sweeper pass against the live broker and workers (see models.jobs.sweeper), on
     this process's runtime unless given another (one deployment's, among several)."""
     from models.delivery.notify import overdue
-    from models.jobs.sweeper import GRACE, sweep
+    from models.jobs.sweeper import sweep
     from tasks.app import runtime
 
     rt = rt or runtime()
@@ -175,7 +175,7 @@ def run_sweep(app, grace: timedelta | None = None, rt=None):
         rt,
         holdings(app),
         broker,
-        grace=GRACE if grace is None else grace,
+        grace=timedelta(seconds=rt.settings.sweep_grace_seconds) if grace is None else grace,
         waiting=waiting,
         confirm=lambda ids: still_lost(app, ids),
     )

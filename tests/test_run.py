@@ -453,12 +453,13 @@ def finished(status_url: str) -> dict | None:
     return job if resp.status_code == 200 and job["status"] in ("COMPLETED", "FAILED") else None
 
 
-@pytest.mark.timeout(600)  # two stack starts' worth: a lost message waits out the sweeper's grace (60 s)
+@pytest.mark.timeout(600)  # two stack starts' worth: a lost message waits out the sweeper's grace
 def test_a_killed_embedded_broker_comes_back_and_every_job_completes(tmp_path):
     """SIGKILL of the embedded Redis (as the OOM killer would) with jobs queued and running:
     supervisord starts it again on the same port, password and append-only file, the pools and
     the web reconnect by themselves, every job completes and new uploads are taken."""
-    proc, base, log = start_run(tmp_path, WHISPERQ_SWEEP_INTERVAL="5")
+    # A message the kill lost is sent again once the sweeper's grace has passed: 10 s here, not 60.
+    proc, base, log = start_run(tmp_path, WHISPERQ_SWEEP_INTERVAL="5", WHISPERQ_SWEEP_GRACE="10")
     data = tmp_path / "var"
     try:
         wait_for_stack(lambda: requests.get(f"{base}/readyz", timeout=2).status_code == 200, 90, "web", proc, log)

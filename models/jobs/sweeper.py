@@ -33,7 +33,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# A worker that claimed a job moments ago may not have answered the liveness probe yet.
+# A worker that claimed a job moments ago may not have answered the liveness probe yet
+# (the default; the beat's passes take WHISPERQ_SWEEP_GRACE).
 GRACE = timedelta(seconds=60)
 # A retry still waiting this long after its due time lost its delayed message.
 LOST_RETRY = timedelta(hours=1)
