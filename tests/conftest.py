@@ -44,6 +44,9 @@ def pytest_configure(config) -> None:
     os.environ["WHISPERQ_DATA_DIR"] = str(tmp / "data")
     # Retries come quickly in tests; the defaults (2 s doubling, 3 attempts) stay otherwise.
     os.environ.setdefault("WHISPERQ_RETRY_BASE_SECONDS", "0.5")
+    # A killed worker's job is taken over once its claim's lease lapses: 20 s here, not 60
+    # (renewed every third of it while a run lasts, so no live run loses it).
+    os.environ.setdefault("WHISPERQ_CLAIM_LEASE_SECONDS", "20")
     os.environ.setdefault("WHISPERQ_ADMIN_TOKEN", "test-admin-token")
     # Tests poll their jobs every 0.1 s; the poll limit (429 to a client polling faster than
     # Retry-After) is on in tests/test_polls.py, which turns it on itself.
