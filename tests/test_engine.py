@@ -10,6 +10,8 @@ from models.speech import audio
 from models.speech.engines import bundled_model_path, is_multilingual, resolve_device
 from models.speech.windows import MAX_WINDOW_SECONDS, Window, split_windows
 
+pytestmark = pytest.mark.model
+
 
 def test_bundled_model_is_english_only_and_runs_int8_on_cpu(bundled_engine):
     assert not is_multilingual(bundled_model_path())

@@ -71,6 +71,7 @@ def clip(name: str) -> np.ndarray:
     return audio.decode(CLIPS[name]["path"])
 
 
+@pytest.mark.model
 def test_the_bundled_model_converts_once_into_the_data_dir_and_loads_strictly(torch, settings, checkpoint):
     from whisper.model import ModelDimensions, Whisper
 
@@ -91,6 +92,7 @@ def test_the_bundled_model_converts_once_into_the_data_dir_and_loads_strictly(to
     assert not [p for p in (settings.data_dir / "models").iterdir() if p.name != "tiny.en.pt"]  # no temp left
 
 
+@pytest.mark.model
 def test_converted_tensors_are_the_ctranslate2_ones(torch, checkpoint):
     from models.speech.convert import read_model_bin
 
@@ -118,6 +120,7 @@ def test_converted_tensors_are_the_ctranslate2_ones(torch, checkpoint):
     same("encoder.ln_post.bias", raw["encoder/layer_norm/beta"])
 
 
+@pytest.mark.model
 def test_an_int8_model_written_by_ctranslate2_is_dequantized(torch, tmp_path):
     """The bundled model is float16; an int8 one (scales per row) is built here with
     CTranslate2's own writer from a small random Whisper, and must come back within a step."""
@@ -206,6 +209,7 @@ def test_an_int8_model_written_by_ctranslate2_is_dequantized(torch, tmp_path):
         assert np.all(err <= step * 0.5 + 1e-6), name
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("name", ["fox.flac", "report.opus"])
 def test_clips_come_out_right_and_as_faster_whisper_reads_them(openai_engine, bundled_engine, name):
     t = openai_engine.transcribe(clip(name), language="en")
@@ -215,6 +219,7 @@ def test_clips_come_out_right_and_as_faster_whisper_reads_them(openai_engine, bu
     assert word_error_rate(theirs.text, t.text) <= 0.05, (theirs.text, t.text)
 
 
+@pytest.mark.model
 def test_a_batch_of_mixed_windows_equals_the_windows_one_by_one(openai_engine):
     fox, report = clip("fox.flac"), clip("report.opus")
     windows, offsets = [report, fox, report[: 16000 * 3]], [0.0, 31.5, 60.0]
@@ -224,6 +229,7 @@ def test_a_batch_of_mixed_windows_equals_the_windows_one_by_one(openai_engine):
     assert batched[1][0].start == 31.5  # times are offset by the window's start
 
 
+@pytest.mark.model
 def test_word_timestamps(openai_engine, bundled_engine):
     ours = openai_engine.transcribe_batch([clip("fox.flac")], [2.0], "en", word_timestamps=True)[0]
     words = [w for s in ours for w in s.words]
