@@ -78,6 +78,8 @@ KINDS = (
     ("prepare@", "prepare"),
     ("inference@", "inference"),
     ("notify@", "notify"),
+    ("analysis@", "analysis"),
+    ("whisperq grpc", "grpc"),
     ("flower", "flower"),
     ("beat", "beat"),
     ("gunicorn", "web"),
@@ -234,6 +236,13 @@ def cpu_by_kind(root: int) -> dict[str, float]:
     return out
 
 
+def cores_busy() -> tuple[float, float]:
+    """The machine's CPU time so far (/proc/stat, every core): busy and total, in ticks."""
+    fields = [float(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
 def retry_after(resp: requests.Response) -> float:
     try:
         return max(0.0, float(resp.headers.get("Retry-After", "1")))
@@ -358,7 +367,7 @@ class Service:
                 return time.perf_counter()
             return None
 
-        before = cpu_by_kind(self.proc.pid)
+        before, busy_before, clients_before = cpu_by_kind(self.proc.pid), cores_busy(), os.times()
         watcher = threading.Thread(target=prober, daemon=True)
         watcher.start()
         started = time.perf_counter()
@@ -366,7 +375,7 @@ class Service:
             ends = [e for e in pool.map(client, range(jobs)) if e is not None]
         done.set()
         watcher.join()
-        after = cpu_by_kind(self.proc.pid)
+        after, busy_after, clients_after = cpu_by_kind(self.proc.pid), cores_busy(), os.times()
         inference_log, web_log = self._log("inference"), self._web_since(marker)
         sizes = [int(m) for m in re.findall(r"batch: (\d+) windows", inference_log[len(inference_before) :])]
         # The uploads as the server timed them (gunicorn's access log): from the request read to
@@ -384,6 +393,10 @@ class Service:
             web_requests=web_log.count('"duration_ms"'),
             status=status_reads,
             cpu=used,
+            # the clients (this process's threads) and the machine, over the burst: what the
+            # service's own CPU leaves out
+            clients_cpu=(clients_after.user + clients_after.system) - (clients_before.user + clients_before.system),
+            cores_busy=(busy_after[0] - busy_before[0]) / max(busy_after[1] - busy_before[1], 1.0),
             sizes=sizes,
             prepare_cpu_per_audio_s=used.get("prepare", 0.0) / max(prepared, 1.0),
         )
@@ -539,6 +552,7 @@ def report(runs: list[dict], seconds: float, script_ways: list[str], other_ways:
                 + ", ".join(
                     f"{k} {v:.1f} s ({v / total:.0%})" for k, v in sorted(last["cpu"].items(), key=lambda kv: -kv[1])
                 )
+                + f"; the clients {last['clients_cpu']:.1f} s; the cores {last['cores_busy']:.0%} busy"
                 + f"; batch sizes mean {statistics.mean(last['sizes'] or [0]):.2f} ({len(last['sizes'])} batches); "
                 f"prepare {last['prepare_cpu_per_audio_s'] * 1000:.1f} ms CPU per audio-s"
             )
