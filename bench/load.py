@@ -17,7 +17,10 @@ at once, through every way a user could have it transcribed on this machine, sid
                    page does); a 429 waits its Retry-After;
   (d)  a synchronous server (bench/sync_baseline.py: the model run inside the request, gunicorn 2
        processes x 4 threads, as whisper services are commonly run), each client giving up after
-       60 s as a gateway would.
+       60 s as a gateway would; this project's engine inside the request;
+  (d′) a synchronous server as whisper-asr-webservice's faster-whisper engine runs: one process,
+       faster-whisper's own `WhisperModel.transcribe(path)` on every core, one request at a time
+       behind a lock.
 
 Same model, beam and language everywhere. A job's latency is from its upload (for (a), (a′) and
 (b): from the burst's start, every file there at once) to its transcript in the client's hands;
@@ -405,7 +408,8 @@ class Service:
 # --- (d): the synchronous server ------------------------------------------------------------------
 
 
-def synchronous(jobs: int, seconds: float) -> dict:
+def synchronous(jobs: int, seconds: float, engine: str = "whisperq") -> dict:
+    """A burst against bench/sync_baseline.py running `engine` (its SYNC_ENGINE) in the request."""
     port = free_port()
     proc = subprocess.Popen(
         [
@@ -413,7 +417,7 @@ def synchronous(jobs: int, seconds: float) -> dict:
             "--bind",
             f"127.0.0.1:{port}",
             "--workers",
-            "2",
+            "1" if engine == "faster-whisper" else "2",
             "--worker-class",
             "gthread",
             "--threads",
@@ -423,6 +427,7 @@ def synchronous(jobs: int, seconds: float) -> dict:
             "bench.sync_baseline:app",
         ],
         cwd=ROOT,
+        env=dict(os.environ, SYNC_ENGINE=engine),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -469,6 +474,7 @@ def main() -> None:
     ways[ceiling_way] = lambda n: ceiling.burst(n, seconds)
     service_ways = {mode: f"(c) the service (`whisperq run`), clients {mode}" for mode in MODES}
     sync_way = "(d) synchronous server, clients gone after 60 s"
+    sync_fw_way = "(d′) synchronous server as whisper-asr-webservice runs faster-whisper, clients gone after 60 s"
     runs: list[dict] = []
     for run in range(KNOBS.runs):
         order = KNOBS.jobs if run % 2 == 0 else tuple(reversed(KNOBS.jobs))
@@ -496,8 +502,15 @@ def main() -> None:
             results["door"] = {"serial_upload_cpu_ms": service.serial_uploads()}  # after the bursts
         for jobs in order:
             results.setdefault(sync_way, {})[jobs] = synchronous(jobs, seconds)
+            results.setdefault(sync_fw_way, {})[jobs] = synchronous(jobs, seconds, "faster-whisper")
         runs.append(results)
-    report(runs, seconds, script_ways, [ceiling_way] + [service_ways[m] for m in MODES] + [sync_way], scripts.cores)
+    report(
+        runs,
+        seconds,
+        script_ways,
+        [ceiling_way] + [service_ways[m] for m in MODES] + [sync_way, sync_fw_way],
+        scripts.cores,
+    )
 
 
 def report(runs: list[dict], seconds: float, script_ways: list[str], other_ways: list[str], cores: int) -> None:
@@ -564,13 +577,17 @@ def report(runs: list[dict], seconds: float, script_ways: list[str], other_ways:
         )
     if set(MODES) == {"poll", "longpoll"}:
         poll, longpoll = (next(w for w in other_ways if w.endswith(f"clients {m}")) for m in ("poll", "longpoll"))
-        sync = other_ways[-1]
+        sync, sync_fw = other_ways[-2:]
         for jobs in KNOBS.jobs:
+            within = {name: median(name, jobs, "within") for name in (poll, longpoll, sync, sync_fw)}
             print(
                 f"- {jobs} uploads: naive polling keeps "
                 f"{median(poll, jobs, 'rate') / max(median(longpoll, jobs, 'rate'), 1e-9):.0%} of the long-poll's "
-                f"throughput; answered within 60 s: polling {median(poll, jobs, 'within'):.0f}, long-poll "
-                f"{median(longpoll, jobs, 'within'):.0f}, the synchronous server {median(sync, jobs, 'within'):.0f}"
+                f"throughput; answered within 60 s: polling {within[poll]:.0f}, long-poll {within[longpoll]:.0f}, "
+                f"the synchronous servers {within[sync]:.0f} (d) and {within[sync_fw]:.0f} (d′, as "
+                f"whisper-asr-webservice runs faster-whisper; polling answers "
+                f"{within[poll] / max(within[sync_fw], 1):.1f}x and "
+                f"long-poll {within[longpoll] / max(within[sync_fw], 1):.1f}x its answers)"
             )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(
