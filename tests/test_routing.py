@@ -152,6 +152,27 @@ def test_an_alias_with_a_variant_no_worker_serves_is_refused(settings, database)
     assert resp.status_code == 400 and "'tiny.en' is English-only" in resp.get_json()["error"]["message"]
 
 
+def test_a_job_prepared_while_no_worker_serves_its_candidate_is_not_shadowed(database, caplog):
+    """A shadow's copy goes only to a candidate some live worker serves (no inference worker of
+    this suite serves base before extra_pool below starts): the job goes on unshadowed, no copy
+    of its samples is kept, and the preparation log says why."""
+    import logging
+
+    from models.jobs.record import new_job_id
+    from models.pipeline.preparation import prepare_job
+    from models.runtime import Runtime
+
+    s = routed(WHISPERQ_SHADOW="tiny.en=base:100")
+    rt = Runtime(s)
+    job_id = new_job_id()
+    assert s.choose(None, job_id)[2] == "base"  # drawn for a shadow
+    with caplog.at_level(logging.INFO, logger="models.pipeline.preparation"):
+        prepared = prepare_job(rt, job_id, str(CLIPS["fox.flac"]["path"]), {"language": "en"})
+    assert prepared.model == "tiny.en" and prepared.shadow is None and prepared.shadow_ref is None
+    assert not list((s.data_dir / "prepared").rglob(f"{job_id}.shadow*"))
+    assert f"job {job_id}: not shadowed by base: no live inference worker serves it" in caplog.text
+
+
 # --- hot swap bookkeeping --------------------------------------------------------------------------
 
 

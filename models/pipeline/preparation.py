@@ -235,6 +235,8 @@ def prepare_job(
         rt.storage.delete(ref)
         raise JobCancelled(f"job {job_id} was cancelled while it was prepared")
     shadow = job.shadow if job.shadow and job.shadow in served_models(rt) else None
+    if job.shadow and shadow is None:  # no copy for a queue that no worker takes from
+        log.info("job %s: not shadowed by %s: no live inference worker serves it", job_id, job.shadow)
     shadow_ref = rt.storage.save_samples(f"{job_id}.shadow", samples) if shadow else None
     log.info("job %s prepared: %.1f s of audio in %d windows", job_id, duration, len(windows))
     return Prepared(
