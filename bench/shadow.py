@@ -37,13 +37,14 @@ ENV = {"WHISPERQ_MODELS": "tiny.en=bundled:tiny.en, base=bundled:base", "WHISPER
 def one_run(items: dict[str, dict]) -> tuple[dict[str, tuple[float, float, float]], str]:
     """recording -> (tiny.en's WER, base's WER, base vs tiny.en), and `whisperq models compare`."""
     with running_service("whisperq-shadow-", ENV) as (_proc, base, data):
+        started = time.monotonic()
         jobs = submit_recordings(base, items)
-        deadline = time.monotonic() + 1800
         results = wait_finished(base, list(jobs.values()))
+        # The shadows run at low priority, after the jobs; base decodes about 3x slower than tiny.en.
+        deadline = time.monotonic() + max(120.0, 4 * (time.monotonic() - started))
         env = dict(os.environ, WHISPERQ_DATA_DIR=str(data), **ENV)
         env.pop("DATABASE_URL", None)
-        compare = ""
-        while time.monotonic() < deadline:  # the shadows run at low priority, after the jobs
+        while True:
             compare = subprocess.run(
                 [str(Path(sys.executable).parent / "whisperq"), "models", "compare"],
                 env=env,
@@ -54,6 +55,11 @@ def one_run(items: dict[str, dict]) -> tuple[dict[str, tuple[float, float, float
             rows = [json.loads(line) for line in compare.splitlines() if line.startswith("{")]
             if sum(r.get("jobs", 0) for r in rows) >= len(jobs) and not any("waiting_for_primary" in r for r in rows):
                 break
+            if time.monotonic() > deadline:
+                have = _shadows(env, jobs)
+                missing = [name for name, job_id in jobs.items() if job_id not in have]
+                why = f"no shadow transcript of {', '.join(missing)}" if missing else "not every shadow was compared"
+                raise RuntimeError(f"{why} by the deadline after the jobs finished; see {data / 'run.log'}")
             time.sleep(2.0)
         shadows = _shadows(env, jobs)
     out = {}
