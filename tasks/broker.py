@@ -175,7 +175,7 @@ def run_sweep(app, grace: timedelta | None = None, rt=None):
         rt,
         holdings(app),
         broker,
-        grace=timedelta(seconds=rt.settings.sweep_grace_seconds) if grace is None else grace,
+        grace=grace,
         waiting=waiting,
         confirm=lambda ids: still_lost(app, ids),
     )

@@ -33,9 +33,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# A worker that claimed a job moments ago may not have answered the liveness probe yet
-# (the default; the beat's passes take WHISPERQ_SWEEP_GRACE).
-GRACE = timedelta(seconds=60)
 # A retry still waiting this long after its due time lost its delayed message.
 LOST_RETRY = timedelta(hours=1)
 LOST = "its message was lost by the broker"
@@ -57,7 +54,7 @@ def sweep(
     rt: Runtime,
     holdings: dict[str, set[str]],
     broker: Broker | None = None,
-    grace: timedelta = GRACE,
+    grace: timedelta | None = None,
     waiting: set[str] | None = None,
     confirm: Callable[[set[str]], set[str]] | None = None,
 ) -> SweepReport:
@@ -65,9 +62,12 @@ def sweep(
     holds; `broker` (the runtime's by default) sends a job's transcribe message again; `waiting` is the ids
     whose messages wait in the broker's queues, read before `holdings`, or None where the
     broker cannot list them (RabbitMQ, which redelivers by itself); `confirm(ids)` takes a
-    second look and returns those still neither waiting nor held."""
+    second look and returns those still neither waiting nor held; `grace` (WHISPERQ_SWEEP_GRACE
+    unless given) is how long a job's message may be neither before it is sent again."""
     report = SweepReport()
     now = utcnow()
+    # A worker that took a job moments ago may not have answered the liveness probe yet.
+    grace = timedelta(seconds=rt.settings.sweep_grace_seconds) if grace is None else grace
     publish = cast("Broker", broker or rt.broker).publish_job
     ttl = timedelta(seconds=rt.settings.job_ttl_seconds)
     with rt.db.session() as session:
