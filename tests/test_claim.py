@@ -103,6 +103,37 @@ def test_a_held_claim_is_renewed_while_its_run_goes_on_and_knows_when_it_is_take
     assert row(worker_rt, job_id).claim_holder == "host-b:2"
 
 
+def test_an_inference_run_takes_the_claim_and_counts_its_attempt_in_one_transaction(worker_rt):
+    """A worker killed at any moment after it took a job's claim has had its attempt counted:
+    the claim, the stage and the attempt commit together (they were two transactions, and a
+    kill between them cost the job no attempt), and a refused claim records nothing."""
+    from models.errors import ClaimHeld
+    from models.jobs.operations import begin_inference
+    from models.jobs.record import Job, utcnow
+
+    job_id = _prepared(worker_rt, "fox.flac").job_id
+    first, done = begin_inference(worker_rt, job_id, "a@test", "wa", "host-a:1", 60)
+    job = row(worker_rt, job_id)
+    assert done is None and (job.claim_holder, job.claim_token, job.stage, job.attempts) == (
+        "host-a:1",
+        first.token,
+        "infer",
+        1,
+    )
+
+    with pytest.raises(ClaimHeld, match="host-a:1"):  # held live: nothing of this delivery is recorded
+        begin_inference(worker_rt, job_id, "b@test", "wb", "host-b:2", 60)
+    job = row(worker_rt, job_id)
+    assert (job.claim_holder, job.claim_token, job.attempts, job.worker) == ("host-a:1", first.token, 1, "a@test")
+
+    with worker_rt.db.session() as session:  # host-a was killed: its lease lapses unrenewed
+        session.get(Job, job_id).claim_expires_at = utcnow() - timedelta(seconds=1)
+    second, done = begin_inference(worker_rt, job_id, "b@test", "wb", "host-b:2", 60)
+    job = row(worker_rt, job_id)
+    assert done is None and second.token == first.token + 1
+    assert (job.claim_holder, job.attempts, job.worker) == ("host-b:2", 2, "b@test")  # the killed run cost one
+
+
 # Two real inference worker processes on a queue of this module's own.
 
 

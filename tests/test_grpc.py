@@ -132,6 +132,36 @@ def test_the_checked_in_stubs_are_what_protoc_generates_from_the_proto(tmp_path)
         )
 
 
+def test_the_stubs_load_on_the_oldest_grpcio_and_protobuf_setup_cfg_allows():
+    """The generated code refuses to import on a grpcio or protobuf older than the generator
+    that wrote it: the versions the stubs record are the floors of setup.cfg's ranges, so any
+    install the ranges allow loads them (and grpcio-tools is pinned to that generator)."""
+    import configparser
+
+    from packaging.requirements import Requirement
+
+    from web.rpc import protoc
+
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    floors = {}
+    for line in cfg["options"]["install_requires"].splitlines() + cfg["options.extras_require"]["test"].splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        req = Requirement(line)
+        for spec in req.specifier:
+            if spec.operator in (">=", "=="):
+                floors[req.name] = spec.version
+    grpc_stub = (protoc.STUBS / "transcription_pb2_grpc.py").read_text()
+    messages = (protoc.STUBS / "transcription_pb2.py").read_text()
+    assert f"GRPC_GENERATED_VERSION = '{floors['grpcio']}'" in grpc_stub
+    assert floors["grpcio-tools"] == floors["grpcio"], "grpcio-tools is pinned to the grpcio floor"
+    major, minor, patch = floors["protobuf"].split(".")
+    assert f"Protobuf Python Version: {floors['protobuf']}" in messages
+    assert f"PUBLIC,\n    {major},\n    {minor},\n    {patch}," in messages
+
+
 def test_every_option_of_post_v1_jobs_is_a_field_of_submit_request_that_can_be_left_unset(client_stubs):
     from models.pipeline.options import FIELDS
 

@@ -100,7 +100,7 @@ def end_jobs(rt, ids: dict) -> None:
     with rt.db.session() as session:
         session.get(Job, ids["expired"]).expire()
     # Transcribed up to 2 s, then cancelled at that window's end: the part done is billed.
-    assert begin_inference(rt, ids["partly"], "w@test", "w1") is None
+    assert begin_inference(rt, ids["partly"], "w@test", "w1", "host-a:1", 60)[1] is None
     record_progress(rt, ids["partly"], 2.0)
     cancel_running(
         rt,

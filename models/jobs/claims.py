@@ -5,10 +5,12 @@ models.pipeline.inference stops one process from running a job twice; a second d
 another process (a second pool or host, Redis's visibility timeout, a message the sweeper put
 back while its first run goes on) is stopped here, in the job's row:
 
-- **take** before the engine runs: one conditional UPDATE that succeeds only where the claim
-  is free or its lease has lapsed, records the holder (host:pid) and the lease's end, and
-  raises `claim_token`, a fencing token that only ever grows. A job already finished can
-  always be taken: nothing runs on it, its delivery is answered and dropped.
+- **take** before the engine runs, where the claim is free or its lease has lapsed: record
+  the holder (host:pid) and the lease's end, and raise `claim_token`, a fencing token that
+  only ever grows. An inference run takes it in the very transaction that records its attempt
+  (`claim_locked`, from models.jobs.operations.begin_inference), so a worker killed after
+  taking it has always had the attempt counted. A job already finished can always be taken:
+  nothing runs on it, its delivery is answered and dropped.
 - **renew** while the run goes on (`kept`: every third of WHISPERQ_CLAIM_LEASE_SECONDS), so
   that a live holder keeps its claim however long its windows wait in the batcher, and a
   killed one (SIGKILL, a lost host) loses it within one lease: its redelivered message then
@@ -89,9 +91,24 @@ def take_claim(rt: Runtime, job_id: str, holder: str, lease: float, now: datetim
         return Claim(job_id, token, holder, lease)
     if held is None:
         raise PermanentJobError(f"job {job_id} does not exist")
-    other, until = held
+    raise _held(job_id, *held, now)
+
+
+def claim_locked(job: Job, holder: str, lease: float, now: datetime | None = None) -> Claim:
+    """`take_claim` on a row the caller has locked (SELECT ... FOR UPDATE, or SQLite's write
+    lock), in the caller's transaction: what the caller records beside it (an inference
+    attempt) commits with the claim or not at all, so no kill can land between the two."""
+    now = now or utcnow()
+    if job.claim_expires_at is not None and job.claim_expires_at > now and job.status not in FINISHED:
+        raise _held(job.id, job.claim_holder, job.claim_expires_at, now)
+    job.claim_token = (job.claim_token or 0) + 1
+    job.claim_holder, job.claim_expires_at = holder, now + timedelta(seconds=lease)
+    return Claim(job.id, job.claim_token, holder, lease)
+
+
+def _held(job_id: str, other: str | None, until: datetime | None, now: datetime) -> ClaimHeld:
     until = cast(datetime, until)  # a claim that was not taken over has an expiry
-    raise ClaimHeld(
+    return ClaimHeld(
         f"job {job_id} is being transcribed by {other} (its claim lasts until {until:%H:%M:%S} UTC unless renewed)",
         retry_in=max(1.0, (until - now).total_seconds() + 1.0),
     )

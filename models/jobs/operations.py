@@ -27,7 +27,7 @@ from models.errors import (
 )
 from models.jobs import metrics
 from models.jobs.analyses import begin_analyses
-from models.jobs.claims import Claim, holds
+from models.jobs.claims import Claim, claim_locked, holds
 from models.jobs.record import Job, JobOptions, JobStatus, Stage, new_job_id, utcnow
 from models.jobs.shadows import forget_shadows, score_waiting_shadows
 from models.storage import prepared_ref
@@ -239,20 +239,26 @@ def mark_held(rt: Runtime, job_id: str, worker_id: str | None) -> None:
         )
 
 
-def begin_inference(rt: Runtime, job_id: str, worker: str | None, worker_id: str | None) -> dict[str, Any] | None:
-    """Mark the job as in inference; returns the stored result if it is already done.
+def begin_inference(
+    rt: Runtime, job_id: str, worker: str | None, worker_id: str | None, holder: str, lease: float
+) -> tuple[Claim, dict[str, Any] | None]:
+    """Take the job's inference claim for `holder` (models.jobs.claims) and mark the job as in
+    inference, in one transaction; returns the claim, and the stored result if it is already done.
 
     A job found already in inference was being run by a worker that is gone (this is a
     redelivery): that costs it an attempt, and the last one sends it to the dead letters.
+    The attempt commits with the claim, so a worker killed at any point after taking the
+    claim has cost one. Raises ClaimHeld, taking nothing, while another run holds the claim.
     """
     with rt.db.session(write=True) as session:
         job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one_or_none()
         if job is None:
             raise PermanentJobError(f"job {job_id} does not exist")
+        claim = claim_locked(job, holder, lease)
         if job.state is JobStatus.COMPLETED:
-            return job.result()
+            return claim, job.result()
         if job.stage == Stage.ANALYSIS.value:  # transcribed; a late copy of its message runs nothing
-            return job.analysing()
+            return claim, job.analysing()
         if job.state is JobStatus.CANCELLED:
             raise JobCancelled(f"job {job_id} was cancelled; it is not run")
         if job.state.finished:
@@ -260,7 +266,7 @@ def begin_inference(rt: Runtime, job_id: str, worker: str | None, worker_id: str
         if job.cancel_requested:
             job.progress_seconds = None  # a lost attempt's: no partial transcript was kept, none is billed
             job.cancel()
-            return job.result() or {"job_id": job_id, "cancelled": True}
+            return claim, job.result() or {"job_id": job_id, "cancelled": True}
         if job.stage == Stage.INFER:
             if job.attempts >= rt.settings.max_attempts:
                 raise AttemptsExhausted(
@@ -271,7 +277,7 @@ def begin_inference(rt: Runtime, job_id: str, worker: str | None, worker_id: str
             job.start(worker, worker_id)
         job.stage, job.worker, job.worker_id = Stage.INFER.value, worker, worker_id
         job.infer_started_at, job.progress_seconds = utcnow(), 0.0
-        return None
+        return claim, None
 
 
 def schedule_retry(rt: Runtime, job_id: str, error: str) -> float | None:

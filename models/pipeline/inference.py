@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from models.errors import ClaimLost, JobTimeLimitExceeded, TransientJobError
 from models.jobs.analyses import needs_audio
-from models.jobs.claims import Claim, holder_id, kept, release_claim, take_claim
+from models.jobs.claims import Claim, holder_id, kept, release_claim
 from models.jobs.metrics import observe_batch
 from models.jobs.operations import begin_inference, cancel_running, complete_job, get_job, record_progress
 from models.jobs.record import Stage
@@ -118,9 +118,8 @@ def _infer(
     rt: Runtime, prepared: Prepared, batcher: Batcher, worker: str | None, worker_id: str | None
 ) -> dict[str, Any] | None:
     job_id = prepared.job_id
-    claim = take_claim(rt, job_id, holder_id(), rt.settings.claim_lease_seconds)
+    claim, done = begin_inference(rt, job_id, worker, worker_id, holder_id(), rt.settings.claim_lease_seconds)
     try:
-        done = begin_inference(rt, job_id, worker, worker_id)
         if done is not None:
             log.info("job %s already COMPLETED; duplicate delivery ignored", job_id)
             return done
