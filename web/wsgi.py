@@ -1,5 +1,5 @@
 """WSGI entry point for gunicorn: `gunicorn web.wsgi:app`."""
 
-from web import create_app
+from web.app import create_app
 
 app = create_app()
