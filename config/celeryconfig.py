@@ -7,8 +7,9 @@ unset priority counts as 0, on RabbitMQ the highest number wins. Callers speak i
 SQS has no message priorities: there each job queue is three queues, one per tier
 (:func:`tier_queue`: `whisperq.prepare:high`, `whisperq.prepare`, `whisperq.prepare:low`),
 a message goes to its tier's (:func:`route`), and a worker asks them highest first
-(models.compat's SQS channel). Each queue's visibility timeout comes from its pool's hard time
-limit (:func:`sqs_visibility_timeout`); tasks.sqs declares them, with the dead-letter queue.
+(models.compat's SQS channel). A received message is hidden for a short visibility timeout
+(WHISPERQ_SQS_VISIBILITY_TIMEOUT) that its worker extends while it lives (models.compat's
+heartbeat); tasks.sqs declares the queues, with the dead-letter queue.
 """
 
 from __future__ import annotations
@@ -41,13 +42,10 @@ DEAD_LETTER_QUEUE = "whisperq.dead"
 # SQS: a tier's queue is the pool's queue and this separator and the tier (normal's is the pool's
 # queue itself, so a producer that knows no tiers lands in normal). No model name has a colon.
 TIER_SEP = ":"
-# SQS's own limits: a message hidden at most 12 hours, a queue name of at most 80 characters.
+# SQS's own limits: a message hidden at most 12 hours from its receipt (however often its
+# visibility is extended), a queue name of at most 80 characters.
 SQS_MAX_VISIBILITY = 43200
 SQS_NAME_MAX = 80
-# Seconds on top of a pool's hard time limit before SQS hands its message to another worker: a
-# message waits in its worker for its countdown (a retry's backoff, a claim's lease) before it
-# runs, and the ack itself takes a moment.
-SQS_MARGIN = 600
 # A webhook's next attempt waits up to an hour in the notify worker (models.retry's
 # WEBHOOK_BACKOFF_CAP_SECONDS; config imports nothing of models, a test keeps them equal).
 WEBHOOK_BACKOFF_CAP = 3600.0
@@ -174,15 +172,18 @@ def sqs_hard_limit(settings: Settings, pool: str) -> float:
     return settings.webhook_timeout_seconds + WEBHOOK_BACKOFF_CAP
 
 
-def sqs_visibility_timeout(settings: Settings, pool: str) -> int:
-    """Seconds a message of this pool stays hidden once a worker received it: the pool's hard
-    time limit for the longest audio (WHISPERQ_MAX_AUDIO_SECONDS), the longest a message waits
-    for its countdown in the worker (a retry's backoff, a claim's lease) and SQS_MARGIN; or
-    WHISPERQ_SQS_VISIBILITY_TIMEOUT where set."""
-    if settings.sqs_visibility_timeout:
-        return settings.sqs_visibility_timeout
-    wait = max(settings.retry_max_seconds, settings.claim_lease_seconds)
-    return math.ceil(sqs_hard_limit(settings, pool) + wait + SQS_MARGIN)
+def sqs_visibility_timeout(settings: Settings) -> int:
+    """Seconds a received message stays hidden before SQS hands it to another worker, unless
+    its worker extends it (WHISPERQ_SQS_VISIBILITY_TIMEOUT): a live worker extends what it
+    holds every third of it (models.compat's SQS channel), so a job runs as long as it needs,
+    and a killed worker's job is handed out again within this many seconds."""
+    return settings.sqs_visibility_timeout
+
+
+def sqs_heartbeat(settings: Settings) -> float:
+    """How often a worker extends the visibility of the messages it holds: a third of the
+    timeout, so two heartbeats may be late before a message shows again."""
+    return settings.sqs_visibility_timeout / 3
 
 
 def sqs_max_receives(settings: Settings) -> int:
@@ -193,17 +194,19 @@ def sqs_max_receives(settings: Settings) -> int:
 
 
 def check_sqs(settings: Settings) -> None:
-    """What SQS cannot hold, said at start: a visibility timeout above 12 hours, a name
-    longer than 80 characters."""
-    wait = max(settings.retry_max_seconds, settings.claim_lease_seconds)
+    """What SQS cannot hold, said at start: a message held longer than 12 hours from its
+    receipt (a pool's hard time limit, the longest wait for a countdown, and one visibility
+    timeout), a name longer than 80 characters."""
+    wait = max(settings.retry_max_seconds, settings.claim_lease_seconds) + settings.sqs_visibility_timeout
     for pool in (QUEUES[INFERENCE_QUEUE], QUEUES[ANALYSIS_QUEUE], QUEUES[PREPARE_QUEUE], QUEUES[NOTIFY_QUEUE]):
-        seconds = sqs_visibility_timeout(settings, pool)
+        seconds = math.ceil(sqs_hard_limit(settings, pool) + wait)
         if seconds > SQS_MAX_VISIBILITY:
-            longest = (SQS_MAX_VISIBILITY - SQS_MARGIN - wait - settings.time_limit(0)) / 2
+            longest = (SQS_MAX_VISIBILITY - wait - settings.time_limit(0)) / 2
             raise ConfigError(
-                f"on SQS a received message stays hidden for at most {SQS_MAX_VISIBILITY} s, and the {pool} pool "
-                f"needs {seconds} s (its hard time limit for WHISPERQ_MAX_AUDIO_SECONDS={settings.max_audio_seconds:g} "
-                f"and a margin): lower WHISPERQ_MAX_AUDIO_SECONDS to at most {max(1, int(longest))}"
+                f"on SQS a received message can be held for at most {SQS_MAX_VISIBILITY} s, and the {pool} pool "
+                f"may hold one {seconds} s (its hard time limit for WHISPERQ_MAX_AUDIO_SECONDS="
+                f"{settings.max_audio_seconds:g} and the waits before it runs): lower WHISPERQ_MAX_AUDIO_SECONDS to "
+                f"at most {max(1, int(longest))}"
             )
     for queue in [*sqs_queues(settings), DEAD_LETTER_QUEUE]:
         name = sqs_name(settings, queue)
@@ -255,8 +258,10 @@ def sqs_transport_options(settings: Settings) -> dict[str, Any]:
     return {
         "queue_name_prefix": settings.sqs_queue_prefix,
         "wait_time_seconds": settings.sqs_wait_seconds,
-        # what a queue kombu makes before tasks.sqs declares it gets: the longest of the pools'
-        "visibility_timeout": max(sqs_visibility_timeout(settings, pool) for pool in QUEUES.values()),
+        # what a queue kombu makes before tasks.sqs declares it gets, and what kombu's
+        # receives ask for; models.compat's channel extends what a worker holds every third of it
+        "visibility_timeout": sqs_visibility_timeout(settings),
+        "whisperq_heartbeat": sqs_heartbeat(settings),
         # how often a worker with no free slot looks again (no request to SQS)
         "polling_interval": 0.2,
         # models.compat's channel moves a message rejected for good here

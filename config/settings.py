@@ -1008,13 +1008,13 @@ class Settings:
         "WHISPERQ_SQS_VISIBILITY_TIMEOUT",
         "int",
         group="Broker & database",
-        default=0,
-        low=0,
-        high=43200,
-        field_default=0,
-        shown_default="0: each pool's hard time limit and a margin",
-        doc="With sqs://: seconds a received message stays hidden from other workers; leave it 0, since a shorter "
-        "one than a pool's hard time limit hands a job that still runs to a second worker (tests shorten it).",
+        default=60,
+        low=5,
+        high=3600,
+        field_default=60,
+        doc="With sqs://: seconds a received message stays hidden from other workers. A live worker extends every "
+        "message it holds by this much every third of it, however long the job runs; a killed worker's messages "
+        "are handed out again within it.",
     )
 
     @classmethod

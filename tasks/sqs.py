@@ -4,8 +4,8 @@ attributes, their depths read, and the dead-letter queue kept in step with the d
 kombu makes a queue the first time it publishes to or consumes from it, with the transport's
 one visibility timeout and nothing else. A worker declares every queue of the service as it
 starts (`declare`): the dead-letter queue `whisperq-dead` (messages kept 14 days, SQS's
-longest), then each queue with its pool's visibility timeout
-(config.celeryconfig.sqs_visibility_timeout) and a redrive policy to the dead-letter queue
+longest), then each queue with the visibility timeout (config.celeryconfig.sqs_visibility_timeout,
+which a live worker extends for what it holds) and a redrive policy to the dead-letter queue
 after `sqs_max_receives` receives. Declaring again sets the attributes again, so a changed
 setting reaches queues that already exist.
 
@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any
 from config.celeryconfig import (
     DEAD_LETTER_QUEUE,
     base_queue,
-    pool_of,
     sqs_max_receives,
     sqs_name,
     sqs_queues,
@@ -117,8 +116,8 @@ def declare(app: Celery) -> dict[str, str]:
     arn = sqs.get_queue_attributes(QueueUrl=dead, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
     redrive = json.dumps({"deadLetterTargetArn": arn, "maxReceiveCount": str(sqs_max_receives(settings))})
     urls = {DEAD_LETTER_QUEUE: dead}
+    visibility = sqs_visibility_timeout(settings)
     for queue in sqs_queues(settings):
-        visibility = sqs_visibility_timeout(settings, pool_of(queue))
         urls[queue] = _ensure(
             sqs, sqs_name(settings, queue), {"VisibilityTimeout": str(visibility), "RedrivePolicy": redrive}
         )

@@ -182,6 +182,82 @@ def test_the_sqs_channel_takes_high_first_and_keeps_what_it_rejects(sqs_env):
     assert left == {"ApproximateNumberOfMessages": "0", "ApproximateNumberOfMessagesNotVisible": "0"}
 
 
+def _sqs_held(transport: type, seconds: float) -> tuple[int, dict, dict]:
+    """One message on SQS taken by a consumer on an event loop and held unacknowledged for
+    `seconds` (the queue's visibility timeout is 2 s): how many times it was delivered, the
+    queue's counts of visible and hidden messages then, and two timeouts after the consumer let
+    go without acknowledging."""
+    import time
+    import uuid
+
+    from kombu import Connection, Consumer, Exchange, Queue
+    from kombu.asynchronous import Hub, get_event_loop, set_event_loop
+
+    before, hub = get_event_loop(), Hub()
+    set_event_loop(hub)
+    exchange = Exchange("x", type="direct")
+    queue = Queue("held", exchange, routing_key="held")
+    options = {
+        "queue_name_prefix": f"h{uuid.uuid4().hex[:8]}-",
+        "wait_time_seconds": 1,
+        "polling_interval": 0.1,
+        "visibility_timeout": 2,
+        "whisperq_heartbeat": 0.5,
+    }
+    held: list = []
+    client = boto3_sqs()
+    names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+
+    def counts() -> dict:
+        url = client.get_queue_url(QueueName=options["queue_name_prefix"] + "held")["QueueUrl"]
+        return {
+            k: int(v) for k, v in client.get_queue_attributes(QueueUrl=url, AttributeNames=names)["Attributes"].items()
+        }
+
+    try:
+        with Connection("sqs://", transport=transport, transport_options=options) as conn:
+            conn.Producer().publish({"tag": "one"}, exchange=exchange, routing_key="held", declare=[queue])
+            consumer = Consumer(conn.channel(), queues=[queue], callbacks=[lambda body, m: held.append(m)])
+            consumer.consume()
+            deadline = time.monotonic() + 30
+            while not held and time.monotonic() < deadline:
+                hub.run_once()
+            assert held, "the consumer never took the message"
+            until = time.monotonic() + seconds
+            while time.monotonic() < until:
+                hub.run_once()
+            while_held = counts()
+            consumer.cancel()
+    finally:
+        hub.close()
+        set_event_loop(before)
+    time.sleep(4)  # two visibility timeouts, no heartbeat: SQS shows it again
+    return len(held), while_held, counts()
+
+
+def boto3_sqs():
+    import boto3
+
+    return boto3.session.Session().client("sqs")
+
+
+def test_kombus_sqs_consumer_lets_a_held_message_show_again_after_the_visibility_timeout(sqs_env):
+    """What the channel's heartbeat works around: kombu extends nothing, so a message held longer
+    than its queue's visibility timeout is handed to another consumer while the first still
+    runs it. When kombu extends what it holds, this test fails: drop the heartbeat then."""
+    from kombu.transport.SQS import Transport
+
+    deliveries, _, _ = _sqs_held(Transport, seconds=5)
+    assert deliveries >= 2  # handed out again (here to the same consumer) while it was held
+
+
+def test_the_sqs_channel_keeps_what_its_worker_holds_hidden_and_lets_go_when_it_stops(sqs_env):
+    deliveries, while_held, after = _sqs_held(compat.sqs_transport(), seconds=5)
+    assert deliveries == 1
+    assert while_held == {"ApproximateNumberOfMessages": 0, "ApproximateNumberOfMessagesNotVisible": 1}
+    assert after == {"ApproximateNumberOfMessages": 1, "ApproximateNumberOfMessagesNotVisible": 0}
+
+
 # --- celery -----------------------------------------------------------------------------------------
 
 

@@ -55,7 +55,7 @@ class SqsStack:
     def rt(self):
         return self.app.extensions["whisperq"]
 
-    def start(self, pool: str, tag: str = ""):
+    def start(self, pool: str, tag: str = "", **env: str):
         from conftest import start_worker
 
         from config import INFERENCE_QUEUE, PREPARE_QUEUE
@@ -65,7 +65,7 @@ class SqsStack:
             "inference": (INFERENCE_QUEUE, "threads", 8),
         }[pool]
         name = f"sqs-{pool}{tag}-{uuid.uuid4().hex[:6]}"
-        worker = start_worker(self.celery, self.tmp, name, queue, kind, slots, extra_env=self.env)
+        worker = start_worker(self.celery, self.tmp, name, queue, kind, slots, extra_env={**self.env, **env})
         self.workers.append(worker)
         return worker
 
@@ -154,18 +154,12 @@ def test_a_job_goes_through_sqs_end_to_end(sqs_stack):
     # and the redrive policy to the dead-letter queue
     sqs, settings = stack.sqs(), stack.settings
     dead_arn = sqs.get_queue_attributes(QueueUrl=stack.url(DEAD_LETTER_QUEUE), AttributeNames=["QueueArn"])
-    for queue, pool in [
-        ("whisperq.prepare:high", "prepare"),
-        ("whisperq.prepare", "prepare"),
-        ("whisperq.inference:low", "inference"),
-        ("whisperq.notify", "notify"),
-    ]:
+    for queue in ("whisperq.prepare:high", "whisperq.prepare", "whisperq.inference:low", "whisperq.notify"):
         attributes = sqs.get_queue_attributes(QueueUrl=stack.url(queue), AttributeNames=["All"])["Attributes"]
-        assert int(attributes["VisibilityTimeout"]) == sqs_visibility_timeout(settings, pool)
+        assert int(attributes["VisibilityTimeout"]) == sqs_visibility_timeout(settings)
         redrive = json.loads(attributes["RedrivePolicy"])
         assert redrive["deadLetterTargetArn"] == dead_arn["Attributes"]["QueueArn"]
         assert int(redrive["maxReceiveCount"]) == sqs_max_receives(settings)
-    assert sqs_visibility_timeout(settings, "inference") >= settings.time_limit(settings.max_audio_seconds)
 
     # a producer that is not Celery (docs/producers.md, On SQS): the envelope as JSON, sent to
     # the tier's queue with a plain SQS client
@@ -224,29 +218,59 @@ def test_a_backlog_is_taken_high_first(sqs_stack):
 
 @pytest.mark.integration
 @pytest.mark.timeout(400)
-def test_a_worker_killed_mid_job_has_its_message_handed_out_again_and_the_engine_runs_once(sqs_stack):
-    """SIGKILL of the inference worker while the engine runs its job: nothing acknowledged the
-    message, so SQS hands it out again once its visibility timeout (20 s here) has passed; the
-    next worker takes the job's claim once the killed one's lease lapsed, and runs it once."""
-    stack = sqs_stack(WHISPERQ_SQS_VISIBILITY_TIMEOUT="20", WHISPERQ_CLAIM_LEASE_SECONDS="6", WHISPERQ_MAX_ATTEMPTS="4")
+def test_a_held_message_stays_hidden_while_its_worker_lives_and_comes_back_soon_after_a_kill(sqs_stack):
+    """Two inference workers ask the same queues. The one that took the job holds it for three
+    visibility timeouts (its batch waits 25 s; the timeout is 8 s): its heartbeat keeps the
+    message hidden, so the other is never handed it. SIGKILLed, it extends nothing more: SQS
+    hands the message to the other within a timeout, which takes the job's claim once the dead
+    holder's lease lapsed, and runs the engine once; the killed run cost an attempt."""
+    import socket
+    import time
+
+    from config import INFERENCE_QUEUE
+
+    visibility = 8
+    stack = sqs_stack(WHISPERQ_SQS_VISIBILITY_TIMEOUT=str(visibility), WHISPERQ_MAX_ATTEMPTS="4")
     stack.start("prepare")
-    first = stack.start("inference", "-a")
-    samples, text = long_recording(repeats=3)
+    slow = stack.start("inference", "-a", WHISPERQ_BATCH_WAIT_MS="25000")  # holds its job 25 s at least
+    samples, text = long_recording(repeats=2)
     path = write_wav(stack.tmp / "long.wav", samples)
     job_id = submit_id(stack.client, None, data=path.read_bytes(), filename="long.wav", language="en")
-    wait_until(lambda: stack.job(job_id).claim_holder, 180, "the inference worker never took the job's claim")
-    os.kill(first.proc.pid, signal.SIGKILL)
-    first.proc.wait()
-    killed = stack.job(job_id)
-    assert killed.status == "PROCESSING" and (killed.engine_runs or 0) == 0, "the job ended before the kill"
+    holder = f"{socket.gethostname()}:{slow.proc.pid}"
+    wait_until(lambda: stack.job(job_id).claim_holder == holder, 180, "the inference worker never took the job")
+    taken = time.monotonic()
+    other = stack.start("inference", "-b")  # ready (its log says so) while the first holds the job
+    url = stack.url(INFERENCE_QUEUE)
 
-    second = stack.start("inference", "-b")
+    def hidden() -> int:
+        attributes = stack.sqs().get_queue_attributes(
+            QueueUrl=url, AttributeNames=["ApproximateNumberOfMessagesNotVisible"]
+        )
+        return int(attributes["Attributes"]["ApproximateNumberOfMessagesNotVisible"])
+
+    # Proof the other worker had its chance: two timeouts and more have passed since the take,
+    # and the message is still hidden, held by the first.
+    wait_until(lambda: time.monotonic() - taken > 2.5 * visibility, 60, "the clock stopped")
+    assert hidden() == 1 and stack.job(job_id).claim_holder == holder
+    assert f"Task whisperq.infer[{job_id}] received" not in other.output(), other.output()[-3000:]
+
+    os.kill(slow.proc.pid, signal.SIGKILL)
+    slow.proc.wait()
+    killed = time.monotonic()
+    killed_job = stack.job(job_id)
+    assert killed_job.status == "PROCESSING" and (killed_job.engine_runs or 0) == 0, "the job ended before the kill"
+    wait_until(
+        lambda: f"Task whisperq.infer[{job_id}] received" in other.output(),
+        visibility * 3,
+        "SQS never handed the killed worker's message out again",
+    )
+    handed_back = time.monotonic() - killed
     job = wait_for_job(stack.client, job_id, timeout=240)
     assert job["status"] == "COMPLETED", (job, stack.output())
-    assert f"Task whisperq.infer[{job_id}] received" in second.output()  # SQS handed it out again
+    assert handed_back <= visibility * 2, handed_back
     assert engine_runs(stack, job_id) == 1, stack.output()
     assert job["attempts"] >= 2, job  # the killed run cost an attempt
-    assert second.output().count(f"job {job_id}: transcript stored") == 1
+    assert other.output().count(f"job {job_id}: transcript stored") == 1
     assert word_error_rate(text, job["result"]["text"]) <= 0.25
 
 
@@ -345,28 +369,21 @@ def test_without_pycurl_sqs_stops_at_start_saying_what_to_install(tmp_path, monk
         Settings.from_env({"WHISPERQ_DATA_DIR": str(tmp_path), "CELERY_BROKER_URL": "sqs://"})
 
 
-def test_the_visibility_timeouts_come_from_each_pools_hard_time_limit(tmp_path):
+def test_a_received_message_is_hidden_a_minute_by_default_and_workers_extend_it_every_third(tmp_path):
     from config import ConfigError, Settings
-    from config.celeryconfig import SQS_MARGIN, celery_config, sqs_visibility_timeout
+    from config.celeryconfig import celery_config, sqs_heartbeat, sqs_visibility_timeout
 
     settings = Settings.from_env({"WHISPERQ_DATA_DIR": str(tmp_path), "CELERY_BROKER_URL": "sqs://"})
-    wait = max(settings.retry_max_seconds, settings.claim_lease_seconds)
-    assert sqs_visibility_timeout(settings, "prepare") == settings.prepare_time_limit(None) + wait + SQS_MARGIN
-    assert sqs_visibility_timeout(settings, "inference") == settings.time_limit(None) + wait + SQS_MARGIN
-    assert sqs_visibility_timeout(settings, "notify") == settings.webhook_timeout_seconds + 3600 + wait + SQS_MARGIN
+    # with default settings a killed worker's job is handed out again within the claim's lease
+    assert sqs_visibility_timeout(settings) == 60 <= Settings.from_env({}).claim_lease_seconds
     options = celery_config(settings)["broker_transport_options"]
-    assert options["visibility_timeout"] == sqs_visibility_timeout(settings, "inference")
+    assert options["visibility_timeout"] == 60 and options["whisperq_heartbeat"] == sqs_heartbeat(settings) == 20
     assert options["wait_time_seconds"] == 1 and options["queue_name_prefix"] == ""
 
+    # a message can be held 12 hours at most from its receipt, extended or not
     long = {"WHISPERQ_DATA_DIR": str(tmp_path), "CELERY_BROKER_URL": "sqs://", "WHISPERQ_MAX_AUDIO_SECONDS": "36000"}
-    with pytest.raises(
-        ConfigError, match=r"at most 43200 s, and the inference pool needs .*WHISPERQ_MAX_AUDIO_SECONDS to"
-    ):
+    with pytest.raises(ConfigError, match=r"at most 43200 s, and the inference pool may hold one .*lower WHISPERQ_MAX"):
         celery_config(Settings.from_env(long))
-    named = {"WHISPERQ_DATA_DIR": str(tmp_path), "CELERY_BROKER_URL": "sqs://", "WHISPERQ_SQS_QUEUE_PREFIX": "p" * 40}
-    named["WHISPERQ_MODELS"] = "tiny.en=bundled:tiny.en, " + "m" * 40 + "=bundled:tiny.en"
-    with pytest.raises(ConfigError, match="characters, and SQS allows 80: shorten WHISPERQ_SQS_QUEUE_PREFIX"):
-        celery_config(Settings.from_env(named))
 
 
 def test_queues_are_split_by_tier_and_asked_highest_first(tmp_path):
