@@ -437,6 +437,27 @@ def test_ports_probes_and_names_agree():
     assert [p["containerPort"] for p in container_of(deployment_of("flower"))["ports"]] == [int(cm["FLOWER_PORT"])]
     assert services["flower"]["ports"] == [f"127.0.0.1:{services['flower']['environment']['FLOWER_PORT']}:5555"]
     assert "FLOWER_BASIC_AUTH" in secrets()["whisperq-flower"] and "FLOWER_BASIC_AUTH" in env_file(OWN_ENV["flower"])
+    # The gRPC door: listens on every address of its pod or container on WHISPERQ_GRPC_PORT,
+    # ready on grpc.health.v1 (Kubernetes' grpc probe, compose's healthcheck), published on
+    # the host's loopback only; its Service points there and takes calls from the cluster only.
+    from config.grpc import GrpcSettings
+
+    door = container_of(deployment_of("grpc"))
+    env = {e["name"]: e["value"] for e in door["env"]}
+    grpc_port = GrpcSettings.from_env(env).port
+    assert GrpcSettings.from_env(env).address == "0.0.0.0"
+    assert [p["containerPort"] for p in door["ports"]] == [grpc_port]
+    assert door["readinessProbe"]["grpc"]["port"] == grpc_port
+    (grpc_service,) = [
+        s for s in of_kind("Service").values() if s["spec"]["selector"]["app.kubernetes.io/component"] == "grpc"
+    ]
+    assert [p["port"] for p in grpc_service["spec"]["ports"]] == [grpc_port]
+    compose_door = GrpcSettings.from_env({k: str(v) for k, v in services["grpc"]["environment"].items()})
+    assert compose_door.address == "0.0.0.0" and compose_door.port == grpc_port
+    assert services["grpc"]["ports"] == [f"127.0.0.1:{grpc_port}:{grpc_port}"]
+    assert "grpc_health.v1" in str(services["grpc"]["healthcheck"]["test"]) and "SERVING" in str(
+        services["grpc"]["healthcheck"]["test"]
+    )
     # Each Service selects pods that exist and names a port they have.
     pods = {
         d["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]: d
@@ -492,7 +513,7 @@ def test_compose_services_restart_wait_for_their_backends_and_report_health():
 # --- least privilege: what each pod may do, see and reach --------------------------------------
 
 # the whisperq processes with whisperq-secrets
-APP = {"web", "prepare", "inference", "notify", "analysis", "beat", "mqtt"}
+APP = {"web", "prepare", "inference", "notify", "analysis", "beat", "mqtt", "grpc"}
 
 
 def workloads() -> dict[str, dict]:
@@ -650,7 +671,7 @@ def test_network_policies_deny_by_default_and_open_only_whats_needed():
         for block in blocks:
             if block["cidr"] == "0.0.0.0/0":
                 assert {"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16"} <= set(block["except"])
-    for component in ("web", "inference", "beat", "flower"):
+    for component in ("web", "grpc", "inference", "beat", "flower"):
         assert not [r for r in allowed("egress", component) for peer in r.get("to", []) if "ipBlock" in peer], component
 
 

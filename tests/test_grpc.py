@@ -163,7 +163,7 @@ def test_the_stubs_load_on_the_oldest_grpcio_and_protobuf_setup_cfg_allows():
 
 
 def test_every_option_of_post_v1_jobs_is_a_field_of_submit_request_that_can_be_left_unset(client_stubs):
-    from models.pipeline.options import FIELDS
+    from models.pipeline.request import FIELDS
 
     pb, _ = client_stubs
     fields = pb.SubmitRequest.DESCRIPTOR.fields_by_name
@@ -217,11 +217,16 @@ def test_the_command_and_whisperq_run_start_it(tmp_path):
 
     result = CliRunner().invoke(cli, ["grpc", "--help"])
     assert result.exit_code == 0 and "WHISPERQ_GRPC_PORT" in result.output
-    from web.supervise import procfile_processes, with_builtin
+    from web.supervise import config_text, procfile_processes
 
-    processes, _ = wanted(with_builtin(procfile_processes(ROOT / "Procfile")), {})
+    # A Procfile line of its own (compose.yaml and deploy/k8s run it too: tests/test_deploy.py),
+    # which `whisperq run` starts whatever the environment: no setting it waits for, and on SQS too.
+    processes = procfile_processes(ROOT / "Procfile")
     assert ("grpc", "whisperq grpc") in processes
-    assert with_builtin([("grpc", "whisperq grpc --other")]) == [("grpc", "whisperq grpc --other")]
+    for env in ({}, {"CELERY_BROKER_URL": "sqs://"}):
+        run, left_out = wanted(processes, env)
+        assert dict(run)["grpc"] == "whisperq grpc" and "grpc" not in left_out, env
+    assert "[program:grpc]" in config_text(run, ROOT, tmp_path)
 
 
 def test_the_domain_knows_nothing_of_grpc():

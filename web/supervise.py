@@ -42,16 +42,6 @@ _LINE = re.compile(r"^([A-Za-z0-9_-]+):\s*(.+)$")
 # MQTT bridge has nothing to do, and a process that exits at once is restarted until
 # supervisord gives up on it (FATAL), which would look like a failure of the stack.
 OPTIONAL = {"mqtt": MQTT_URL}
-# Processes `whisperq run` starts beside the Procfile's (where it names none of that name): the
-# gRPC door (docs/clients/grpc.md), on loopback unless WHISPERQ_GRPC_ADDRESS says otherwise.
-BUILTIN = (("grpc", "whisperq grpc"),)
-
-
-def with_builtin(processes: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """The Procfile's processes and BUILTIN's, a Procfile line of the same name first."""
-    named = {name for name, _ in processes}
-    return [*processes, *((name, command) for name, command in BUILTIN if name not in named)]
-
 
 BROKER = "broker"
 # Start order (lower first); supervisord stops in the reverse order, one after the other.
@@ -272,7 +262,7 @@ def _stop_orphan(data_dir: Path) -> None:
 def run_supervised(procfile: Path, root: Path, data_dir: Path, env: dict, broker: list[str] | None = None) -> int:
     """Run the Procfile (and `broker`, the embedded broker's command, where given) under
     supervisord until it is stopped; its exit status."""
-    processes, left_out = wanted(with_builtin(procfile_processes(procfile)), env)
+    processes, left_out = wanted(procfile_processes(procfile), env)
     if broker:
         processes = [(BROKER, shlex.join(broker)), *processes]
     for name in left_out:
