@@ -41,7 +41,7 @@ def init_app(app: Flask) -> None:
 
     @app.errorhandler(RequestEntityTooLarge)
     def _too_large(exc):
-        from . import MAX_BODY_BYTES, MAX_FORM_PARTS
+        from .app import MAX_BODY_BYTES, MAX_FORM_PARTS
 
         if request.endpoint == "api.correct":
             from models.jobs.corrections import MAX_BYTES

@@ -10,9 +10,9 @@ from typing import Any
 
 from config.mqtt import CLIENT_NAME, MqttSettings
 from models.delivery.mqtt_replies import MAX_CORRELATION, MAX_TOPIC
-from web.uploads import FIELDS
+from models.pipeline.request import FIELDS
 
-MAX_PAYLOAD = 64 * 1024  # as the API's JSON body (web.MAX_BODY_BYTES): an audio reference and options
+MAX_PAYLOAD = 64 * 1024  # as the API's JSON body (web.app.MAX_BODY_BYTES): an audio reference and options
 # The largest packet a request the bridge takes makes: the largest payload, with room for the
 # fixed header, the topic, the packet id and the properties a request carries (a response topic
 # and correlation data: MAX_TOPIC and MAX_CORRELATION, with room to spare). The broker's
