@@ -67,22 +67,47 @@ _NAMES = dict(
 )
 
 
-def _languages() -> list[tuple[str, str]]:
-    """(code, name) pairs the served models can take, by name: with English-only models alone
-    only English is offered, so nobody picks a language that is then refused."""
+def _multilingual() -> bool:
+    """Whether a served model is multilingual (any language, translation), as far as this
+    process can tell."""
     from models.registry.catalog import multilingual
 
     settings = current_app.extensions["whisperq"].settings
     try:
-        any_multilingual = any(multilingual(settings, spec.name) for spec in settings.models)
+        return any(multilingual(settings, spec.name) for spec in settings.models)
     except Exception:  # a model cannot be found here: offer everything, the API decides
-        any_multilingual = True
-    codes = LANGUAGES if any_multilingual else {"en"}
+        return True
+
+
+def _languages() -> list[tuple[str, str]]:
+    """(code, name) pairs the served models can take, by name: with English-only models alone
+    only English is offered, so nobody picks a language that is then refused."""
+    codes = LANGUAGES if _multilingual() else {"en"}
     return sorted(((code, _NAMES.get(code, code)) for code in codes), key=lambda pair: pair[1])
+
+
+def _page_options() -> tuple[list, dict[str, str]]:
+    """The options the page offers beyond language, model and priority (models.pipeline.request
+    declares them), and why any of them cannot be asked for here: translation without a
+    multilingual model, an analysis this deployment has not installed."""
+    from models.analysis import MODULES, analysis
+    from models.pipeline.request import page_options
+
+    offered = [o for o in page_options() if o.control not in ("language", "model", "priority")]
+    unavailable = {}
+    for o in offered:
+        if o.name in MODULES:
+            missing = analysis(o.name).missing()
+            if missing is not None:
+                unavailable[o.name] = f"Not installed on this server: {missing}"
+    if not _multilingual():
+        offered = [o for o in offered if o.control != "task"]  # nothing to translate with
+    return offered, unavailable
 
 
 def _form(error: str | None = None, status: int = 200):
     settings = current_app.extensions["whisperq"].settings
+    options, unavailable = _page_options()
     return (
         render_template(
             "index.html",
@@ -95,6 +120,9 @@ def _form(error: str | None = None, status: int = 200):
             default_model=settings.default_model,
             max_mb=settings.max_upload_mb,
             form=request.form,
+            options=options,
+            unavailable=unavailable,
+            more_open=any(request.form.get(o.name) for o in options),
         ),
         status,
     )

@@ -118,11 +118,11 @@
     if (!file) { showError("Choose an audio file first."); input.focus(); return; }
     if (tooLarge(file)) { describe(false); return; }
 
-    var data = new FormData();
-    data.append("file", file, file.name);
-    data.append("language", form.elements.language.value);
-    var priority = form.querySelector("input[name=priority]:checked");
-    data.append("priority", priority ? priority.value : "normal");
+    // Every option the form shows (language, priority, model and "More options"), as the
+    // form itself would send them; the file as chosen or dropped; the CSRF token as a header.
+    var data = new FormData(form);
+    data.delete("csrf_token");
+    data.set("file", file, file.name);
 
     var xhr = new XMLHttpRequest();
     xhr.open("POST", form.getAttribute("data-api-url"));
