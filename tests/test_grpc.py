@@ -16,7 +16,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers import CLIPS, word_error_rate
+from helpers import CLIPS, make_job, word_error_rate
 
 grpc = pytest.importorskip("grpc")
 pytest.importorskip("grpc_tools")
@@ -163,25 +163,98 @@ def test_the_stubs_load_on_the_oldest_grpcio_and_protobuf_setup_cfg_allows():
 
 
 def test_every_option_of_post_v1_jobs_is_a_field_of_submit_request_that_can_be_left_unset(client_stubs):
-    from models.pipeline.request import FIELDS
+    """The .proto is checked against the options' one declaration (models.pipeline.request):
+    each option a field of SubmitRequest under its name, with presence, of its kind's type."""
+    from google.protobuf.descriptor import FieldDescriptor as F
+
+    from models.pipeline.request import OPTIONS, names_for
 
     pb, _ = client_stubs
     fields = pb.SubmitRequest.DESCRIPTOR.fields_by_name
-    for name in (*FIELDS, "idempotency_key"):
-        assert name in fields and fields[name].has_presence, name
-    # The Job message carries what GET /v1/jobs/<id> shows, under the same names.
-    job_fields = set(pb.Job.DESCRIPTOR.fields_by_name)
-    assert {
-        "status",
-        "stage",
-        "progress",
-        "queue_position",
-        "estimated_start_at",
-        "estimated_finish_at",
-        "error",
-        "result",
-        "attempts",
-    } <= job_fields
+    assert set(fields) == {*names_for("grpc"), "audio", "audio_url", "filename", "idempotency_key"}
+    for o in OPTIONS:
+        assert o.name in fields and fields[o.name].has_presence, o.name
+        wanted = {"flag": F.TYPE_BOOL, "number": F.TYPE_DOUBLE}.get(o.kind, F.TYPE_STRING)
+        assert fields[o.name].type == wanted, o.name
+
+
+def _leaves(value, path=()):
+    """Every (path, value) of a JSON value that is not empty nor false nor zero (what proto3
+    leaves out), lists by position."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _leaves(v, (*path, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _leaves(v, (*path, i))
+    elif value not in (None, "", [], {}, False, 0):
+        yield path, value
+
+
+def test_every_field_of_a_jobs_view_reaches_the_job_message(app_rt):
+    """A job with every analysis (speakers over words, redaction, one analysis failed), scores,
+    confidence, hotwords and a correction: its GET body as the Job message and back loses no
+    field but the HTTP body's links (web.rpc.jobs.HTTP_ONLY), and a field the message lacks is
+    an error, never dropped."""
+    from google.protobuf import json_format
+
+    from models.analysis import merged
+    from models.jobs.record import Job, JobAnalysis, utcnow
+    from web.rpc.jobs import HTTP_ONLY, job_body, message_of
+
+    words = [
+        {"word": "Call", "start": 0.0, "end": 0.4, "probability": 0.9},
+        {"word": "bob@example.com", "start": 0.4, "end": 1.6, "probability": 0.8},
+        {"word": "now.", "start": 2.0, "end": 2.4, "probability": 0.95},
+    ]
+    segment = {"start": 0.0, "end": 2.4, "text": "Call bob@example.com now.", "words": words}
+    segment.update(avg_logprob=-0.2, no_speech_prob=0.01, compression_ratio=1.1)
+    transcript = {"text": segment["text"], "language": "en", "duration": 2.5, "segments": [segment]}
+    entity = {"kind": "EMAIL_ADDRESS", "segment": 0, "start": 5, "end": 20, "time_start": 0.4, "time_end": 1.6}
+    runs = {
+        "redact": ({"kinds": ["email"]}, {"kinds": ["EMAIL_ADDRESS"], "entities": [entity], "count": 1}),
+        "speakers": (
+            {},
+            {
+                "speakers": ["A", "B"],
+                "turns": [{"speaker": "A", "start": 0, "end": 1.8}, {"speaker": "B", "start": 1.8, "end": 2.5}],
+            },
+        ),
+    }
+    out = merged(transcript, runs)
+    asked = {"speakers": {}, "redact": {"kinds": ["email"]}}
+    job_id = make_job(app_rt, audio_url="https://files.example.com/a.flac", hotwords="Bob", analyses=asked).id
+    with app_rt.db.session() as session:
+        job = session.get(Job, job_id)
+        job.start("w@test", "w1")
+        job.store_transcript(
+            out["text"], "en", out["segments"], 2.5, {"name": "tiny.en", "version": "v", "beam_size": 5}, 0.97
+        )
+        job.result_extra = {k: v for k, v in out.items() if k not in ("text", "language", "duration", "segments")}
+        job.analysis_runs = [
+            JobAnalysis(name="redact", status="DONE", version="1", seconds=0.2),
+            JobAnalysis(name="speakers", status="FAILED", error="the audio was gone"),
+        ]
+        job.finish()
+        job.correction, job.corrected_at = {"text": "Call Bob now.", "segments": [segment]}, utcnow()
+    with app_rt.db.session() as session:
+        job = session.get(Job, job_id)
+        body = job_body(app_rt, job)
+    assert body["result"]["speakers"] == ["A", "B"] and body["result"]["redacted"]["count"] == 1
+    assert body["analyses"]["speakers"]["error"] == "the audio was gone" and body["confidence"]
+    assert any("speaker" in w for w in body["result"]["segments"][0]["words"])
+
+    back = json_format.MessageToDict(message_of(body), preserving_proto_field_name=True)
+    back["job_id"] = back.pop("id")
+    expected = {k: v for k, v in body.items() if k not in HTTP_ONLY}
+    expected["result"] = {k: v for k, v in expected["result"].items() if k != "job_id"}
+    got = dict(_leaves(back))
+    for path, value in _leaves(expected):
+        assert path in got, f"{'.'.join(map(str, path))} is in the job's view but not in the Job message"
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            assert float(got[path]) == pytest.approx(value), path
+    with pytest.raises(json_format.ParseError, match="novel"):
+        message_of({**body, "novel": 1})
 
 
 def test_the_proto_ships_with_the_package():

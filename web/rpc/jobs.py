@@ -1,6 +1,7 @@
 """A job as the Job message: the body of GET /v1/jobs/<id> (the record, its place in the queue
 and its estimates) under the same names, `job_id` as `id`; the links and webhook deliveries of
-the HTTP body stay HTTP's."""
+the HTTP body stay HTTP's. A field of the body the message has no room for is an error, not
+dropped: the .proto grows with the view (tests/test_grpc.py builds a job with every analysis)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,13 @@ def job_message(rt: Runtime, job: Job) -> pb.Job:
     return message_of(job_body(rt, job))
 
 
+# The HTTP body's own: links, and the webhook deliveries of a job with a callback_url.
+HTTP_ONLY = ("status_url", "cancel_url", "transcript_url", "transcript_urls", "webhook_deliveries")
+
+
 def message_of(body: dict[str, Any]) -> pb.Job:
-    fields = dict(body)
+    fields = {k: v for k, v in body.items() if k not in HTTP_ONLY}
     fields["id"] = fields.pop("job_id")
-    return json_format.ParseDict(fields, pb.Job(), ignore_unknown_fields=True)
+    if isinstance(fields.get("result"), dict):
+        fields["result"] = {k: v for k, v in fields["result"].items() if k != "job_id"}  # the job's own id
+    return json_format.ParseDict(fields, pb.Job())

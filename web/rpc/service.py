@@ -19,7 +19,7 @@ from models.errors import InvalidRequest
 from models.jobs.operations import cancel_job, get_job
 from models.pipeline import intake
 from models.pipeline.door import Submission, check_before_body
-from models.pipeline.options import FIELDS
+from models.pipeline.request import FIELDS
 from models.runtime import Runtime
 from models.storage import SealedSpool
 

@@ -74,7 +74,7 @@ class WatchJobRequest(_message.Message):
     def __init__(self, id: _Optional[str] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "status", "stage", "progress", "queue_position", "estimated_start_at", "estimated_finish_at", "error", "result", "task", "language", "priority", "model", "route", "rerun_of", "batch_id", "filename", "audio_duration", "created_at", "started_at", "finished_at", "attempts", "word_timestamps", "audio_url", "callback_url", "next_attempt_at", "audio_purged_at", "result_purged_at", "notice", "collect", "correction")
+    __slots__ = ("id", "status", "stage", "progress", "queue_position", "estimated_start_at", "estimated_finish_at", "error", "result", "task", "language", "priority", "model", "route", "rerun_of", "batch_id", "filename", "audio_duration", "created_at", "started_at", "finished_at", "attempts", "word_timestamps", "audio_url", "callback_url", "next_attempt_at", "audio_purged_at", "result_purged_at", "notice", "collect", "correction", "hotwords", "confidence", "analyses")
     class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         STATUS_UNSPECIFIED: _ClassVar[Job.Status]
@@ -91,6 +91,13 @@ class Job(_message.Message):
     FAILED: Job.Status
     EXPIRED: Job.Status
     CANCELLED: Job.Status
+    class AnalysesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Analysis
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Analysis, _Mapping]] = ...) -> None: ...
     ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +129,9 @@ class Job(_message.Message):
     NOTICE_FIELD_NUMBER: _ClassVar[int]
     COLLECT_FIELD_NUMBER: _ClassVar[int]
     CORRECTION_FIELD_NUMBER: _ClassVar[int]
+    HOTWORDS_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    ANALYSES_FIELD_NUMBER: _ClassVar[int]
     id: str
     status: Job.Status
     stage: str
@@ -153,49 +163,111 @@ class Job(_message.Message):
     notice: str
     collect: bool
     correction: Correction
-    def __init__(self, id: _Optional[str] = ..., status: _Optional[_Union[Job.Status, str]] = ..., stage: _Optional[str] = ..., progress: _Optional[float] = ..., queue_position: _Optional[int] = ..., estimated_start_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., estimated_finish_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[str] = ..., result: _Optional[_Union[Result, _Mapping]] = ..., task: _Optional[str] = ..., language: _Optional[str] = ..., priority: _Optional[str] = ..., model: _Optional[str] = ..., route: _Optional[str] = ..., rerun_of: _Optional[str] = ..., batch_id: _Optional[str] = ..., filename: _Optional[str] = ..., audio_duration: _Optional[float] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., attempts: _Optional[int] = ..., word_timestamps: _Optional[bool] = ..., audio_url: _Optional[str] = ..., callback_url: _Optional[str] = ..., next_attempt_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., audio_purged_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., result_purged_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., notice: _Optional[str] = ..., collect: _Optional[bool] = ..., correction: _Optional[_Union[Correction, _Mapping]] = ...) -> None: ...
+    hotwords: str
+    confidence: float
+    analyses: _containers.MessageMap[str, Analysis]
+    def __init__(self, id: _Optional[str] = ..., status: _Optional[_Union[Job.Status, str]] = ..., stage: _Optional[str] = ..., progress: _Optional[float] = ..., queue_position: _Optional[int] = ..., estimated_start_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., estimated_finish_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[str] = ..., result: _Optional[_Union[Result, _Mapping]] = ..., task: _Optional[str] = ..., language: _Optional[str] = ..., priority: _Optional[str] = ..., model: _Optional[str] = ..., route: _Optional[str] = ..., rerun_of: _Optional[str] = ..., batch_id: _Optional[str] = ..., filename: _Optional[str] = ..., audio_duration: _Optional[float] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., attempts: _Optional[int] = ..., word_timestamps: _Optional[bool] = ..., audio_url: _Optional[str] = ..., callback_url: _Optional[str] = ..., next_attempt_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., audio_purged_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., result_purged_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., notice: _Optional[str] = ..., collect: _Optional[bool] = ..., correction: _Optional[_Union[Correction, _Mapping]] = ..., hotwords: _Optional[str] = ..., confidence: _Optional[float] = ..., analyses: _Optional[_Mapping[str, Analysis]] = ...) -> None: ...
+
+class Analysis(_message.Message):
+    __slots__ = ("status", "version", "error", "seconds")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    status: str
+    version: str
+    error: str
+    seconds: float
+    def __init__(self, status: _Optional[str] = ..., version: _Optional[str] = ..., error: _Optional[str] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class Result(_message.Message):
-    __slots__ = ("text", "language", "duration", "segments", "model", "partial")
+    __slots__ = ("text", "language", "duration", "segments", "model", "partial", "language_probability", "confidence", "speakers", "turns", "redacted", "analyses")
+    class AnalysesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Analysis
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Analysis, _Mapping]] = ...) -> None: ...
     TEXT_FIELD_NUMBER: _ClassVar[int]
     LANGUAGE_FIELD_NUMBER: _ClassVar[int]
     DURATION_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PARTIAL_FIELD_NUMBER: _ClassVar[int]
+    LANGUAGE_PROBABILITY_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    SPEAKERS_FIELD_NUMBER: _ClassVar[int]
+    TURNS_FIELD_NUMBER: _ClassVar[int]
+    REDACTED_FIELD_NUMBER: _ClassVar[int]
+    ANALYSES_FIELD_NUMBER: _ClassVar[int]
     text: str
     language: str
     duration: float
     segments: _containers.RepeatedCompositeFieldContainer[Segment]
     model: _struct_pb2.Struct
     partial: bool
-    def __init__(self, text: _Optional[str] = ..., language: _Optional[str] = ..., duration: _Optional[float] = ..., segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., model: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., partial: _Optional[bool] = ...) -> None: ...
+    language_probability: float
+    confidence: float
+    speakers: _containers.RepeatedScalarFieldContainer[str]
+    turns: _containers.RepeatedCompositeFieldContainer[Turn]
+    redacted: Redacted
+    analyses: _containers.MessageMap[str, Analysis]
+    def __init__(self, text: _Optional[str] = ..., language: _Optional[str] = ..., duration: _Optional[float] = ..., segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., model: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., partial: _Optional[bool] = ..., language_probability: _Optional[float] = ..., confidence: _Optional[float] = ..., speakers: _Optional[_Iterable[str]] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ..., redacted: _Optional[_Union[Redacted, _Mapping]] = ..., analyses: _Optional[_Mapping[str, Analysis]] = ...) -> None: ...
 
 class Segment(_message.Message):
-    __slots__ = ("start", "end", "text", "words", "language")
+    __slots__ = ("start", "end", "text", "words", "language", "avg_logprob", "no_speech_prob", "compression_ratio", "speaker")
     START_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     WORDS_FIELD_NUMBER: _ClassVar[int]
     LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    AVG_LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    NO_SPEECH_PROB_FIELD_NUMBER: _ClassVar[int]
+    COMPRESSION_RATIO_FIELD_NUMBER: _ClassVar[int]
+    SPEAKER_FIELD_NUMBER: _ClassVar[int]
     start: float
     end: float
     text: str
     words: _containers.RepeatedCompositeFieldContainer[Word]
     language: str
-    def __init__(self, start: _Optional[float] = ..., end: _Optional[float] = ..., text: _Optional[str] = ..., words: _Optional[_Iterable[_Union[Word, _Mapping]]] = ..., language: _Optional[str] = ...) -> None: ...
+    avg_logprob: float
+    no_speech_prob: float
+    compression_ratio: float
+    speaker: str
+    def __init__(self, start: _Optional[float] = ..., end: _Optional[float] = ..., text: _Optional[str] = ..., words: _Optional[_Iterable[_Union[Word, _Mapping]]] = ..., language: _Optional[str] = ..., avg_logprob: _Optional[float] = ..., no_speech_prob: _Optional[float] = ..., compression_ratio: _Optional[float] = ..., speaker: _Optional[str] = ...) -> None: ...
 
 class Word(_message.Message):
-    __slots__ = ("word", "start", "end", "probability")
+    __slots__ = ("word", "start", "end", "probability", "speaker")
     WORD_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
     PROBABILITY_FIELD_NUMBER: _ClassVar[int]
+    SPEAKER_FIELD_NUMBER: _ClassVar[int]
     word: str
     start: float
     end: float
     probability: float
-    def __init__(self, word: _Optional[str] = ..., start: _Optional[float] = ..., end: _Optional[float] = ..., probability: _Optional[float] = ...) -> None: ...
+    speaker: str
+    def __init__(self, word: _Optional[str] = ..., start: _Optional[float] = ..., end: _Optional[float] = ..., probability: _Optional[float] = ..., speaker: _Optional[str] = ...) -> None: ...
+
+class Turn(_message.Message):
+    __slots__ = ("speaker", "start", "end")
+    SPEAKER_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    speaker: str
+    start: float
+    end: float
+    def __init__(self, speaker: _Optional[str] = ..., start: _Optional[float] = ..., end: _Optional[float] = ...) -> None: ...
+
+class Redacted(_message.Message):
+    __slots__ = ("kinds", "count")
+    KINDS_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    kinds: _containers.RepeatedScalarFieldContainer[str]
+    count: int
+    def __init__(self, kinds: _Optional[_Iterable[str]] = ..., count: _Optional[int] = ...) -> None: ...
 
 class Correction(_message.Message):
     __slots__ = ("text", "segments", "corrected_at")
