@@ -67,15 +67,18 @@ soak: $(STAMP)
 	$(BIN)/python bench/soak.py --minutes $(SOAK_MINUTES) $(SOAK_ARGS)
 
 # The documentation site (mkdocs.yml, docs/) into var/site/: first a check that the checked-in
-# configuration reference is what the settings' declaration writes (`make reference` writes it),
+# configuration reference, the options page and the raw message's schema are what the settings'
+# and the options' declarations write (`make reference` writes them),
 # then --strict fails on any warning (a broken internal link or anchor, a page left out of the nav).
 .PHONY: reference
 reference: $(STAMP)
 	$(BIN)/python -m config.reference docs/configuration/reference.md
+	$(BIN)/python -m models.pipeline.request
 
 docs: $(STAMP)
 	@$(BIN)/python -c 'import mkdocs, material' 2>/dev/null || $(BIN)/python -m pip install --quiet -e '.[docs]'
 	$(BIN)/python -m config.reference --check docs/configuration/reference.md
+	$(BIN)/python -m models.pipeline.request --check
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # Static security scan of deploy/ (Kubernetes manifests, Dockerfile) with checkov, in a venv of

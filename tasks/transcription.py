@@ -42,6 +42,7 @@ from models.pipeline.door import keeps_result
 from models.pipeline.inference import infer_job
 from models.pipeline.messages import Finished, MalformedMessage, Prepared
 from models.pipeline.preparation import prepare_job
+from models.pipeline.request import POSITIONAL, names_for
 from models.pipeline.shadowing import shadow_job, shadow_message
 from models.registry.catalog import check_model
 from models.retry import Verdict, classify
@@ -63,23 +64,9 @@ class JobDeadLettered(Reject):
         return str(self.reason)
 
 
-# transcribe()'s options after the audio, as the API names them (models.pipeline.options);
-# `owner` is set here from `api_key`, never by a caller.
-POSITIONAL = ("language", "priority", "task", "model")
-OPTIONS = (
-    "language",
-    "priority",
-    "task",
-    "model",
-    "word_timestamps",
-    "prompt",
-    "temperature",
-    "callback_url",
-    "collect",
-    "hotwords",
-    "speakers",
-    "redact",
-)
+# transcribe()'s options after the audio, as the API names them (models.pipeline.request
+# declares them); `owner` is set here from `api_key`, never by a caller.
+OPTIONS = names_for("delay")
 # Options the door turns into something else (models.analysis: JobOptions.analyses): the message
 # carries them as given, and the preparation pool checks them again.
 AS_GIVEN = ("speakers", "redact")
@@ -188,44 +175,18 @@ def _answer(rt, job_id: str, result: dict | None) -> dict | None:
     reject_on_worker_lost=True,
     resultrepr_maxsize=0,
 )
-def transcribe(
-    self,
-    audio: str,
-    language: str | None = None,
-    priority: str = "normal",
-    task: str = "transcribe",
-    model: str | None = None,
-    word_timestamps: bool = False,
-    prompt: str | None = None,
-    temperature: float | None = None,
-    callback_url: str | None = None,
-    collect: bool | None = None,
-    owner: str | None = None,
-    owner_token: str | None = None,
-    api_key: str | None = None,
-    hotwords: str | None = None,
-    speakers: object = None,
-    redact: object = None,
-) -> dict | None:
+def transcribe(self, audio: str, *positional: object, **given: object) -> dict | None:
+    """The preparation pool's task. Its keyword arguments are the job's options
+    (models.pipeline.request) and who owns it (`api_key`, or `owner` with `owner_token`); a
+    message naming a job this service made carries none, the job's row has them. A raw
+    producer's message is checked by the one door like any other way in: an unknown or bad
+    option fails its job, saying why."""
     job_id = self.request.id
     worker = self.request.hostname or socket.gethostname()
-    options = {
-        "language": language,
-        "priority": priority,
-        "task": task,
-        "model": model,
-        "word_timestamps": word_timestamps,
-        "prompt": prompt,
-        "temperature": temperature,
-        "callback_url": callback_url,
-        "collect": collect,
-        "owner": owner,
-        "owner_token": owner_token,
-        "api_key": api_key,
-        "hotwords": hotwords,
-        "speakers": speakers,
-        "redact": redact,
-    }
+    options: dict[str, object] = dict(zip(POSITIONAL, positional, strict=False))
+    options.update(given)
+    if len(positional) > len(POSITIONAL):
+        options["_positional"] = positional[len(POSITIONAL) :]  # refused by the door, saying what to send
     rt = runtime()
     try:
         prepared = prepare_job(rt, job_id, audio, options, worker=worker, worker_id=worker_id())

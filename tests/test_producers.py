@@ -127,6 +127,13 @@ def test_a_bad_option_in_a_plain_message_fails_the_job_saying_why(client, worker
     job = wait_for_job(client, job_id, timeout=180)
     assert job["status"] == "FAILED" and "temperature must be a number from 0 to 1" in job["error"], job
     assert job["attempts"] in (0, 1)  # refused at once, never retried
+    # an option no door declares (models.pipeline.request): refused by name, not ignored
+    unknown_id = str(uuid.uuid4())
+    msg = message(unknown_id, str(CLIPS["fox.flac"]["path"]), language="en")
+    msg["body"][1]["diarise"] = True
+    send(settings, msg)
+    job = wait_for_job(client, unknown_id, timeout=180)
+    assert job["status"] == "FAILED" and "unknown option(s) 'diarise'" in job["error"], job
 
 
 def test_the_schema_refuses_what_the_worker_would_refuse():

@@ -26,7 +26,7 @@ from models.jobs.operations import cancel_job
 from models.jobs.record import Job, JobStatus
 from models.pipeline import door, intake
 from models.pipeline.door import Admission, Submission
-from models.pipeline.options import FIELDS
+from models.pipeline.request import names_for
 from models.runtime import Runtime
 
 from .admission import admit_submission
@@ -38,7 +38,7 @@ bp = Blueprint("batches", __name__, url_prefix="/v1")
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 1024 * 1024  # a hundred URLs with their options; more than one job's 64 KiB
-SHARED = tuple(f for f in FIELDS if f != "callback_url")  # options for every item; callback_url is the batch's
+SHARED = tuple(f for f in names_for("batch") if f != "callback_url")  # for every item; callback_url is the batch's
 ITEM = ("audio_url", "callback_url", *(f for f in SHARED if f != "priority"))  # one priority per batch
 EXAMPLE = '{"audio_urls": ["https://example.com/a.mp3", "https://example.com/b.mp3"]}'
 

@@ -27,6 +27,7 @@ from models.errors import AudioTooLong, BrokerUnavailable, InvalidRequest, Unsup
 from models.jobs.operations import get_job
 from models.jobs.record import JobStatus
 from models.pipeline import intake
+from models.pipeline.request import names_for
 from models.speech.formats import render
 
 from .admission import admit_submission, client_key
@@ -194,7 +195,7 @@ def transcriptions():
         {"priority": who.max_priority, "word_timestamps": "true" if "word" in granularities else "false"}
     )
     # OpenAI's own fields, and whisperq's (hotwords, speakers, redact) checked as every door checks them
-    for name in ("language", "prompt", "temperature", "hotwords", "speakers", "redact"):
+    for name in names_for("openai"):
         if form.get(name) not in (None, ""):
             fields[name] = form[name]
     if fmt == "diarized_json" and not fields.get("speakers"):

@@ -3,9 +3,12 @@ the submission bodies, dead letters and the OpenAI-compatible bodies."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from config import LANGUAGES, PRIORITIES
 from models.jobs.corrections import MAX_SEGMENT_TEXT, MAX_SEGMENTS, MAX_TEXT
 from models.jobs.record import JobStatus, Stage
+from models.pipeline.request import OPTIONS, RERUN_KEPT, names_for
 from models.speech.formats import FORMATS
 
 
@@ -39,62 +42,30 @@ def choice(values, *, any_case: bool = False, blank: bool = False, padded: bool 
 
 
 def options(json_body: bool, models: list[str] | None = None) -> dict:
-    """The job options a submission may carry (form fields, or JSON members)."""
+    """The job options a submission may carry (form fields, or JSON members), from their one
+    declaration (models.pipeline.request)."""
     maybe = nullable if json_body else (lambda s: s)
-    return {
-        "model": maybe(
-            {
-                "type": "string",
-                **({"enum": list(models)} if models else {}),
-                "description": "A model of `GET /v1/models`; empty or absent: the default model.",
-            }
-        ),
-        "language": maybe(
-            {
-                "type": "string",
-                "description": "Language code such as `en`; empty or `auto` detects "
-                "it. Codes: " + ", ".join(sorted(LANGUAGES)) + ".",
-            }
-        ),
-        "priority": maybe(
-            {
-                **choice(PRIORITIES, any_case=True, blank=True, padded=True),
-                "description": "`high`, `normal` or `low`; default `normal` (or the API key's tier "
-                "default); a key's tier may not allow `high` (403).",
-            }
-        ),
-        "task": maybe(
-            {
-                **choice(("transcribe", "translate"), any_case=True, blank=True, padded=True),
-                "description": "`transcribe` (the default) or `translate` (to English; needs a multilingual model).",
-            }
-        ),
-        "callback_url": maybe(
-            {
-                "type": "string",
-                "format": "uri",
-                "description": "A public http(s) URL that is POSTed the job when it ends.",
-            }
-        ),
-        "word_timestamps": maybe({"type": "boolean", "default": False}),
-        "prompt": maybe({"type": "string", "maxLength": 1000, "description": "Whisper's initial prompt."}),
-        "hotwords": maybe(
-            {"type": "string", "maxLength": 500, "description": "Words to listen for (names, jargon), by commas."}
-        ),
-        "speakers": maybe(
-            {"type": "string", "description": "Who spoke when: `true`, a count (`3`) or a range (`2-4`)."}
-        ),
-        "redact": maybe({"type": "string", "description": "`pii`, or kinds (`email,phone,card,digits`)."}),
-        "temperature": maybe({"type": "number", "minimum": 0, "maximum": 1}),
-        "collect": maybe(
-            {
-                "type": "boolean",
-                "default": False,
-                "description": "Keep this job's audio and transcript as training data (`whisperq dataset "
-                "export`); a key may collect every job.",
-            }
-        ),
-    }
+    out = {}
+    for o in OPTIONS:
+        schema: dict[str, Any]
+        if o.name == "language":
+            schema = {"type": "string", "description": o.help + " Codes: " + ", ".join(sorted(LANGUAGES)) + "."}
+        elif o.name == "model":
+            schema = {"type": "string", **({"enum": list(models)} if models else {}), "description": o.help}
+        elif o.kind == "choice":
+            schema = {**choice(o.choices, any_case=True, blank=True, padded=True), "description": o.help}
+        elif o.kind == "flag":
+            schema = {"type": "boolean", "default": False, "description": o.help}
+        elif o.kind == "number":
+            schema = {"type": "number", "minimum": o.low, "maximum": o.high, "description": o.help}
+        elif o.name == "callback_url":
+            schema = {"type": "string", "format": "uri", "description": o.help}
+        else:
+            schema = {"type": "string", "description": o.help}
+            if o.max_length is not None:
+                schema["maxLength"] = o.max_length
+        out[o.name] = maybe(schema)
+    return out
 
 
 def usage_schemas() -> dict:
@@ -454,8 +425,9 @@ def schemas(models: list[str]) -> dict:
         "Rerun": {
             "type": "object",
             "additionalProperties": False,
-            "description": "Options over the original job's (language, task, priority, word_timestamps, prompt, "
-            "temperature and model are kept unless given).",
+            "description": "Options over the original job's ("
+            + ", ".join(RERUN_KEPT)
+            + ", its model and its analyses are kept unless given).",
             "properties": options(json_body=True, models=models),
         },
         "DeadLetter": {
@@ -490,6 +462,12 @@ def schemas(models: list[str]) -> dict:
                     "type": "array",
                     "items": {"type": "string", "enum": ["segment", "word"]},
                     "description": "Needs response_format `verbose_json`.",
+                },
+                # whisperq's own options this endpoint takes too (models.pipeline.request)
+                **{
+                    name: schema
+                    for name, schema in options(json_body=False).items()
+                    if name in names_for("openai") and name not in ("language", "prompt", "temperature")
                 },
             },
         },

@@ -19,7 +19,7 @@ from models.analysis import analysis
 from models.errors import InvalidRequest
 from models.jobs.operations import ANY, get_job
 from models.pipeline.door import Submission
-from models.pipeline.options import FIELDS
+from models.pipeline.request import FIELDS, RERUN_KEPT
 from models.runtime import Runtime
 from models.storage import SealedSpool
 
@@ -100,9 +100,6 @@ def url_submission(who: Principal, door: str, body, idempotency_key: str | None 
         audio_url=url.strip(),
         idempotency_key=idempotency_key,
     )
-
-
-RERUN_KEPT = ("language", "task", "priority", "word_timestamps", "prompt", "temperature", "collect", "hotwords")
 
 
 def rerun_submission(rt: Runtime, who: Principal, job_id: str, body) -> Submission:

@@ -51,6 +51,7 @@ from models.jobs import idempotency
 from models.jobs.operations import get_job
 from models.jobs.record import Job, JobOptions
 from models.pipeline.options import check_served, parse_options
+from models.pipeline.request import DOORS
 from models.security.crypto import DecryptionError, decrypt_value, seal_value
 from models.speech import audio as audio_io
 from models.storage import SealedSpool, caller_file, open_caller_file
@@ -58,9 +59,9 @@ from models.storage import SealedSpool, caller_file, open_caller_file
 if TYPE_CHECKING:
     from models.runtime import Runtime
 
-# Where a job came in (jobs.origin). A job from transcribe.delay() keeps its transcript in
-# the result backend too, for r.get(); every other job keeps it in its row only.
-DOORS = ("form", "api", "openai", "batch", "rerun", "mqtt", "grpc", "delay", "raw")
+# Where a job came in (jobs.origin): models.pipeline.request.DOORS. A job from
+# transcribe.delay() keeps its transcript in the result backend too, for r.get(); every other
+# job keeps it in its row only.
 KEEPS_RESULT = ("delay",)
 
 

@@ -1,6 +1,7 @@
 """A job's options, checked the same at every door: the API's form and JSON, the OpenAI
 endpoint, re-runs and `transcribe.delay()`. A bad option raises InvalidRequest (a ValueError)
-whose message says what to send, before anything is stored or queued."""
+whose message says what to send, before anything is stored or queued. Which options there
+are, and their bounds, is models.pipeline.request's declaration (`FIELDS` is its names)."""
 
 from __future__ import annotations
 
@@ -14,28 +15,15 @@ from models.errors import InvalidRequest, ModelNotServed
 from models.jobs.operations import check_options
 from models.jobs.record import JobOptions
 from models.jobs.workers import served_models
+from models.pipeline.request import option
 from models.registry.catalog import check_language, multilingual, route_models
 
 if TYPE_CHECKING:
     from config import Settings
     from models.runtime import Runtime
 
-FIELDS = (
-    "language",
-    "priority",
-    "task",
-    "callback_url",
-    "word_timestamps",
-    "prompt",
-    "temperature",
-    "model",
-    "collect",
-    "hotwords",
-    "speakers",
-    "redact",
-)
-MAX_PROMPT = 1000
-MAX_HOTWORDS = 500
+MAX_PROMPT = option("prompt").max_length or 0
+MAX_HOTWORDS = option("hotwords").max_length or 0
 TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off", "")
 
 

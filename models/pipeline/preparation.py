@@ -30,7 +30,7 @@ from models.jobs.operations import TASKS, fail_job
 from models.jobs.record import Job, JobStatus, Stage, utcnow
 from models.jobs.workers import served_models
 from models.pipeline.messages import Finished, Prepared
-from models.pipeline.options import FIELDS
+from models.pipeline.request import FIELDS, OWNERSHIP, POSITIONAL, names_for
 from models.registry.catalog import check_language
 from models.security.sealed import open_stored
 from models.speech import audio as audio_io
@@ -136,6 +136,7 @@ def _admit_message(rt: Runtime, job_id: str, audio_ref: Any, options: dict[str, 
             raise InvalidRequest("the message's audio must be the absolute path of a file, as a string")
         who, origin = _message_principal(rt, job_id, options)
         owner = who.owner  # a refusal from here on is shown to the key that sent it
+        _check_names(options, origin)
         # local=False: a file shared storage has not shown this host yet is retried by prepare_job.
         admitted = door.admit(
             rt, door.Submission(who, origin, fields=fields, path=audio_ref, job_id=job_id), queue=False, local=False
@@ -172,6 +173,24 @@ def _admit_message(rt: Runtime, job_id: str, audio_ref: Any, options: dict[str, 
             )
     log.warning("job %s: refused: %s", job_id, refusal)
     raise PermanentJobError(refusal)
+
+
+def _check_names(options: dict[str, Any], origin: str) -> None:
+    """A message carries the audio's path as its one argument, and the options its door takes
+    (models.pipeline.request) and who owns the job as keyword arguments; anything else is
+    refused, saying what the message may carry."""
+    if "_positional" in options:
+        raise InvalidRequest(
+            f"the message's args are the audio's path and at most {len(POSITIONAL)} options "
+            f"({', '.join(POSITIONAL)}); send the other options as keyword arguments"
+        )
+    known = set(names_for(origin)) | set(OWNERSHIP)
+    unknown = sorted(name for name in options if name not in known)
+    if unknown:
+        raise InvalidRequest(
+            f"unknown option(s) {', '.join(repr(u) for u in unknown)}; a message takes "
+            f"{', '.join(names_for(origin))} and {', '.join(OWNERSHIP)} (docs/producers.md)"
+        )
 
 
 def _tier(rt: Runtime, owner: str | None) -> str | None:
