@@ -100,7 +100,6 @@ class TranscribeTask(Task):
 def checked_options(settings, given: dict) -> dict:
     """The message's options from transcribe.delay()'s keywords, through the one door as the
     API checks them; `owner` and its sealed `owner_token` from `api_key`."""
-    from models.access.apikeys import ANONYMOUS, authenticate
     from models.pipeline import door
 
     given = dict(given)
@@ -113,10 +112,8 @@ def checked_options(settings, given: dict) -> dict:
             f"{', '.join(OPTIONS)} and api_key (whose key owns the job)"
         )
     rt = runtime()
-    who = ANONYMOUS
     try:
-        if key is not None:
-            who = authenticate(rt, key)
+        who = door.identify(rt, token=key, how="pass it as transcribe.delay(..., api_key='wq_...')")
         admitted = door.admit(
             rt,
             door.Submission(

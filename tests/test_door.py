@@ -181,8 +181,8 @@ def test_an_idempotency_key_reaches_no_other_owners_job(settings, database, monk
 
     from models.access.apikeys import create_key
     from models.delivery.mqtt_replies import request_id
+    from models.pipeline.door import anonymous
     from web import create_app
-    from web.auth import anonymous
     from web.mqtt.requests import Request
     from web.mqtt.submit import submit
 
@@ -252,11 +252,10 @@ def test_an_mqtt_path_in_another_keys_directory_is_refused_as_if_it_were_not_the
 
 
 def test_a_file_swapped_for_a_link_after_the_door_is_not_followed(door_rt, tmp_path):
-    from models.access.apikeys import ANONYMOUS
     from models.errors import PermanentJobError
     from models.jobs.operations import get_job
     from models.pipeline import intake
-    from models.pipeline.door import Submission
+    from models.pipeline.door import Submission, anonymous
     from models.pipeline.preparation import prepare_job
 
     rt = door_rt
@@ -266,7 +265,9 @@ def test_a_file_swapped_for_a_link_after_the_door_is_not_followed(door_rt, tmp_p
     shutil.copy(FOX, secret)
     shutil.copy(FOX, inbox / "call.flac")
     rt.settings = dataclasses.replace(rt.settings, input_grants=((None, inbox),))
-    job, _ = intake.submit(rt, Submission(ANONYMOUS, "mqtt", fields={"language": "en"}, path=str(inbox / "call.flac")))
+    job, _ = intake.submit(
+        rt, Submission(anonymous(rt.settings), "mqtt", fields={"language": "en"}, path=str(inbox / "call.flac"))
+    )
     (inbox / "call.flac").unlink()
     os.symlink(secret, inbox / "call.flac")
     with pytest.raises(PermanentJobError, match="link"):
@@ -301,3 +302,34 @@ def test_an_inference_message_naming_samples_not_its_own_is_dropped(door_rt, mon
         transcription.infer.run(theirs.to_message())
     with pytest.raises(Reject, match="not its own"):
         transcription.shadow.run(theirs.to_message())
+
+
+def test_every_way_in_builds_its_caller_with_the_one_rule(door_rt):
+    """One anonymous principal, one priority cap, one WHISPERQ_ALLOW_ANONYMOUS rule at every way
+    in: HTTP, gRPC, MQTT, transcribe.delay() and a raw message (whose anonymous jobs had no
+    priority cap and were let in where anonymous use was off)."""
+    from models.errors import Forbidden, Unauthorized
+    from models.pipeline import door
+    from models.pipeline.preparation import _message_principal
+    from web.mqtt.requests import Refused, Request
+    from web.mqtt.submit import principal_for
+    from web.rpc.auth import principal as grpc_principal
+
+    rt = door_rt
+    mqtt = Request("sensor-1", str(uuid.uuid4()), "whisperq/replies/sensor-1", "path", {"path": "/a.flac"})
+    ways = {
+        "http": lambda: door.identify(rt, how="send it as 'Authorization: Bearer <key>'"),
+        "grpc": lambda: grpc_principal(rt, []),
+        "mqtt": lambda: principal_for(rt, {}, mqtt),
+        "delay or raw": lambda: _message_principal(rt, str(uuid.uuid4()), {})[0],
+    }
+    rt.settings = dataclasses.replace(rt.settings, allow_anonymous=True, anonymous_max_priority="normal")
+    for way, who in ways.items():
+        caller = who()
+        assert caller == door.anonymous(rt.settings) and caller.max_priority == "normal", way
+        with pytest.raises(Forbidden, match="anonymous use may ask for priority normal or low, not high"):
+            caller.check_priority("high")
+    rt.settings = dataclasses.replace(rt.settings, allow_anonymous=False)
+    for way, who in ways.items():
+        with pytest.raises((Unauthorized, Refused), match="needs an API key"):
+            who()

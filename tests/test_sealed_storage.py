@@ -116,8 +116,8 @@ def test_an_upload_from_any_stream_is_spooled_encrypted(private_rt, monkeypatch)
     """sealed_upload's fallback, for a FileStorage that UploadRequest did not parse."""
     from werkzeug.datastructures import FileStorage
 
-    from models.access.apikeys import ANONYMOUS
     from models.pipeline import intake
+    from models.pipeline.door import anonymous
     from tasks.broker import CeleryBroker
     from web import uploads
 
@@ -128,7 +128,8 @@ def test_an_upload_from_any_stream_is_spooled_encrypted(private_rt, monkeypatch)
     )  # this private job must not reach the workers
     with app.test_request_context():
         job, created = intake.submit(
-            rt, uploads.upload_submission(rt, ANONYMOUS, "api", FileStorage(io.BytesIO(FOX), "fox.flac"), {})
+            rt,
+            uploads.upload_submission(rt, anonymous(rt.settings), "api", FileStorage(io.BytesIO(FOX), "fox.flac"), {}),
         )
     assert created and job.audio_duration == pytest.approx(4.3, abs=0.05)
     assert_not_plain(rt.storage.path(job.audio_ref), FOX)

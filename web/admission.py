@@ -1,31 +1,28 @@
-"""The web's part of admission: the per-client rate (by key, else address) and, before a body
-is read, what the one door (models.pipeline.door) can refuse without it. Everything after
-the body is the door's."""
+"""The web's part of admission: before a body is read, the one door's gate
+(models.pipeline.door.gate: the client's rate by key, else address, the disk floor, the queue,
+a spent quota), with the rate limit's headers on the answer. Everything after the body is the
+door's too."""
 
 from __future__ import annotations
 
 from flask import current_app, g, request
 
-from models.access.admission import check_rate
-from models.pipeline.door import check_before_body
+from models.pipeline.door import client_bucket, gate
 
 
 def client_key() -> str:
-    """Who is asking: the API key when there is one, else the address. A bearer that is no
-    key (anonymous use ignores it) earns no bucket of its own: a new random one per
-    request would otherwise be a fresh rate limit each time."""
-    found = g.get("principal")
-    if found is not None and found.owner is not None:
-        return "key:" + found.owner
-    return "addr:" + (request.remote_addr or "unknown")
+    """Who is asking, for what counts per client (the rate, held polls): the API key when there
+    is one, else the address."""
+    return client_bucket(g.principal, request.remote_addr or "unknown")
 
 
-def admit_submission() -> None:
-    """Before the body is read: the client's rate here, then what the one door refuses before
-    any body (models.pipeline.door.check_before_body: disk floor, queue budget, spent quota)."""
+def admit_submission(namespace: str) -> None:
+    """Before the body is read: the door's gate for this request (`namespace`: its door, whose
+    Idempotency-Key it is)."""
     rt = current_app.extensions["whisperq"]
-    g.ratelimit_headers = check_rate(rt.settings, g.principal.tier, client_key())
-    check_before_body(rt, g.principal, idempotent=request.headers.get("Idempotency-Key") is not None)
+    g.ratelimit_headers = gate(
+        rt, g.principal, request.remote_addr or "unknown", namespace, request.headers.get("Idempotency-Key")
+    )
 
 
 def add_rate_headers(response):

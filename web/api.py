@@ -56,7 +56,7 @@ def job_body(job: Job, detail: bool = True) -> dict:
 
 @bp.post("/jobs")
 def create():
-    admit_submission()  # before the body is read
+    admit_submission("api")  # before the body is read
     key = request.headers.get("Idempotency-Key")
     who = current()
     if request.mimetype == "application/json":
@@ -324,7 +324,7 @@ def cancel(job_id: str):
 @bp.post("/jobs/<job_id>/rerun")
 def rerun(job_id: str):
     """The same audio again as a new job linked to this one, most often on another model."""
-    admit_submission()
+    admit_submission("rerun")
     who = current()
     if request.content_length and request.mimetype != "application/json":
         raise UnsupportedMediaType('send the options as JSON, such as {"model": "base"}, or no body at all')

@@ -26,8 +26,9 @@ from urllib.parse import urlsplit
 
 from flask import Flask, current_app, g, redirect, request, session, url_for
 
-from models.access.apikeys import PREFIX, BadKey, Principal
+from models.access.apikeys import BadKey, Principal
 from models.errors import Forbidden, Unauthorized
+from models.pipeline.door import identify
 
 from .keycache import keys
 
@@ -126,23 +127,16 @@ def bearer_token() -> str | None:
     return token
 
 
-def matches(token: str, secret: str | None) -> bool:
-    if not secret:
-        return False
-    return hmac.compare_digest(token.encode(), secret.encode())
+HOW = "send it as 'Authorization: Bearer <key>'"
 
 
 def principal() -> Principal:
+    """The one door's `identify` on the request's bearer token, else its signed-in session (a
+    browser whose key was revoked is signed out), else anonymous use where it is allowed."""
     rt = current_app.extensions["whisperq"]
     token = bearer_token()
-    if token is not None:
-        if matches(token, rt.settings.admin_token):
-            return Principal(owner=None, tier="premium", admin=True, name="admin token")
-        if rt.settings.allow_anonymous and not token.startswith(PREFIX):
-            # OpenAI's SDKs must send some key ("unused"): where anonymous use is allowed,
-            # a token that is no whisperq key is no claim to be anyone.
-            return anonymous(rt.settings)
-        return keys.by_token(rt, token)  # a verified key is remembered for a second (web.keycache)
+    if token is not None:  # a verified key is remembered for a second (web.keycache)
+        return identify(rt, token=token, how=HOW, lookup=keys.by_token)
     key_id = session.get("key_id")
     if key_id:
         found = keys.by_key_id(rt, key_id)
@@ -150,17 +144,12 @@ def principal() -> Principal:
             g.by_cookie = True
             return found
         session.clear()  # its key was revoked: sign the browser out
-    if rt.settings.allow_anonymous:
-        g.by_cookie = request.blueprint == "pages"
-        return anonymous(rt.settings)
-    raise NotSignedIn(
-        "this server needs an API key: send it as 'Authorization: Bearer <key>' (an operator creates one with "
-        "`whisperq keys create`)"
-    )
-
-
-def anonymous(settings) -> Principal:
-    return Principal(owner=None, tier=None, cap=settings.anonymous_max_priority)
+    try:
+        who = identify(rt, how=HOW)
+    except Unauthorized as exc:
+        raise NotSignedIn(str(exc)) from None
+    g.by_cookie = request.blueprint == "pages"
+    return who
 
 
 def current() -> Principal:

@@ -64,16 +64,9 @@ def check_batch(rt: Runtime, who: Principal, body) -> tuple[list[Admission], str
             f"'audio_url' and options), not {'both' if 'items' in body else 'neither'}: {EXAMPLE}"
         )
     raw = body.get("items") if "items" in body else body.get("audio_urls")
-    limit = rt.settings.max_batch_items
-    if not isinstance(raw, list) or not raw:
-        raise InvalidRequest(
-            f"the batch's list of audio is empty or not a list; give 1 to {limit} items (WHISPERQ_MAX_BATCH_ITEMS)"
-        )
-    if len(raw) > limit:
-        raise InvalidRequest(
-            f"the batch has {len(raw)} items; at most {limit} go in one batch "
-            "(WHISPERQ_MAX_BATCH_ITEMS): split it in several"
-        )
+    if not isinstance(raw, list):
+        raise InvalidRequest(f"the batch's list of audio is not a list: {EXAMPLE}")
+    door.check_batch_size(rt, len(raw))
     shared = {k: v for k, v in body.items() if k in SHARED}
     callback = _callback(rt, body.get("callback_url"))
     admitted = []
@@ -112,7 +105,7 @@ def _callback(rt: Runtime, value) -> str | None:
 
 @bp.post("/batches")
 def create():
-    admit_submission()  # before the body is read
+    admit_submission("batch")  # before the body is read
     rt, who = runtime(), current()
     key = door.scoped_key(who, "batch", request.headers.get("Idempotency-Key"))
     if request.mimetype == "multipart/form-data":
@@ -145,16 +138,9 @@ def check_files(rt: Runtime, who: Principal, form, files):
     measured by its header. Returns what _create takes."""
     check_fields(form, files)  # a single upload's fields: 'file' (here one per file) and the options
     uploads = files.getlist("file")
-    limit = rt.settings.max_batch_items
     if not uploads:
-        raise InvalidRequest(
-            f"no audio file: send each file in a multipart field named 'file' (1 to {limit}, WHISPERQ_MAX_BATCH_ITEMS)"
-        )
-    if len(uploads) > limit:
-        raise InvalidRequest(
-            f"the batch has {len(uploads)} files; at most {limit} go in one batch "
-            "(WHISPERQ_MAX_BATCH_ITEMS): split it in several"
-        )
+        raise InvalidRequest("no audio file: send each file in a multipart field named 'file'")
+    door.check_batch_size(rt, len(uploads), "files")
     callback = _callback(rt, form.get("callback_url"))
     fields = {k: v for k, v in form.items() if k != "callback_url"}
     admitted, digest = [], hashlib.sha256(json.dumps(["files", callback, fields], sort_keys=True).encode())

@@ -368,8 +368,9 @@ def _check_token() -> None:
     Without one it answers this machine only: it names every API key and its usage."""
     from models.access.apikeys import BadKey, authenticate
     from models.errors import Forbidden, Unauthorized
+    from models.pipeline.door import matches
 
-    from .auth import bearer_token, matches
+    from .auth import bearer_token
 
     rt = current_app.extensions["whisperq"]
     if not rt.settings.metrics_token:

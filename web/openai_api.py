@@ -162,7 +162,7 @@ def _gate(settings) -> WaitGate:
 @bp.post("/audio/transcriptions")
 def transcriptions():
     rt = current_app.extensions["whisperq"]
-    admit_submission()
+    admit_submission("openai")
     form = request.form
     model = (form.get("model") or "").strip()
     if not model:

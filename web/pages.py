@@ -136,7 +136,7 @@ def index():
 @bp.post("/")
 def upload():
     try:
-        admit_submission()
+        admit_submission("form")
         auth.check_csrf()
         form = request.form.copy()
         form.pop(auth.CSRF_FIELD, None)

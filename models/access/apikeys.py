@@ -157,9 +157,6 @@ class Principal:
             )
 
 
-ANONYMOUS = Principal(owner=None, tier=None)
-
-
 def digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 

@@ -5,9 +5,14 @@ the OpenAI endpoint, re-runs, `transcribe.delay()`, MQTT, and a raw broker messa
 preparation pool — turns what it got into a `Submission` (who, what audio, which options,
 which door) and calls `submit` (or `admit`, then `accept`). The rules live here, once:
 
-1. **Who.** The principal is built by the door from the key itself (a bearer key, a signed-in
-   session, the key an operator mapped an MQTT client to, `api_key=`, or an owner token this
-   service issued and sealed): never from a key id a caller names. A revoked key is refused.
+1. **Who.** The principal is built here (`identify`) from the key itself (a bearer key, a
+   signed-in session, the key an operator mapped an MQTT client to, `api_key=`, or an owner
+   token this service issued and sealed): never from a key id a caller names. A revoked key is
+   refused; without a key, the one anonymous principal where WHISPERQ_ALLOW_ANONYMOUS allows
+   it, at every way in (`transcribe.delay()` and raw messages too).
+   Before any body is read (`gate`): the caller's rate, the disk floor, the queue past even
+   the high-priority budget and a spent quota, skipped for a retry under an idempotency key
+   seen lately (its job is answered from the record).
 2. **What.** The options (models.pipeline.options), the model served, the tier's priority cap.
 3. **The audio.** An upload is sealed and measured by its header against its tier's length
    limit; a URL goes through the address guard, an `s3://` one through the key's S3 sources
@@ -35,18 +40,26 @@ quota and its key's share (models.pipeline.preparation): a header that lied gain
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from models.access import quotas
-from models.access.admission import Backlog, check_disk, check_queue
-from models.access.apikeys import Principal, key_collects, key_hotwords, principal_for_key_id
+from models.access.admission import Backlog, check_disk, check_queue, check_rate
+from models.access.apikeys import (
+    PREFIX,
+    Principal,
+    authenticate,
+    key_collects,
+    key_hotwords,
+    principal_for_key_id,
+)
 from models.access.s3_sources import check_source, is_s3_url, parse_s3_url
-from models.errors import Forbidden, IdempotencyConflict, InvalidRequest
+from models.errors import Forbidden, IdempotencyConflict, InvalidRequest, Unauthorized
 from models.jobs import idempotency
 from models.jobs.operations import get_job
 from models.jobs.record import Job, JobOptions
@@ -57,6 +70,7 @@ from models.speech import audio as audio_io
 from models.storage import SealedSpool, caller_file, open_caller_file
 
 if TYPE_CHECKING:
+    from config import Settings
     from models.runtime import Runtime
 
 # Where a job came in (jobs.origin): models.pipeline.request.DOORS. A job from
@@ -115,6 +129,57 @@ class Admission:
 
 # -- who ---------------------------------------------------------------------------------------
 
+ADMIN = Principal(owner=None, tier="premium", admin=True, name="admin token")
+
+
+def anonymous(settings: Settings) -> Principal:
+    """The one anonymous principal, whichever way it came in: no owner, no tier, and at most
+    WHISPERQ_ANONYMOUS_MAX_PRIORITY."""
+    return Principal(owner=None, tier=None, cap=settings.anonymous_max_priority)
+
+
+def matches(token: str, secret: str | None) -> bool:
+    """Whether a token is this secret (compared in constant time)."""
+    if not secret:
+        return False
+    return hmac.compare_digest(token.encode(), secret.encode())
+
+
+def identify(
+    rt: Runtime,
+    *,
+    token: str | None = None,
+    key_id: str | None = None,
+    how: str,
+    what: str = "this request",
+    lookup: Callable[[Runtime, str], Principal] | None = None,
+) -> Principal:
+    """Who a submission acts for, decided the same way at every way in.
+
+    - `token`, the key itself (HTTP's bearer, gRPC's metadata, `transcribe.delay(api_key=...)`,
+      a raw message's `api_key`): WHISPERQ_ADMIN_TOKEN is an admin; where anonymous use is
+      allowed, a token that is no whisperq key is no claim to be anyone (OpenAI's SDKs must send
+      one); otherwise the key, verified (`lookup`, by default models.access.apikeys.authenticate):
+      an unknown or revoked one is Unauthorized, even where anonymous use is allowed.
+    - `key_id`, a key this deployment vouched for (an operator's MQTT client map, an owner
+      token it sealed, a signed-in session): the key, checked now; Forbidden once revoked.
+    - neither: the one anonymous principal where WHISPERQ_ALLOW_ANONYMOUS is on, else
+      Unauthorized, saying `how` to send a key.
+    """
+    if token is not None:
+        if not isinstance(token, str):
+            raise InvalidRequest("the API key must be given as a string (wq_...)")
+        if matches(token, rt.settings.admin_token):
+            return ADMIN
+        if rt.settings.allow_anonymous and not token.startswith(PREFIX):
+            return anonymous(rt.settings)
+        return (lookup or authenticate)(rt, token)
+    if key_id is not None:
+        return principal_of_key_id(rt, key_id, what)
+    if rt.settings.allow_anonymous:
+        return anonymous(rt.settings)
+    raise Unauthorized(f"this server needs an API key: {how} (an operator creates one with `whisperq keys create`)")
+
 
 def principal_of_key_id(rt: Runtime, key_id: str, what: str) -> Principal:
     """An operator-configured key (an MQTT client's, a sealed owner token's), checked now:
@@ -151,15 +216,29 @@ def owner_from_token(job_id: str, token: object) -> str:
 # -- the rules ---------------------------------------------------------------------------------
 
 
-def check_before_body(rt: Runtime, who: Principal, idempotent: bool) -> None:
-    """What can be refused before a body is read: the disk floor, the queue past even the
-    high-priority budget, and a key whose monthly quota is spent (a retry under an
-    idempotency key gets its job back instead). The per-client rate is the door's own
-    (models.access.admission.RateLimiter, by address or key)."""
+def client_bucket(who: Principal, address: str) -> str:
+    """Whose rate a request counts against: its key's, else its address's (a bearer that is no
+    key earns no bucket of its own: a new random one per request would be a fresh limit)."""
+    return "key:" + who.owner if who.owner is not None else "addr:" + address
+
+
+def gate(
+    rt: Runtime, who: Principal, address: str, namespace: str, idempotency_key: str | None = None
+) -> dict[str, str]:
+    """What is refused before any body is read, the same at every way in (HTTP, gRPC, MQTT):
+    the caller's rate (by key, else `address`), the disk floor, the queue past even the
+    high-priority budget, and a key whose monthly quota is spent. A retry under an
+    idempotency key this door saw lately passes (`admit` answers it with its job, whatever the
+    queue holds now). Returns the rate limit's headers, for a way in that shows them."""
+    key = scoped_key(who, namespace, idempotency_key)
+    if key is not None and seen(rt, key):
+        return {}
+    headers = check_rate(rt.settings, who.tier, client_bucket(who, address))
     check_disk(rt)
     check_queue(rt, "high")
-    if who.owner is not None and not idempotent:
+    if who.owner is not None:
         quotas.check(rt, who.owner, tier=who.tier)
+    return headers
 
 
 def input_dirs_of(rt: Runtime, owner: str | None, admin: bool = False) -> tuple[tuple[Path, ...], tuple[Path, ...]]:
@@ -331,6 +410,19 @@ def _length_if_readable(path: str, limit: float) -> float | None:
         return None
 
 
+def check_batch_size(rt: Runtime, count: int, what: str = "items") -> None:
+    """A batch holds 1 to WHISPERQ_MAX_BATCH_ITEMS jobs, whichever way it came in; the message
+    says how to send it (`what`: the batch's items as the way in names them)."""
+    limit = rt.settings.max_batch_items
+    if count < 1:
+        raise InvalidRequest(f"the batch is empty: give it 1 to {limit} {what} (WHISPERQ_MAX_BATCH_ITEMS)")
+    if count > limit:
+        raise InvalidRequest(
+            f"the batch has {count} {what}; at most {limit} go in one batch (WHISPERQ_MAX_BATCH_ITEMS): split it "
+            "in several"
+        )
+
+
 def check_share(rt: Runtime, who: Principal, priority: str, seconds: list[float]) -> None:
     """A batch of jobs of `seconds` each (a URL's at WHISPERQ_URL_AUDIO_ESTIMATE_SECONDS until
     fetched): the queue budget and the key's share and quota with all of them counted. The
@@ -357,10 +449,13 @@ __all__ = [
     "Admission",
     "Submission",
     "admit",
-    "check_before_body",
+    "check_batch_size",
     "check_share",
+    "client_bucket",
     "earlier_job",
+    "gate",
     "idempotent_hit",
+    "identify",
     "input_dirs_of",
     "keeps_result",
     "owner_from_token",

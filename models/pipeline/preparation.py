@@ -100,17 +100,17 @@ def _claim(
 
 
 def _message_principal(rt: Runtime, job_id: str, options: dict[str, Any]) -> tuple[Principal, str]:
-    """Whom a message's job is for, and which way it came in. Only the key itself (`api_key`)
-    or an owner token this deployment sealed for this very job id (transcribe.delay(api_key=...))
-    names an owner; a bare `owner` key id names no one, and a revoked key is refused."""
-    from models.access.apikeys import ANONYMOUS, authenticate
+    """Whom a message's job is for, and which way it came in, by the one door's `identify`.
+    Only the key itself (`api_key`) or an owner token this deployment sealed for this very job
+    id (transcribe.delay(api_key=...)) names an owner; a bare `owner` key id names no one, a
+    revoked key is refused, and a message with neither is anonymous use, where it is allowed."""
     from models.pipeline import door
 
     key, owner, token = options.get("api_key"), options.get("owner"), options.get("owner_token")
     if key is not None:
         if not isinstance(key, str):
             raise InvalidRequest("api_key must be the API key itself, as a string")
-        return authenticate(rt, key), "raw"
+        return door.identify(rt, token=key, how="give the message's api_key"), "raw"
     if owner is not None:
         if token is None:
             raise InvalidRequest(
@@ -119,8 +119,9 @@ def _message_principal(rt: Runtime, job_id: str, options: dict[str, Any]) -> tup
             )
         if door.owner_from_token(job_id, token) != owner:
             raise InvalidRequest("owner_token was issued for another owner; submit with transcribe.delay(api_key=...)")
-        return door.principal_of_key_id(rt, owner, "this job's owner"), "delay"
-    return ANONYMOUS, "delay"
+        return door.identify(rt, key_id=owner, what="this job's owner", how=""), "delay"
+    how = "give the message's api_key, or call transcribe.delay(..., api_key='wq_...')"
+    return door.identify(rt, how=how), "delay"
 
 
 def _admit_message(rt: Runtime, job_id: str, audio_ref: Any, options: dict[str, Any]) -> None:

@@ -15,15 +15,13 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 
 from config import ConfigError
 from config.mqtt import MqttSettings
-from models.access.admission import check_rate
-from models.access.apikeys import Principal, find_key, principal_for_key_id
+from models.access.apikeys import Principal, find_key
 from models.delivery.mqtt_replies import request_id
 from models.errors import BrokerUnavailable, WhisperqError
 from models.jobs.record import Job
 from models.pipeline import door, intake
 from models.runtime import Runtime
 
-from ..auth import anonymous
 from .requests import Refused, Request
 
 # What passes by itself: the request is kept (not acknowledged) and tried again.
@@ -46,28 +44,19 @@ def resolve_keys(rt: Runtime, mq: MqttSettings) -> dict[str, str]:
 
 
 def principal_for(rt: Runtime, keys: dict[str, str], req: Request) -> Principal:
-    """Whom the request acts for: its client's key (checked again now: it may have been revoked)."""
+    """Whom the request acts for: the one door's `identify` on its client's key (checked again
+    now: it may have been revoked), else anonymous use where it is allowed."""
     key_id = keys.get(req.client, keys.get("*"))
-    if key_id is None:
-        if rt.settings.allow_anonymous:
-            return anonymous(rt.settings)
-        raise Refused(
-            "unauthorized",
-            f"the MQTT client {req.client!r} has no API key on this service; "
-            f"an operator maps it to one in WHISPERQ_MQTT_CLIENTS ({req.client}=KEY_ID)",
-            req.reply_topic,
-            req.correlation_id,
+    try:
+        return door.identify(
+            rt,
+            key_id=key_id,
+            what=f"the MQTT client {req.client!r}",
+            how=f"the MQTT client {req.client!r} has none; an operator maps it to one in WHISPERQ_MQTT_CLIENTS "
+            f"({req.client}=KEY_ID)",
         )
-    found = principal_for_key_id(rt, key_id)
-    if found is None:
-        raise Refused(
-            "unauthorized",
-            f"the API key of the MQTT client {req.client!r} was revoked; "
-            "an operator maps it to another in WHISPERQ_MQTT_CLIENTS",
-            req.reply_topic,
-            req.correlation_id,
-        )
-    return found
+    except WhisperqError as exc:
+        raise Refused("unauthorized", str(exc), req.reply_topic, req.correlation_id) from None
 
 
 def idempotency_key(req: Request) -> str:
@@ -88,11 +77,8 @@ def submit(app: Flask, req: Request, who: Principal) -> tuple[Job, bool]:
         **audio,
     )
     try:
-        key = door.scoped_key(who, "mqtt", sub.idempotency_key)
-        if not door.seen(rt, key):  # a request seen before gets its job back, whatever the queue holds now
-            bucket = "key:" + who.owner if who.owner is not None else "addr:mqtt:" + req.client
-            check_rate(rt.settings, who.tier, bucket)
-            door.check_before_body(rt, who, idempotent=False)
+        # a request seen before gets its job back, whatever the queue holds now
+        door.gate(rt, who, "mqtt:" + req.client, "mqtt", sub.idempotency_key)
         return intake.submit(rt, sub)
     except TRANSIENT:
         raise

@@ -1,20 +1,21 @@
-"""Who a gRPC call acts for, decided as web.auth decides for HTTP: an API key in the metadata
-`authorization: Bearer wq_...` (verified by models.access.apikeys.authenticate, remembered for a
-second by web.keycache), WHISPERQ_ADMIN_TOKEN as a bearer for an admin, and no key at all only
-where WHISPERQ_ALLOW_ANONYMOUS is on (there, a bearer that is no whisperq key is ignored, as
-HTTP ignores it). An unknown or revoked key is refused, even where anonymous use is allowed."""
+"""Who a gRPC call acts for: the one door's `identify` (models.pipeline.door), as HTTP decides
+it, on an API key in the metadata `authorization: Bearer wq_...` (remembered for a second by
+web.keycache); WHISPERQ_ADMIN_TOKEN as a bearer is an admin, and no key at all is anonymous
+use only where WHISPERQ_ALLOW_ANONYMOUS is on. An unknown or revoked key is refused, even where
+anonymous use is allowed."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from models.access.apikeys import PREFIX, BadKey, Principal
-from models.errors import Unauthorized
+from models.access.apikeys import BadKey, Principal
 from models.jobs.operations import ANY
+from models.pipeline.door import identify
 from models.runtime import Runtime
 
-from ..auth import anonymous, matches
 from ..keycache import keys
+
+HOW = "send it as the metadata 'authorization: Bearer <key>'"
 
 
 def bearer_token(metadata: Iterable[tuple[str, str | bytes]] | None) -> str | None:
@@ -33,19 +34,7 @@ def bearer_token(metadata: Iterable[tuple[str, str | bytes]] | None) -> str | No
 
 
 def principal(rt: Runtime, metadata: Iterable[tuple[str, str | bytes]] | None) -> Principal:
-    token = bearer_token(metadata)
-    if token is not None:
-        if matches(token, rt.settings.admin_token):
-            return Principal(owner=None, tier="premium", admin=True, name="admin token")
-        if rt.settings.allow_anonymous and not token.startswith(PREFIX):
-            return anonymous(rt.settings)
-        return keys.by_token(rt, token)
-    if rt.settings.allow_anonymous:
-        return anonymous(rt.settings)
-    raise Unauthorized(
-        "this server needs an API key: send it as the metadata 'authorization: Bearer <key>' (an "
-        "operator creates one with `whisperq keys create`)"
-    )
+    return identify(rt, token=bearer_token(metadata), how=HOW, lookup=keys.by_token)
 
 
 def scope(who: Principal) -> object:

@@ -1,6 +1,6 @@
 """The calls of whisperq.v1.Transcription. Submit and Upload turn what they received into a door
 Submission (models.pipeline.door) and submit it through models.pipeline.intake, after the same
-checks before the body that HTTP makes (the client's rate, then door.check_before_body);
+checks before the body that HTTP makes (the one door's gate: the client's rate, disk, queue, quota);
 GetJob, Cancel and WatchJob read and change jobs as web.api does, scoped to the caller's key."""
 
 from __future__ import annotations
@@ -13,12 +13,11 @@ from typing import Any
 
 import grpc
 
-from models.access.admission import check_rate
 from models.access.apikeys import Principal
 from models.errors import InvalidRequest
 from models.jobs.operations import cancel_job, get_job
 from models.pipeline import intake
-from models.pipeline.door import Submission, check_before_body
+from models.pipeline.door import Submission, gate
 from models.pipeline.request import FIELDS
 from models.runtime import Runtime
 from models.storage import SealedSpool
@@ -73,15 +72,13 @@ def _streamed(method: Callable) -> Callable:
     return call
 
 
-def client_key(who: Principal, context: grpc.ServicerContext) -> str:
-    """The rate limit's bucket: the key's, else the peer address's (without its port)."""
-    if who.owner is not None:
-        return "key:" + who.owner
+def peer_address(context: grpc.ServicerContext) -> str:
+    """The caller's address, without its port: what its rate counts under when it has no key."""
     peer = context.peer() or "unknown"  # ipv4:127.0.0.1:5000, ipv6:[::1]:5000, unix:/path
     kind, _, rest = peer.partition(":")
     if kind in ("ipv4", "ipv6"):
         rest = rest.rsplit(":", 1)[0].strip("[]")
-    return "addr:" + rest
+    return rest
 
 
 def _fields(request: pb.SubmitRequest) -> dict[str, Any]:
@@ -129,8 +126,8 @@ class Transcription(pb_grpc.TranscriptionServicer):
         return auth.principal(self.rt, context.invocation_metadata())
 
     def _admit(self, who: Principal, context: grpc.ServicerContext, request: pb.SubmitRequest) -> None:
-        check_rate(self.rt.settings, who.tier, client_key(who, context))
-        check_before_body(self.rt, who, idempotent=request.HasField("idempotency_key"))
+        key = request.idempotency_key if request.HasField("idempotency_key") else None
+        gate(self.rt, who, peer_address(context), DOOR, key)
 
     def _submit(self, who: Principal, request: pb.SubmitRequest, **audio: Any) -> pb.Job:
         sub = Submission(
