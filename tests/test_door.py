@@ -330,6 +330,6 @@ def test_every_way_in_builds_its_caller_with_the_one_rule(door_rt):
         with pytest.raises(Forbidden, match="anonymous use may ask for priority normal or low, not high"):
             caller.check_priority("high")
     rt.settings = dataclasses.replace(rt.settings, allow_anonymous=False)
-    for way, who in ways.items():
+    for who in ways.values():
         with pytest.raises((Unauthorized, Refused), match="needs an API key"):
             who()
