@@ -9,7 +9,7 @@ SQS has no message priorities: there each job queue is three queues, one per tie
 a message goes to its tier's (:func:`route`), and a worker asks them highest first
 (models.compat's SQS channel). A received message is hidden for a short visibility timeout
 (WHISPERQ_SQS_VISIBILITY_TIMEOUT) that its worker extends while it lives (models.compat's
-heartbeat); tasks.sqs declares the queues, with the dead-letter queue.
+heartbeat); tasks.broker.sqs declares the queues, with the dead-letter queue.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import string
 from collections.abc import Iterable
 from typing import Any
 
-from celery import Celery
 from kombu import Exchange, Queue
 
 from .env import ConfigError
@@ -155,7 +154,7 @@ def sqs_name(settings: Settings, queue: str) -> str:
 
 def sqs_queues(settings: Settings) -> dict[str, str]:
     """Every queue of the service on SQS, name -> routing key: each job queue's three tiers and
-    the notify queue (the dead-letter queue, DEAD_LETTER_QUEUE, is tasks.sqs's)."""
+    the notify queue (the dead-letter queue, DEAD_LETTER_QUEUE, is tasks.broker.sqs's)."""
     out: dict[str, str] = {}
     for queue, key in queues_for(settings).items():
         for name in tier_queues(queue):
@@ -258,7 +257,7 @@ def sqs_transport_options(settings: Settings) -> dict[str, Any]:
     return {
         "queue_name_prefix": settings.sqs_queue_prefix,
         "wait_time_seconds": settings.sqs_wait_seconds,
-        # what a queue kombu makes before tasks.sqs declares it gets, and what kombu's
+        # what a queue kombu makes before tasks.broker.sqs declares it gets, and what kombu's
         # receives ask for; models.compat's channel extends what a worker holds every third of it
         "visibility_timeout": sqs_visibility_timeout(settings),
         "whisperq_heartbeat": sqs_heartbeat(settings),
@@ -360,13 +359,3 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         enable_utc=True,
     )
 
-
-def declare_dead_letter_queue(app: Celery) -> None:
-    """On RabbitMQ, make sure the dead-letter exchange and its queue exist (SQS's: tasks.sqs)."""
-    if is_redis(app.conf.broker_url) or is_sqs(app.conf.broker_url):
-        return
-    # kombu leaves Exchange, Queue and Queue.declare unannotated.
-    exchange = Exchange(DEAD_LETTER_EXCHANGE, type="fanout", durable=True)  # type: ignore[no-untyped-call]
-    queue = Queue(DEAD_LETTER_QUEUE, exchange, durable=True)  # type: ignore[no-untyped-call]
-    with app.connection_for_write() as conn:
-        queue(conn.default_channel).declare()  # type: ignore[no-untyped-call]

@@ -19,7 +19,6 @@ import threading
 from celery import Celery
 
 from config import Settings, celery_config
-from config.celeryconfig import is_sqs
 from models.runtime import Runtime, get_runtime
 
 _app: Celery | None = None
@@ -31,12 +30,11 @@ def celery_for(settings: Settings) -> Celery:
     app = Celery("whisperq", set_as_current=False)
     app.config_from_object(celery_config(settings))
     app.conf.whisperq_settings = settings
-    if is_sqs(app.conf.broker_url):
-        from models.compat import sqs_transport
+    from tasks.broker.transport import transport_class
 
-        # kombu's SQS transport with the queues asked in order and rejected messages kept
-        # (models.compat); the URL stays sqs://, so Celery and kombu treat it as SQS
-        app.conf.broker_transport = sqs_transport()
+    special = transport_class(app.conf.broker_url).celery_transport()  # SQS: models.compat's channel
+    if special is not None:
+        app.conf.broker_transport = special
     return app
 
 
@@ -70,10 +68,25 @@ def get_celery() -> Celery:
 
 
 def runtime() -> Runtime:
-    """This process's runtime (from the environment), publishing through this process's app."""
+    """A worker's (or a transcribe.delay() caller's) runtime, from the environment, publishing
+    through this process's app."""
     rt = get_runtime()
     if rt.broker is None:
         from tasks.broker import CeleryBroker
 
         rt.broker = CeleryBroker()  # this process's app, whenever it is built
+    return rt
+
+
+def start_process(settings: Settings, *, broker_now: bool = True) -> Runtime:
+    """The one place a process that is not a worker builds what it runs on: its Celery app
+    (this process's, init_celery) and its runtime over the same settings, publishing through
+    that app, its tables upgraded. The web (web.create_app, and with it the gRPC door and the
+    MQTT bridge) and the command line start here; workers get theirs from `runtime()`.
+    `broker_now=False` (the command line): the app is built on the first message, so a
+    command that sends none needs no broker configured."""
+    from tasks.broker import CeleryBroker
+
+    rt = Runtime(settings, broker=CeleryBroker(init_celery(settings) if broker_now else None))
+    rt.db.upgrade()
     return rt

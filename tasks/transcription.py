@@ -24,7 +24,6 @@ from celery import Task, shared_task
 from celery.exceptions import Ignore, Reject
 
 from config import broker_priority
-from config.celeryconfig import inference_queue, route
 from models.errors import (
     ClaimHeld,
     ClaimLost,
@@ -48,6 +47,7 @@ from models.registry.catalog import check_model
 from models.retry import Verdict, classify
 from models.storage import prepared_ref
 from tasks.app import runtime
+from tasks.broker import CeleryBroker
 
 log = logging.getLogger(__name__)
 
@@ -193,16 +193,10 @@ def transcribe(self, audio: str, *positional: object, **given: object) -> dict |
         raise Ignore()
     if prepared.shadow:
         _send_shadow(self, prepared)
-    tier = prepared.priority
     keep = keeps_result(get_job(rt, job_id))
     return self.replace(
-        infer.s(prepared.to_message()).set(
-            queue=route(
-                self.app.conf.broker_url, inference_queue(self.app.conf.whisperq_settings, prepared.model), tier
-            ),
-            priority=broker_priority(tier, self.app.conf.broker_url),
-            reply_to=self.request.reply_to,
-            ignore_result=not keep,
+        CeleryBroker(self.app).inference(
+            prepared.to_message(), prepared.model, prepared.priority, keep, self.request.reply_to
         )
     )
 
@@ -261,12 +255,10 @@ def infer(self, message: dict) -> dict | None:
 def _send_analyses(task: Task, prepared: Prepared) -> None:
     """The job's transcript is stored and its analyses wait: one message each to the analysis
     pool. One not sent (the broker down) is sent again by the sweeper."""
-    from tasks.broker import publish_analyses
-
     job = get_job(runtime(), prepared.job_id)
     names = [run.name for run in job.analysis_runs if not run.finished]
     try:
-        publish_analyses(task.app, prepared.job_id, names, prepared.priority)
+        CeleryBroker(task.app).publish_analyses(prepared.job_id, names, prepared.priority)
     except Exception:
         log.warning("job %s: its analyses were not sent; the sweeper sends them", prepared.job_id, exc_info=True)
 
@@ -276,14 +268,7 @@ def _send_shadow(task: Task, prepared: Prepared) -> None:
     the job nothing (the copy is deleted)."""
     message = shadow_message(prepared)
     try:
-        shadow.apply_async(
-            (message.to_message(),),
-            queue=route(
-                task.app.conf.broker_url, inference_queue(task.app.conf.whisperq_settings, message.model), "low"
-            ),
-            priority=broker_priority("low", task.app.conf.broker_url),
-            ignore_result=True,
-        )
+        CeleryBroker(task.app).publish_shadow(message.to_message(), message.model)
     except Exception:
         log.warning("job %s: the shadow message for %s was not sent", prepared.job_id, message.model, exc_info=True)
         runtime().storage.delete(message.samples_ref)

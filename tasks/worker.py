@@ -15,6 +15,7 @@ from models.pipeline.inference import batcher_stats
 from models.runtime import reset_runtime
 from tasks import metrics as worker_metrics
 from tasks.app import get_celery, runtime
+from tasks.broker.transport import transport_for
 
 app = get_celery()  # Celery finds `app`: the one built from the environment
 
@@ -26,28 +27,28 @@ def _identify(sender=None, **_kwargs) -> None:
     # A fresh id per worker start, inherited by prefork children: the sweeper tells a
     # job held by a live worker from one whose worker was killed and restarted.
     os.environ["WHISPERQ_WORKER_ID"] = f"{getattr(sender, 'hostname', 'worker')}/{uuid.uuid4().hex[:12]}"
-    compat.guard_redis_acks()  # kombu: a consumer survives a Redis restart
+    transport_for(app).patch()  # kombu's fixes for this broker (Redis: a consumer survives a restart)
     compat.check_versions()
 
 
 @worker_init.connect
-def _sqs_queues(sender=None, **_kwargs) -> None:
-    # SQS has no priorities: each job queue is one queue per tier, asked highest first. The
-    # worker was told the pools' queues (--queues whisperq.prepare); it consumes their tiers.
-    from config.celeryconfig import consumed_in_order, is_sqs
-
-    if not is_sqs(app.conf.broker_url):
-        return
+def _queues(sender=None, **_kwargs) -> None:
+    # What the worker was told to consume (--queues whisperq.prepare), as its broker asks it:
+    # on SQS, which has no priorities, each queue's tiers, highest first.
     queues = app.amqp.queues
-    queues.select(consumed_in_order(list(queues.consume_from or {})))
-    from tasks.sqs import declare
-
+    given = list(queues.consume_from or {})
+    consumed = transport_for(app).consumed(given)
+    if consumed != given:
+        queues.select(consumed)
+    # What the broker needs before messages are rejected for good or redriven: RabbitMQ's
+    # dead-letter exchange, SQS's queues with their visibility timeout and redrive policy.
     try:
-        declare(app)
+        transport_for(app).declare()
     except Exception:
         logging.getLogger(__name__).exception(
-            "the SQS queues could not be declared (their visibility timeouts and redrive policy): check the "
-            "credentials' permissions (docs/deployment/sqs.md) and the endpoint"
+            "the broker's queues could not be declared (RabbitMQ: the dead-letter exchange; SQS: the queues' "
+            "visibility timeout and redrive policy): check the credentials' permissions (docs/deployment/) "
+            "and the broker"
         )
 
 
@@ -67,10 +68,9 @@ def _pool_name() -> str:
 
 @worker_ready.connect
 def _ready(sender=None, **_kwargs) -> None:
-    from config.celeryconfig import declare_dead_letter_queue, models_of
+    from config.celeryconfig import models_of
     from models.jobs.workers import start_heartbeat
 
-    declare_dead_letter_queue(app)
     consumed = sorted(app.amqp.queues.consume_from or {})
     pool = worker_metrics.pool_name(app)
     slots = int(getattr(getattr(sender, "controller", None), "concurrency", 1) or 1)

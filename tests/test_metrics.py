@@ -378,8 +378,7 @@ def _broker_counts(celery_app) -> dict[tuple[str, str], int]:
     """What the broker says, asked the broker's own way."""
     from config.celeryconfig import is_redis, queues_for
     from config.priorities import REDIS_PRIORITY_STEPS
-    from tasks.broker import redis_queue_keys
-    from web.metrics import STEP_TIERS
+    from tasks.broker.redis import STEP_TIERS, redis_queue_keys
 
     out: dict[tuple[str, str], int] = {}
     queues = queues_for(celery_app.conf.whisperq_settings)  # the pools' and base's (conftest's registry)

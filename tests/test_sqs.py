@@ -95,13 +95,13 @@ def sqs_stack(settings, sqs_env, tmp_path, monkeypatch):
     variables on top (the workers get the same), on SQS under a prefix of the test's own."""
     from conftest import stop_worker
 
-    import tasks.sqs
+    import tasks.broker.sqs
     from config import Settings
     from models.db import Database
     from tasks.app import celery_for
     from web import create_app
 
-    monkeypatch.setattr(tasks.sqs, "SCAN_VISIBILITY", 2)  # a scan hides what it read for 2 s, not 30
+    monkeypatch.setattr(tasks.broker.sqs, "SCAN_VISIBILITY", 2)  # a scan hides what it read for 2 s, not 30
     stacks: list[SqsStack] = []
 
     def make(**variables: str) -> SqsStack:
@@ -283,7 +283,7 @@ def test_a_poison_job_ends_in_both_dead_letter_stores_and_is_replayed(sqs_stack)
     the message, as the job is a dead letter no more."""
     from models.jobs.deadletter import get_dead
     from tasks import transcribe
-    from tasks.sqs import dead_messages, reconcile
+    from tasks.broker.sqs import dead_messages, reconcile
 
     stack = sqs_stack(WHISPERQ_MAX_ATTEMPTS="2", WHISPERQ_RETRY_MAX_SECONDS="1")
     stack.start("prepare")
@@ -326,7 +326,7 @@ def test_a_message_sqs_dead_lettered_on_its_own_becomes_a_dead_letter_in_the_dat
     from config.celeryconfig import DEAD_LETTER_QUEUE
     from models.jobs.deadletter import get_dead, replay
     from tasks.broker import run_sweep
-    from tasks.sqs import dead_messages, declare, reconcile
+    from tasks.broker.sqs import dead_messages, declare, reconcile
 
     stack = sqs_stack()
     declare(stack.celery)
@@ -434,7 +434,7 @@ def test_queues_are_split_by_tier_and_asked_highest_first(tmp_path):
 
 
 def test_names_are_kombus(tmp_path):
-    """config.celeryconfig.sqs_name makes the names kombu's transport makes (tasks.sqs declares
+    """config.celeryconfig.sqs_name makes the names kombu's transport makes (tasks.broker.sqs declares
     the queues kombu then consumes)."""
     from kombu.transport import SQS
 
@@ -459,7 +459,7 @@ def test_what_needs_broadcast_says_so_on_sqs(tmp_path):
     from config import ConfigError, Settings
     from config.flower import flower_command
     from tasks.app import celery_for
-    from tasks.broker import holdings
+    from tasks.broker.transport import transport_for
     from web.supervise import wanted
 
     settings = Settings.from_env({"WHISPERQ_DATA_DIR": str(tmp_path), "CELERY_BROKER_URL": "sqs://"})
@@ -468,5 +468,5 @@ def test_what_needs_broadcast_says_so_on_sqs(tmp_path):
     processes = [("web", "gunicorn"), ("flower", "whisperq flower"), ("beat", "celery beat")]
     assert wanted(processes, {"CELERY_BROKER_URL": "sqs://"}) == ([processes[0], processes[2]], ["flower"])
     assert wanted(processes, {"CELERY_BROKER_URL": "redis://x"}) == (processes, [])
-    assert holdings(celery_for(settings)) == {}
+    assert transport_for(celery_for(settings)).holdings() == {}
     assert celery_for(settings).conf.worker_send_task_events is False

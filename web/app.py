@@ -14,9 +14,7 @@ from typing import Any
 from flask import Flask, Response, g, request
 
 from config import Settings
-from models.runtime import Runtime
-from tasks.app import init_celery
-from tasks.broker import CeleryBroker
+from tasks.app import start_process
 
 MAX_HEADER_BYTES = 16 * 1024
 # A body that is not a multipart upload (JSON, a form post) is small: an audio_url and options.
@@ -45,11 +43,9 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     # keep job_id and status first, as documented (Flask's default provider has sort_keys; mypy sees the base class)
     app.json.sort_keys = False  # type: ignore[attr-defined]
 
-    runtime = Runtime(settings)
-    runtime.db.upgrade()
+    runtime = start_process(settings)  # the process's one Celery app, and the runtime publishing through it
     app.extensions["whisperq"] = runtime
-    app.extensions["celery"] = celery = init_celery(settings)  # the process's one Celery app
-    runtime.broker = CeleryBroker(celery)  # the one seam to the queues
+    app.extensions["celery"] = runtime.broker.app  # type: ignore[union-attr]  # start_process gives it one
 
     from . import admin, admission, api, auth, batches, errors, health, metrics, openai_api, openapi, pages, security
 

@@ -35,8 +35,9 @@ def readyz():
     except Exception as exc:  # the reason goes to the operator
         checks["database"] = f"unreachable: {type(exc).__name__}"
     try:
-        with current_app.extensions["celery"].connection_for_write() as conn:
-            conn.ensure_connection(max_retries=1, timeout=3)
+        from tasks.broker.transport import transport_for
+
+        transport_for(current_app.extensions["celery"]).ping()
         checks["broker"] = "ok"
     except Exception as exc:
         checks["broker"] = f"unreachable: {type(exc).__name__}"

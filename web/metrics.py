@@ -27,7 +27,6 @@ series name every API key. Anyone else gets 403 saying to set the token.
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 import logging
 import threading
@@ -39,8 +38,7 @@ from flask import Blueprint, Flask, Response, current_app, request
 from sqlalchemy import func, select
 
 from config import PRIORITIES, Settings
-from config.celeryconfig import QUEUES, is_redis, is_sqs, queues_for
-from config.priorities import REDIS_PRIORITY_STEPS, Priority
+from config.celeryconfig import QUEUES
 from models.jobs.deadletter import DeadLetter
 from models.jobs.record import Job, JobStatus, Stage, utcnow
 from models.jobs.workers import alive, by_host
@@ -57,52 +55,14 @@ CACHE_SECONDS = 2.0
 # Headers a reverse proxy adds: a request it forwards arrives from loopback but is not local.
 PROXY_HEADERS = ("Forwarded", "X-Forwarded-For", "X-Real-IP")
 POOLS = tuple(QUEUES.values())
-# Redis priority step -> tier: the tier with the largest step at or below it (step 9,
-# which no tier uses, counts as low).
-STEP_TIERS = {
-    step: max((p for p in Priority if p.redis_step <= step), key=lambda p: p.redis_step).value
-    for step in REDIS_PRIORITY_STEPS
-}
 STAGE_QUEUES = {"prepare": "whisperq.prepare", "inference": "whisperq.inference"}
 
 
 def broker_depths(celery) -> dict[tuple[str, str], int]:
-    """(queue, priority) -> messages waiting, read from the broker itself."""
-    from tasks.broker import redis_queue_keys
+    """(queue, priority) -> messages waiting, read from the broker itself (its transport)."""
+    from tasks.broker.transport import transport_for
 
-    depths: dict[tuple[str, str], int] = {}
-    if is_sqs(celery.conf.broker_url):
-        from tasks.sqs import depths as sqs_depths
-
-        return sqs_depths(celery)  # one queue per tier, each SQS's estimate
-    queues = queues_for(celery.conf.whisperq_settings)
-    with celery.connection_for_write() as conn:
-        conn.ensure_connection(max_retries=1, timeout=3)
-        if is_redis(celery.conf.broker_url):
-            client = conn.default_channel.client
-            pipe = client.pipeline(transaction=False)
-            keys = [
-                (queue, STEP_TIERS[step], key)
-                for queue in queues
-                for step, key in zip(REDIS_PRIORITY_STEPS, redis_queue_keys(celery, queue), strict=True)
-            ]
-            for _queue, _tier, key in keys:
-                pipe.llen(key)
-            for (queue, tier, _key), count in zip(keys, pipe.execute(), strict=True):
-                depths[(queue, tier)] = depths.get((queue, tier), 0) + int(count)
-            return depths
-        for queue in queues:
-            channel = conn.channel()  # a passive declare of a missing queue closes its channel
-            try:
-                depths[(queue, "all")] = int(channel.queue_declare(queue=queue, passive=True).message_count)
-            except Exception as exc:
-                if "NOT_FOUND" not in str(exc) and "404" not in str(exc):
-                    raise
-                depths[(queue, "all")] = 0
-            finally:
-                with contextlib.suppress(Exception):
-                    channel.close()
-    return depths
+    return transport_for(celery).depths()
 
 
 def database_figures(rt: Runtime, now: datetime | None = None) -> dict[str, Any]:

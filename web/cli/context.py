@@ -21,9 +21,8 @@ def load_settings() -> Settings:
 
 
 def open_runtime():
-    """The runtime (database, storage, keyring) over those settings, its tables upgraded."""
-    from models.runtime import Runtime
+    """The runtime (database, storage, keyring, and the broker through this process's Celery
+    app) over those settings, its tables upgraded: tasks.app.start_process, as the web's."""
+    from tasks.app import start_process
 
-    rt = Runtime(load_settings())
-    rt.db.upgrade()
-    return rt
+    return start_process(load_settings(), broker_now=False)

@@ -52,11 +52,8 @@ def dlq_show(job_id: str) -> None:
 def dlq_replay(job_ids: tuple[str, ...], model: str | None) -> None:
     """Queue dead-lettered jobs again, with their attempts reset."""
     from models.jobs.deadletter import replay
-    from tasks.app import init_celery
-    from tasks.broker import CeleryBroker
 
     rt = open_runtime()
-    rt.broker = CeleryBroker(init_celery(rt.settings))
     for job_id in job_ids:
         try:
             replay(rt, job_id, model=model)

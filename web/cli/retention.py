@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 
 import click
-
-from config import ConfigError
 
 from .context import open_runtime
 
@@ -18,12 +15,8 @@ def retention(as_json: bool) -> None:
     """Delete now what retention would (audio past WHISPERQ_AUDIO_RETENTION, transcripts
     past WHISPERQ_RESULT_RETENTION, leftover files), as beat's `whisperq.retention` does."""
     from models.maintenance.retention import run_retention
-    from tasks.app import init_celery
-    from tasks.broker import CeleryBroker
 
-    rt = open_runtime()
-    with contextlib.suppress(ConfigError):
-        rt.broker = CeleryBroker(init_celery(rt.settings))  # to remove purged jobs' result-backend entries
+    rt = open_runtime()  # with its broker: to remove purged jobs' result-backend entries
     counts = run_retention(rt)
     if as_json:
         click.echo(json.dumps(counts, indent=2))

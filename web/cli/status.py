@@ -21,15 +21,15 @@ def status(as_json: bool) -> None:
     dead letters: what an operator looks at first."""
     from models.jobs.record import utcnow
     from models.jobs.workers import alive, by_host
-    from tasks.app import celery_for
-    from web.metrics import broker_depths, database_figures
+    from tasks.broker.transport import transport_for
+    from web.metrics import database_figures
 
     rt = open_runtime()
     now = utcnow()
     workers = alive(rt, now=now)
     figures = database_figures(rt, now)
     try:
-        depths, broker_error = broker_depths(celery_for(rt.settings)), None
+        depths, broker_error = transport_for(rt.broker.app).depths(), None
     except Exception as exc:  # still show what the database knows
         depths, broker_error = {}, f"unreachable: {type(exc).__name__}: {exc}"
     report = {

@@ -1,5 +1,8 @@
-"""The service's queues on SQS (CELERY_BROKER_URL=sqs://), through boto3: declared with their
-attributes, their depths read, and the dead-letter queue kept in step with the database's.
+"""SQS (CELERY_BROKER_URL=sqs://), through boto3: the service's queues declared with their
+attributes, their depths read, and the dead-letter queue kept in step with the database's
+(`SqsTransport`). SQS has no priorities (one queue per tier, asked highest first), no broadcast
+(`holdings` is empty: workers cannot be asked), and hands a message out again by itself once
+its visibility timeout passes (a live worker extends it: models.compat's channel).
 
 kombu makes a queue the first time it publishes to or consumes from it, with the transport's
 one visibility timeout and nothing else. A worker declares every queue of the service as it
@@ -39,6 +42,8 @@ from config.celeryconfig import (
 )
 from config.priorities import Priority
 from models.compat import SQS_REJECTED
+
+from .transport import Transport
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -250,3 +255,33 @@ def reconcile(app: Celery, rt: Runtime) -> Reconciled:
             len(report.deleted),
         )
     return report
+
+
+class SqsTransport(Transport):
+    name = "sqs"
+
+    def depths(self) -> dict[tuple[str, str], int]:
+        return depths(self.app)
+
+    def holdings(self, timeout: float = 2.0) -> dict[str, set[str]]:
+        return {}  # no broadcast: workers cannot be asked
+
+    def declare(self) -> None:
+        declare(self.app)
+
+    def consumed(self, queues: list[str]) -> list[str]:
+        from config.celeryconfig import consumed_in_order
+
+        return consumed_in_order(queues)
+
+    def reconcile(self, rt: Runtime) -> list[str]:
+        return reconcile(self.app, rt).recorded
+
+    @classmethod
+    def celery_transport(cls) -> type | None:
+        from models.compat import sqs_transport
+
+        # kombu's SQS transport with the queues asked in order, held messages extended and
+        # rejected messages kept (models.compat); the URL stays sqs://, so Celery and kombu
+        # treat it as SQS
+        return sqs_transport()

@@ -1,24 +1,17 @@
-"""The broker seam (models.runtime.Broker) over Celery: the one place where a job's message,
-a webhook delivery's message and a result's removal are sent; and what the broker itself
-holds, read directly: the sweeper needs to know whether a job's message still waits in a queue.
+"""The broker package: every way the product reaches its broker, and nothing else does.
 
-On Redis a queue is one list per priority step (``whisperq.prepare``, ``whisperq.prepare:3``,
-...), and a message handed to a consumer moves to the ``unacked`` hash until it is acked.
-When the broker restarts, a consumer's connection goes and so do the messages it had
-reserved; they stay in ``unacked`` until `visibility_timeout` (hours) has passed. A job
-whose message is in no queue list and held by no live worker is therefore stranded,
-whatever ``unacked`` says. RabbitMQ returns a closed channel's messages to their queue
-at once, and cannot be listed without consuming: there the answer is "unknown".
-
-SQS is RabbitMQ's case for the sweeper: its queues cannot be listed without receiving, and
-it hands a message out again by itself, once the message's visibility timeout has passed. It
-carries no broadcast either, so workers cannot say what they hold (`holdings` is empty); its
-dead-letter queue is kept in step with the database's dead letters (tasks.sqs.reconcile).
+- the seam (`CeleryBroker`, models.runtime.Broker): every message the service sends, a job's
+  transcribe message, its hand-off to inference, a shadow copy, its analyses, a webhook
+  delivery, and a result's removal, published through the process's Celery app;
+- the transports (tasks.broker.transport: `transport_for(app)`, one class per broker in
+  .redis, .amqp and .sqs): depths, waiting messages, ping, the workers' holdings, what a
+  worker declares as it starts, kombu's fixes; the web's metrics and health, the command line
+  and the sweeper ask them;
+- `run_sweep`: the sweeper's pass against the live broker and workers.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from datetime import timedelta
@@ -26,12 +19,11 @@ from datetime import timedelta
 from celery import Celery
 
 from config import NOTIFY_QUEUE, PREPARE_QUEUE, Settings, broker_priority
-from config.celeryconfig import ANALYSIS_QUEUE, PUBLISH_RETRY, is_redis, is_sqs, queues_for, route
-from config.priorities import REDIS_PRIORITY_STEPS
+from config.celeryconfig import ANALYSIS_QUEUE, PUBLISH_RETRY, inference_queue, route
+
+from .transport import Transport, transport_for
 
 log = logging.getLogger(__name__)
-
-SCAN_CHUNK = 500
 
 
 def publish_transcribe(app: Celery, job, countdown: float | None = None, reply_to: str | None = None) -> None:
@@ -91,6 +83,10 @@ class CeleryBroker:
             return get_celery()
         return self._app
 
+    @property
+    def transport(self) -> Transport:
+        return transport_for(self.app)
+
     def publish_job(self, job, countdown: float | None = None, reply_to: str | None = None) -> None:
         publish_transcribe(self.app, job, countdown=countdown, reply_to=reply_to)
 
@@ -103,61 +99,40 @@ class CeleryBroker:
     def forget_result(self, job_id: str) -> None:
         self.app.AsyncResult(job_id).forget()
 
+    def inference(self, message: dict, model: str | None, tier: str, keep: bool, reply_to: str | None):
+        """The hand-off of a prepared job to its model's inference queue, at its tier: the
+        signature the preparation task replaces itself with (so a transcribe.delay() caller's
+        r.get() waits for the transcript)."""
+        settings: Settings = self.app.conf.whisperq_settings
+        return self.app.signature(
+            "whisperq.infer",
+            args=(message,),
+            queue=route(self.app.conf.broker_url, inference_queue(settings, model), tier),
+            priority=broker_priority(tier, self.app.conf.broker_url),
+            reply_to=reply_to,
+            ignore_result=not keep,
+        )
 
-def redis_queue_keys(app, queue: str) -> list[str]:
-    """The Redis lists that make up one queue, highest priority first."""
-    sep = app.conf.broker_transport_options.get("sep", "\x06\x16")
-    return [queue if step == 0 else f"{queue}{sep}{step}" for step in REDIS_PRIORITY_STEPS]
-
-
-def waiting_in_broker(app) -> set[str] | None:
-    """Task ids of the messages waiting in the service's queues, or None where the broker
-    cannot say (RabbitMQ)."""
-    if not is_redis(app.conf.broker_url):
-        return None
-    ids: set[str] = set()
-    with app.connection_for_write() as conn:
-        conn.ensure_connection(max_retries=3, interval_start=0.5, interval_step=0.5)
-        client = conn.default_channel.client
-        for queue in queues_for(app.conf.whisperq_settings):
-            for key in redis_queue_keys(app, queue):
-                start = 0
-                while True:
-                    chunk = client.lrange(key, start, start + SCAN_CHUNK - 1)
-                    for raw in chunk:
-                        try:
-                            ids.add(json.loads(raw)["headers"]["id"])
-                        except (ValueError, KeyError, TypeError):
-                            log.warning("unreadable message in %s skipped by the sweeper", key)
-                    if len(chunk) < SCAN_CHUNK:
-                        break
-                    start += SCAN_CHUNK
-    return ids
+    def publish_shadow(self, message: dict, model: str | None) -> None:
+        """A job's copy for a candidate model, to that model's queue at low priority."""
+        settings: Settings = self.app.conf.whisperq_settings
+        self.app.send_task(
+            "whisperq.shadow",
+            args=[message],
+            queue=route(self.app.conf.broker_url, inference_queue(settings, model), "low"),
+            priority=broker_priority("low", self.app.conf.broker_url),
+            ignore_result=True,
+            retry=True,
+            retry_policy=PUBLISH_RETRY,
+        )
 
 
-def holdings(app, timeout: float = 2.0) -> dict[str, set[str]]:
-    """Worker id -> the job ids it holds, for every worker that answers now (none on SQS,
-    which carries no broadcast: workers cannot be asked)."""
-    if is_sqs(app.conf.broker_url):
-        return {}
-    # A fresh connection each time: a pooled one may be stale after a broker restart.
-    with app.connection_for_write() as conn:
-        conn.ensure_connection(max_retries=3, interval_start=0.5, interval_step=0.5)
-        replies = app.control.broadcast("whisperq_holdings", reply=True, timeout=timeout, connection=conn) or []
-    out: dict[str, set[str]] = {}
-    for reply in replies:
-        for value in reply.values():
-            if isinstance(value, dict) and value.get("worker_id"):
-                out[value["worker_id"]] = set(value.get("held") or ())
-    return out
-
-
-def still_lost(app, ids: set[str], pause: float = 2.0) -> set[str]:
+def still_lost(transport: Transport, ids: set[str], pause: float = 2.0) -> set[str]:
     """A second look at jobs whose messages were neither waiting nor held: one that was
     on its way between a queue and a worker the first time is one place or the other now."""
     time.sleep(pause)
-    waiting = waiting_in_broker(app) or set()
-    held = set().union(*holdings(app).values())
+    waiting = transport.waiting() or set()
+    held = set().union(*transport.holdings().values())
     return {job_id for job_id in ids if job_id not in waiting and job_id not in held}
 
 
@@ -169,24 +144,22 @@ def run_sweep(app, grace: timedelta | None = None, rt=None):
     from tasks.app import runtime
 
     rt = rt or runtime()
-    waiting = waiting_in_broker(app)  # read before holdings: messages move from queues to workers
     broker = CeleryBroker(app)
+    transport = broker.transport
+    waiting = transport.waiting()  # read before holdings: messages move from queues to workers
     report = sweep(
         rt,
-        holdings(app),
+        transport.holdings(),
         broker,
         grace=grace,
         waiting=waiting,
-        confirm=lambda ids: still_lost(app, ids),
+        confirm=lambda ids: still_lost(transport, ids),
     )
     # Webhook deliveries whose message was lost (or never sent): send them now.
     late = overdue(rt)
     broker.publish_notify(late)
     report.notifications_resent = len(late)
-    if is_sqs(app.conf.broker_url):
-        from tasks.sqs import reconcile
-
-        report.dead.extend(reconcile(app, rt).recorded)
+    report.dead.extend(transport.reconcile(rt))
     return report
 
 
