@@ -166,8 +166,10 @@ def sqs_hard_limit(settings: Settings, pool: str) -> float:
     """The longest one message of a pool can be held by its worker before it is acknowledged."""
     if pool == QUEUES[PREPARE_QUEUE]:
         return settings.prepare_time_limit(None)
-    if pool in (QUEUES[INFERENCE_QUEUE], QUEUES[ANALYSIS_QUEUE]):
+    if pool == QUEUES[INFERENCE_QUEUE]:
         return settings.time_limit(None)
+    if pool == QUEUES[ANALYSIS_QUEUE]:
+        return settings.analysis_time_limit(None)
     return settings.webhook_timeout_seconds + WEBHOOK_BACKOFF_CAP
 
 
@@ -358,4 +360,3 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         timezone="UTC",
         enable_utc=True,
     )
-

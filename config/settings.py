@@ -1076,6 +1076,11 @@ class Settings:
         """Hard limit for decoding and splitting: far faster than real time on any CPU."""
         return 120.0 + 0.25 * (audio_seconds if audio_seconds is not None else self.max_audio_seconds)
 
+    def analysis_time_limit(self, audio_seconds: float | None) -> float:
+        """Hard limit for one analysis of one job (speakers, redaction): a fraction of its
+        transcription's on any CPU, with the same room."""
+        return 300.0 + 1.0 * (audio_seconds if audio_seconds is not None else self.max_audio_seconds)
+
     def time_limit(self, audio_seconds: float | None) -> float:
         """Hard limit for one job, growing with its audio: the wait in the batcher behind
         other jobs plus its own inference, with room for a slow CPU."""

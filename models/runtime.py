@@ -45,8 +45,11 @@ class Broker(Protocol):
     def publish_notify(self, delivery_ids: list[str]) -> None:
         """Send webhook deliveries to the notification pool."""
 
-    def publish_analyses(self, job_id: str, names: list[str], priority: str) -> None:
-        """Send a job's analyses (models.jobs.analyses) to the analysis pool."""
+    def publish_analyses(
+        self, job_id: str, names: list[str], priority: str, audio_seconds: float | None = None
+    ) -> None:
+        """Send a job's analyses (models.jobs.analyses) to the analysis pool, each with its time
+        limit for `audio_seconds` of audio (None: the longest allowed)."""
 
     def forget_result(self, job_id: str) -> None:
         """Remove a job's entry from the result backend, if it has one."""

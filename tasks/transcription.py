@@ -258,7 +258,7 @@ def _send_analyses(task: Task, prepared: Prepared) -> None:
     job = get_job(runtime(), prepared.job_id)
     names = [run.name for run in job.analysis_runs if not run.finished]
     try:
-        CeleryBroker(task.app).publish_analyses(prepared.job_id, names, prepared.priority)
+        CeleryBroker(task.app).publish_analyses(prepared.job_id, names, prepared.priority, prepared.duration)
     except Exception:
         log.warning("job %s: its analyses were not sent; the sweeper sends them", prepared.job_id, exc_info=True)
 

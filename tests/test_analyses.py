@@ -302,3 +302,25 @@ def test_the_openai_endpoint_answers_diarized_json(client, worker, analysis_pool
     assert body["task"] == "transcribe" and body["text"]
     assert {s["type"] for s in body["segments"]} == {"transcript.text.segment"}
     assert len({s["speaker"] for s in body["segments"]}) == 3, body["segments"]
+
+
+def test_each_analysis_is_sent_with_time_limits_that_grow_with_its_audio(settings, published):
+    """The analysis pool enforces Celery's limits like the others (prefork): each message
+    carries its hard and soft limit, from the job's audio, or the longest audio allowed."""
+    import dataclasses
+
+    from tasks.app import celery_for
+    from tasks.broker import publish_analyses
+
+    app = celery_for(dataclasses.replace(settings, broker_url="memory://", result_backend="cache+memory://"))
+    publish_analyses(app, "job-1", ["speakers", "redact"], "normal", 600.0)
+    publish_analyses(app, "job-2", ["speakers"], "low", None)
+    limits = [(h["id"], tuple(h["timelimit"])) for h, _ in published]
+    hard = settings.analysis_time_limit(600.0)
+    longest = settings.analysis_time_limit(None)
+    assert limits == [
+        ("job-1.speakers", (hard, hard * 0.8)),
+        ("job-1.redact", (hard, hard * 0.8)),
+        ("job-2.speakers", (longest, longest * 0.8)),
+    ]
+    assert hard == 900.0 and longest > hard

@@ -137,9 +137,9 @@ def _finish_if_done(rt: Runtime, session: Session, job: Job) -> None:
     job.finish()
 
 
-def stale_analyses(rt: Runtime) -> list[tuple[str, str, str]]:
-    """(job id, analysis, priority) of each analysis whose message seems lost: PENDING or RUNNING
-    for longer than STALE plus its job's time limit, its job still waiting for it."""
+def stale_analyses(rt: Runtime) -> list[tuple[str, str, str, float | None]]:
+    """(job id, analysis, priority, audio seconds) of each analysis whose message seems lost:
+    PENDING or RUNNING for longer than STALE plus its time limit, its job still waiting for it."""
     now = utcnow()
     out = []
     with rt.db.session() as session:
@@ -154,8 +154,8 @@ def stale_analyses(rt: Runtime) -> list[tuple[str, str, str]]:
         ).all()
         for run, job in rows:
             since = run.started_at or run.queued_at or now
-            if since < now - STALE - timedelta(seconds=rt.settings.time_limit(job.audio_duration)):
-                out.append((job.id, run.name, job.priority))
+            if since < now - STALE - timedelta(seconds=rt.settings.analysis_time_limit(job.audio_duration)):
+                out.append((job.id, run.name, job.priority, job.audio_duration))
     return out
 
 

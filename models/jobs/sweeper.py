@@ -153,9 +153,9 @@ def sweep(
         report.retried_lost.append(job.id)
     # An analysis whose message was lost (or whose worker died without a redelivery): sent again;
     # a second delivery of one already done does nothing.
-    for job_id, name, priority in stale_analyses(rt):
+    for job_id, name, priority, seconds in stale_analyses(rt):
         touch(rt, job_id, name)
-        cast("Broker", broker or rt.broker).publish_analyses(job_id, [name], priority)
+        cast("Broker", broker or rt.broker).publish_analyses(job_id, [name], priority, seconds)
         report.analyses_resent.append(f"{job_id}.{name}")
     report.keys_forgotten = forget_old(rt)
     return report

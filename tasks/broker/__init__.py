@@ -93,8 +93,10 @@ class CeleryBroker:
     def publish_notify(self, delivery_ids: list[str]) -> None:
         publish_notify(self.app, delivery_ids)
 
-    def publish_analyses(self, job_id: str, names: list[str], priority: str) -> None:
-        publish_analyses(self.app, job_id, names, priority)
+    def publish_analyses(
+        self, job_id: str, names: list[str], priority: str, audio_seconds: float | None = None
+    ) -> None:
+        publish_analyses(self.app, job_id, names, priority, audio_seconds)
 
     def forget_result(self, job_id: str) -> None:
         self.app.AsyncResult(job_id).forget()
@@ -163,9 +165,15 @@ def run_sweep(app, grace: timedelta | None = None, rt=None):
     return report
 
 
-def publish_analyses(app: Celery, job_id: str, names: list[str], priority: str) -> None:
+def publish_analyses(
+    app: Celery, job_id: str, names: list[str], priority: str, audio_seconds: float | None = None
+) -> None:
     """Send a job's analyses (models.jobs.analyses) to the analysis pool, one message each, at
-    the job's priority; the message id is the job's and the analysis's, so it is told apart."""
+    the job's priority; the message id is the job's and the analysis's, so it is told apart.
+    The analysis pool runs prefork, where Celery enforces time limits: they grow with the
+    audio's length, as every pool's do (an analysis past its soft limit fails and is retried
+    as any failure; past its hard limit its process is killed and the message redelivered)."""
+    hard = app.conf.whisperq_settings.analysis_time_limit(audio_seconds)
     for name in names:
         app.send_task(
             "whisperq.analyze",
@@ -173,6 +181,8 @@ def publish_analyses(app: Celery, job_id: str, names: list[str], priority: str) 
             task_id=f"{job_id}.{name}",
             queue=route(app.conf.broker_url, ANALYSIS_QUEUE, priority),
             ignore_result=True,
+            time_limit=hard,
+            soft_time_limit=hard * 0.8,
             priority=broker_priority(priority, app.conf.broker_url),
             retry=True,
             retry_policy=PUBLISH_RETRY,
