@@ -1,6 +1,7 @@
 """`whisperq status`: what an operator looks at first, from heartbeats, broker and database."""
 
 import json
+import os
 import time
 
 import pytest
@@ -26,10 +27,18 @@ def test_status_shows_workers_queues_and_dead_letters(client, runner, worker, ce
             assert resp.status_code == 202, resp.get_json()
         report = json.loads(runner.invoke(cli, ["status", "--json"]).output)
         text = runner.invoke(cli, ["status"]).output
+        # the same report over the admin API, which works on every broker (SQS has no Flower)
+        admin = {"Authorization": f"Bearer {os.environ['WHISPERQ_ADMIN_TOKEN']}"}
+        over_http = client.get("/v1/admin/status", headers=admin)
+        anonymous = client.get("/v1/admin/status")
     assert report["queues"]["whisperq.prepare"]["waiting"] >= 2, report
     assert report["queues"]["whisperq.prepare"]["oldest_seconds"] >= 0
     assert isinstance(report["dead_letters"], int)
     assert "whisperq.prepare" in text and "inference" in text and "dead letters" in text
+    assert over_http.status_code == 200 and anonymous.status_code == 401
+    body = over_http.get_json()
+    assert body["queues"]["whisperq.prepare"]["waiting"] >= 2 and body["transport"] in ("redis", "amqp")
+    assert {"prepare", "inference"} <= set(body["pools"]) and body["pools"]["inference"]["models"] == ["tiny.en"]
 
 
 def test_workers_are_shown_by_host_with_its_disk_and_memory(client, runner, worker):

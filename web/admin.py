@@ -1,5 +1,5 @@
-"""Admin API for operators: the dead-letter queue. Needs an admin API key (`whisperq
-keys create --admin`) or `Authorization: Bearer $WHISPERQ_ADMIN_TOKEN`."""
+"""Admin API for operators: the pools' status and the dead-letter queue. Needs an admin API key
+(`whisperq keys create --admin`) or `Authorization: Bearer $WHISPERQ_ADMIN_TOKEN`."""
 
 from __future__ import annotations
 
@@ -28,6 +28,15 @@ def _require_admin():
 
 def _rt():
     return current_app.extensions["whisperq"]
+
+
+@bp.get("/status")
+def status():
+    """The pools' workers and hosts, the queues' depths, the jobs and dead letters (web.status):
+    what `whisperq status` prints, on every broker (SQS has no Flower)."""
+    from .status import pools_report
+
+    return jsonify(pools_report(_rt(), current_app.extensions["celery"]))
 
 
 @bp.get("/dead-letters")

@@ -426,6 +426,33 @@ def paths() -> dict:
                 **admin,
             ),
         },
+        "/v1/admin/status": {
+            "get": op(
+                "poolsStatus",
+                "The pools' live workers and hosts, each queue's depth by tier, the jobs by status, the dead letters",
+                {
+                    "200": ok(
+                        "What `whisperq status` prints, on every broker.",
+                        {
+                            "type": "object",
+                            "required": ["broker", "transport", "pools", "workers", "hosts", "queues", "jobs"],
+                            "properties": {
+                                "broker": STRING,
+                                "transport": {"type": "string", "enum": ["redis", "amqp", "sqs"]},
+                                "pools": {"type": "object", "additionalProperties": {"type": "object"}},
+                                "workers": {"type": "array", "items": {"type": "object"}},
+                                "hosts": {"type": "object", "additionalProperties": {"type": "object"}},
+                                "queues": {"type": "object", "additionalProperties": {"type": "object"}},
+                                "jobs": {"type": "object", "additionalProperties": {"type": "integer"}},
+                                "dead_letters": {"type": "integer"},
+                            },
+                        },
+                    ),
+                    **errors(401, 403, 431),
+                },
+                **admin,
+            ),
+        },
         "/v1/admin/dead-letters": {
             "get": op(
                 "listDeadLetters",

@@ -1,5 +1,6 @@
 """`whisperq status`: workers, queues and their depths, the oldest waiting job and the dead
-letters, as an operator looks at them first."""
+letters, as an operator looks at them first (web.status builds it; GET /v1/admin/status
+answers the same)."""
 
 from __future__ import annotations
 
@@ -19,46 +20,11 @@ def _mb(value) -> str:
 def status(as_json: bool) -> None:
     """Workers (from their heartbeats), queues and their depths, the oldest waiting job,
     dead letters: what an operator looks at first."""
-    from models.jobs.record import utcnow
-    from models.jobs.workers import alive, by_host
-    from tasks.broker.transport import transport_for
-    from web.metrics import database_figures
+    from web.status import pools_report
 
     rt = open_runtime()
-    now = utcnow()
-    workers = alive(rt, now=now)
-    figures = database_figures(rt, now)
-    try:
-        depths, broker_error = transport_for(rt.broker.app).depths(), None
-    except Exception as exc:  # still show what the database knows
-        depths, broker_error = {}, f"unreachable: {type(exc).__name__}: {exc}"
-    report = {
-        "broker": rt.settings.describe()["broker_url"] if broker_error is None else broker_error,
-        "workers": [
-            {
-                "pool": w["pool"],
-                "hostname": w["hostname"],
-                "host": w["host"],
-                "slots": w["slots"],
-                "up_seconds": round((now - w["started_at"]).total_seconds()),
-                "last_seen_seconds": round((now - w["last_seen_at"]).total_seconds(), 1),
-            }
-            for w in workers
-        ],
-        "hosts": {
-            name: {k: h.get(k) for k in ("workers", "models", "disk_free_bytes", "memory_available_bytes")}
-            for name, h in by_host(workers).items()
-        },
-        "queues": {},
-        "jobs": figures["statuses"],
-        "dead_letters": figures["dead_letters"],
-    }
-    for (queue, tier), count in sorted(depths.items()):
-        report["queues"].setdefault(queue, {"waiting": 0, "by_priority": {}})
-        report["queues"][queue]["waiting"] += count
-        report["queues"][queue]["by_priority"][tier] = count
-    for queue, age in figures["oldest"].items():
-        report["queues"].setdefault(queue, {"waiting": None, "by_priority": {}})["oldest_seconds"] = round(age, 1)
+    report = pools_report(rt, rt.broker.app)
+    workers = report["workers"]
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
