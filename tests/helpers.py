@@ -332,3 +332,34 @@ def make_job(rt, spooled=None, **fields):
     names = {f.name for f in dataclasses.fields(JobOptions)}
     options = JobOptions(**{k: v for k, v in fields.items() if k in names})
     return create_job(rt, spooled, options, **{k: v for k, v in fields.items() if k not in names})
+
+
+def proto_stubs(out: Path):
+    """(messages, service stubs) of the gRPC door, generated from its .proto into `out` as a
+    client of its own would generate them (python -m grpc_tools.protoc), not the server's."""
+    import importlib
+    import sys
+    from importlib.resources import files
+
+    from grpc_tools import protoc
+
+    proto_root = ROOT / "web" / "rpc" / "proto"
+    argv = [
+        "grpc_tools.protoc",
+        f"-I{proto_root}",
+        f"-I{files('grpc_tools') / '_proto'}",
+        f"--python_out={out}",
+        f"--grpc_python_out={out}",
+        "whisperq/v1/transcription.proto",
+    ]
+    assert protoc.main(argv) == 0
+    sys.path.insert(0, str(out))
+    try:
+        for name in [m for m in sys.modules if m == "whisperq" or m.startswith("whisperq.")]:
+            del sys.modules[name]  # another run's stubs: these are generated afresh
+        messages = importlib.import_module("whisperq.v1.transcription_pb2")
+        services = importlib.import_module("whisperq.v1.transcription_pb2_grpc")
+    finally:
+        sys.path.remove(str(out))
+    assert Path(messages.__file__).is_relative_to(out)
+    return messages, services

@@ -7,16 +7,14 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import importlib
 import itertools
 import struct
-import sys
 import threading
 import uuid
 from pathlib import Path
 
 import pytest
-from helpers import CLIPS, make_job, word_error_rate
+from helpers import CLIPS, make_job, proto_stubs, word_error_rate
 
 grpc = pytest.importorskip("grpc")
 pytest.importorskip("grpc_tools")
@@ -31,29 +29,7 @@ FINAL = ("COMPLETED", "FAILED", "CANCELLED", "EXPIRED")
 @pytest.fixture(scope="session")
 def client_stubs(tmp_path_factory):
     """(messages, service stubs) generated from the .proto into a directory of this run."""
-    from importlib.resources import files
-
-    from grpc_tools import protoc
-
-    out = tmp_path_factory.mktemp("grpc-client")
-    proto_root = ROOT / "web" / "rpc" / "proto"
-    argv = [
-        "grpc_tools.protoc",
-        f"-I{proto_root}",
-        f"-I{files('grpc_tools') / '_proto'}",
-        f"--python_out={out}",
-        f"--grpc_python_out={out}",
-        "whisperq/v1/transcription.proto",
-    ]
-    assert protoc.main(argv) == 0
-    sys.path.insert(0, str(out))
-    try:
-        messages = importlib.import_module("whisperq.v1.transcription_pb2")
-        services = importlib.import_module("whisperq.v1.transcription_pb2_grpc")
-    finally:
-        sys.path.remove(str(out))
-    assert Path(messages.__file__).is_relative_to(out)
-    return messages, services
+    return proto_stubs(tmp_path_factory.mktemp("grpc-client"))
 
 
 @dataclasses.dataclass

@@ -4,7 +4,6 @@ web, worker and Flower; a real upload comes back COMPLETED; SIGTERM stops everyt
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -15,42 +14,9 @@ import helpers
 import pytest
 import requests
 from helpers import CLIPS, Receiver, free_port, word_error_rate
+from stack import run_env, wait_for_stack
 
 pytestmark = pytest.mark.integration
-
-
-def wait_for_stack(check, timeout: float, what: str, proc: subprocess.Popen, log: Path):
-    """`check()`'s first true value, looked for every 0.3 s while `whisperq run` (`proc`) is
-    alive, a request that fails counting as not yet; AssertionError with the end of its log
-    after `timeout` seconds, or at once if it exits."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"whisperq run exited early:\n{log.read_text()}"
-        try:
-            value = check()
-            if value:
-                return value
-        except requests.RequestException:
-            pass
-        time.sleep(0.3)
-    raise AssertionError(f"{what} not ready within {timeout} s:\n{log.read_text()[-4000:]}")
-
-
-def run_env(tmp_path: Path, port: int, drop: tuple[str, ...] = (), **settings: str) -> dict[str, str]:
-    """The environment of a `whisperq run` on a data dir of its own and free ports, with none
-    of the machine's services named (so the embedded broker and SQLite), `drop` left out too."""
-    gone = ("CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "DATABASE_URL", "FLOWER_BASIC_AUTH", "WHISPERQ_INPUT_DIRS")
-    env = {k: v for k, v in os.environ.items() if k not in (*gone, *drop)}
-    # The tests poll each job in a loop (WHISPERQ_POLL_LIMIT would answer it 429).
-    env.update(
-        WHISPERQ_DATA_DIR=str(tmp_path / "var"),
-        PORT=str(port),
-        FLOWER_PORT=str(free_port()),
-        WHISPERQ_GRPC_PORT=str(free_port()),
-        WHISPERQ_POLL_LIMIT="false",
-    )
-    env.update(settings)
-    return env
 
 
 def _json_or_none(text: str):
@@ -168,8 +134,8 @@ def test_run_starts_the_whole_service_on_the_embedded_broker(tmp_path):
             tmp_path / "var" / "redis" / "appendonlydir"
         ).exists()
 
-        # A program on this machine with no broker settings finds the running stack by itself.
-        delay_finds_the_running_stack(tmp_path / "var", tmp_path)
+        # A program on this machine with no broker settings finding the stack by itself, and every
+        # other way in: tests/test_conformance.py.
 
         # The pools run below the web's scheduling priority; a killed pool comes back by itself.
         survives_a_killed_pool(base, tmp_path / "var", proc, log)
@@ -199,46 +165,6 @@ def test_run_starts_the_whole_service_on_the_embedded_broker(tmp_path):
     assert leftover.strip() == "", f"embedded redis still running: {leftover}"
     assert not (tmp_path / "var" / "broker.url").exists()  # withdrawn with the stack
     assert code in (0, -15, 143), out[-3000:]
-
-
-def delay_finds_the_running_stack(data_dir: Path, cwd: Path) -> None:
-    """`transcribe.delay()` and `whisperq env` in other processes, with the data dir alone, as
-    docs/clients/delay.md says: a file put in the inbox the stack made."""
-    import shlex
-
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "DATABASE_URL", "WHISPERQ_INPUT_DIRS")
-    }
-    env["WHISPERQ_DATA_DIR"] = str(data_dir)
-    published = data_dir / "broker.url"
-    assert published.stat().st_mode & 0o777 == 0o600  # it holds the broker's password
-    exports = subprocess.run(
-        [str(Path(sys.executable).parent / "whisperq"), "env"], env=env, capture_output=True, text=True, timeout=60
-    )
-    assert exports.returncode == 0, exports.stderr
-    assert f"export CELERY_BROKER_URL={shlex.quote(published.read_text().strip())}" in exports.stdout
-    inbox = data_dir / "inbox"
-    assert f"reads files under: {inbox}" in exports.stdout
-    assert inbox.is_dir() and inbox.stat().st_mode & 0o777 == 0o700  # made by `whisperq run`, owner only
-    shutil.copy(CLIPS["fox.flac"]["path"], inbox / "fox.flac")
-    program = (
-        "import json, sys\nfrom tasks import transcribe\n"
-        "r = transcribe.delay(sys.argv[1], language='en', word_timestamps=True)\n"
-        "print(json.dumps(r.get(timeout=240)))"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", program, str(inbox / "fox.flac")],
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert "fox" in result["text"].lower() and result["segments"][0]["words"], result
 
 
 def job_trace(collector, job_id: str) -> set[tuple[str, str]] | None:

@@ -247,7 +247,11 @@ def transcriptions():
             param="file",
             code=job.status.lower(),
         )
-    return _render(cast("dict[str, Any]", job.result()), fmt, "word" in granularities)  # COMPLETED: never None
+    answer = _render(cast("dict[str, Any]", job.result()), fmt, "word" in granularities)  # COMPLETED: never None
+    # The job behind the answer, for its other ways out (GET /v1/jobs/<id>, its formats, gRPC).
+    answer.headers["X-Job-Id"] = job.id
+    answer.headers["Location"] = status_url
+    return answer
 
 
 def _render(result: dict, fmt: str, words: bool):
