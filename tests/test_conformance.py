@@ -212,43 +212,16 @@ def raw_message(job_id: str, path: str, kwargs: dict) -> dict:
 
 
 def raw_redis(m: Matrix, job_id: str, path: str, kwargs: dict) -> None:
-    import redis
+    from test_producers import send_redis
 
-    from config.priorities import Priority
-
-    msg = raw_message(job_id, path, kwargs)
-    step = Priority.parse(kwargs["priority"]).redis_step
-    envelope = _envelope(msg, step)
     url = (m.stack.data_dir / "broker.url").read_text().strip()  # what `whisperq env` exports
-    client = redis.Redis.from_url(url)
-    client.lpush("whisperq.prepare" + (f":{step}" if step else ""), json.dumps(envelope))
-    client.close()
+    send_redis(url, raw_message(job_id, path, kwargs), kwargs["priority"])
 
 
 def raw_amqp(m: Matrix, job_id: str, path: str, kwargs: dict) -> None:
-    import pika
+    from test_producers import send_amqp
 
-    from config.priorities import Priority
-
-    msg = raw_message(job_id, path, kwargs)
-    connection = pika.BlockingConnection(pika.URLParameters(m.setup.settings["CELERY_BROKER_URL"]))
-    channel = connection.channel()
-    channel.confirm_delivery()
-    channel.basic_publish(
-        exchange="whisperq",
-        routing_key="prepare",
-        body=json.dumps(msg["body"]).encode(),
-        mandatory=True,
-        properties=pika.BasicProperties(
-            content_type="application/json",
-            content_encoding="utf-8",
-            headers=msg["headers"],
-            priority=Priority.parse(kwargs["priority"]).amqp_number,
-            delivery_mode=2,
-            correlation_id=job_id,
-        ),
-    )
-    connection.close()
+    send_amqp(m.setup.settings["CELERY_BROKER_URL"], raw_message(job_id, path, kwargs), kwargs["priority"])
 
 
 def raw_sqs(m: Matrix, job_id: str, path: str, kwargs: dict) -> None:
