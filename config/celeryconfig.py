@@ -353,7 +353,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # they would go nowhere (docs/deployment/sqs.md).
         task_send_sent_event=not sqs,
         worker_send_task_events=not sqs,
-        result_extended=True,
+        # No task's arguments in the result backend (nor its STARTED state): a producer's message
+        # may carry its API key, which must be stored nowhere (tasks.worker hides it from events).
+        result_extended=False,
         # transcribe.delay() results: no longer than transcripts are kept (WHISPERQ_RESULT_RETENTION).
         result_expires=int(min(settings.result_retention_seconds or 7 * 24 * 3600, 7 * 24 * 3600)),
         worker_max_memory_per_child=None,

@@ -97,6 +97,25 @@ def redis_channel_closed(qos: Any) -> bool:
     return transport is None or getattr(transport, "client", None) is None
 
 
+# --- celery: what a request shows of its arguments ------------------------------------------------
+
+
+def hide_arguments(request: Any, secrets: tuple[str, ...]) -> None:
+    """What a received request shows of its arguments in events (Flower, and its flower.db) and
+    in the worker's own error lines: its arguments as they are, but the `secrets` among its
+    keyword arguments masked. celery.worker.request.Request reads them from the message's
+    `argsrepr` and `kwargsrepr` headers, which a producer writes as it likes (a client of its own
+    puts the whole of its kwargs there, an API key included), into its private `_argsrepr` and
+    `_kwargsrepr`; the task-received event is sent from them right after the task_received
+    signal, which calls this."""
+    from celery.utils.saferepr import saferepr
+
+    kwargs = request.kwargs if isinstance(request.kwargs, dict) else {}
+    shown = {k: ("<hidden>" if k in secrets else v) for k, v in kwargs.items()}
+    request._argsrepr = saferepr(request.args if isinstance(request.args, (list, tuple)) else ())
+    request._kwargsrepr = saferepr(shown)
+
+
 # --- celery: requests waiting in the worker's timer (countdown / eta) ---------------------------
 
 

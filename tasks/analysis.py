@@ -17,12 +17,14 @@ from models.jobs.record import AnalysisStatus, Job, JobAnalysis, JobStatus
 from models.pipeline.door import keeps_result
 from models.retry import Verdict, classify
 from tasks.app import runtime
+from tasks.broker.signing import check
 
 log = logging.getLogger(__name__)
 
 
 @shared_task(name="whisperq.analyze", bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def analyze(self, job_id: str, name: str) -> None:
+    check(self)  # only the inference pool's hand-off (or the sweeper's), on the analysis pool
     if not isinstance(job_id, str) or not isinstance(name, str) or name not in MODULES:
         raise Reject(f"an analysis message for {name!r} of job {job_id!r} was dropped: no such analysis", requeue=False)
     rt = runtime()

@@ -48,6 +48,7 @@ from models.retry import Verdict, classify
 from models.storage import prepared_ref
 from tasks.app import runtime
 from tasks.broker import CeleryBroker
+from tasks.broker.signing import check
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +179,7 @@ def transcribe(self, audio: str, *positional: object, **given: object) -> dict |
     message naming a job this service made carries none, the job's row has them. A raw
     producer's message is checked by the one door like any other way in: an unknown or bad
     option fails its job, saying why."""
+    trusted = check(self)  # signed by this deployment; else a producer's, which may only create a job
     job_id = self.request.id
     worker = self.request.hostname or socket.gethostname()
     options: dict[str, object] = dict(zip(POSITIONAL, positional, strict=False))
@@ -186,7 +188,7 @@ def transcribe(self, audio: str, *positional: object, **given: object) -> dict |
         options["_positional"] = positional[len(POSITIONAL) :]  # refused by the door, saying what to send
     rt = runtime()
     try:
-        prepared = prepare_job(rt, job_id, audio, options, worker=worker, worker_id=worker_id())
+        prepared = prepare_job(rt, job_id, audio, options, worker=worker, worker_id=worker_id(), trusted=trusted)
     except Exception as exc:
         return _after_failure(self, job_id, exc)
     if isinstance(prepared, Finished):  # a duplicate delivery: nothing runs, nothing is answered
@@ -212,7 +214,9 @@ def infer(self, message: dict) -> dict | None:
     A job another worker is transcribing (its claim's lease live) is not run here: the message
     is published again, due when that lease could have lapsed (so a holder that was killed is
     taken over then), and this one acknowledged. A run whose claim was taken over stored
-    nothing; its message is acknowledged and the claim's new holder answers."""
+    nothing; its message is acknowledged and the claim's new holder answers. Only the
+    preparation pool's own hand-off, signed, is run (tasks.broker.signing)."""
+    check(self)
     rt = runtime()
     worker = self.request.hostname or socket.gethostname()
     job_id = message.get("job_id") if isinstance(message, dict) else None
@@ -277,6 +281,7 @@ def _send_shadow(task: Task, prepared: Prepared) -> None:
 @shared_task(name="whisperq.shadow", bind=True, acks_late=True, ignore_result=True)
 def shadow(self, message: dict) -> None:
     """The inference pool decodes a job again with a candidate model, apart (models.pipeline.shadowing)."""
+    check(self)
     rt = runtime()
     try:
         prepared = Prepared.from_message(message)

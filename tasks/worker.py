@@ -18,6 +18,8 @@ from tasks.app import get_celery, runtime
 from tasks.broker.transport import transport_for
 
 app = get_celery()  # Celery finds `app`: the one built from the environment
+# Keyword arguments a message may carry that no event, log line or result may show.
+SECRET_ARGUMENTS = ("api_key", "owner_token")
 
 connect_celery(app.conf.whisperq_settings.log_format)
 
@@ -122,6 +124,17 @@ def _job_in_logs(task=None, task_id=None, args=None, **_kwargs) -> None:
                 task.request.whisperq_attempt = attempts + (task.name == "whisperq.transcribe") or 1
     except Exception:  # logging context must never stop a task
         logging.getLogger(__name__).debug("no log context for task %s", task_id, exc_info=True)
+
+
+@task_received.connect
+def _hidden(request=None, **_kwargs) -> None:
+    # Before the task-received event (Flower) is sent: a producer's API key, and an owner token,
+    # are shown nowhere, whatever the message's own argsrepr and kwargsrepr say.
+    if request is not None:
+        try:
+            compat.hide_arguments(request, SECRET_ARGUMENTS)
+        except Exception:  # what an event shows must never stop the consumer
+            logging.getLogger(__name__).exception("could not hide the arguments of %s", request.id)
 
 
 @task_received.connect

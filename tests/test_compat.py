@@ -289,6 +289,39 @@ def test_celery_lists_a_workers_scheduled_requests():
     assert [e["request"]["id"] for e in entries] == ["0a0a0a0a-0000-4000-8000-0000000000c0"]
 
 
+def test_celerys_received_event_shows_what_the_message_says_and_hiding_masks_the_secrets():
+    """What compat.hide_arguments works around: a producer's kwargsrepr header is what the
+    task-received event (Flower, flower.db) and the worker's error lines show, its API key in
+    it; hiding masks it there. When Celery stops reading the header, this test says so."""
+    from celery import Celery
+    from celery.worker.request import Request
+    from kombu import Message
+    from kombu.serialization import dumps
+
+    app = Celery("compat", set_as_current=False)
+    app.conf.broker_url = "memory://"
+
+    @app.task(name="compat.noop", shared=False)
+    def noop(path, **kwargs):
+        return None
+
+    kwargs = {"language": "en", "api_key": "wq_secret_key_of_a_producer"}
+    message = app.amqp.as_task_v2(
+        "0a0a0a0a-0000-4000-8000-0000000000c1", "compat.noop", args=("/a.wav",), kwargs=kwargs, kwargsrepr=repr(kwargs)
+    )
+    content_type, encoding, body = dumps(message.body, serializer="json")
+    request = Request(
+        Message(body=body, headers=message.headers, content_type=content_type, content_encoding=encoding),
+        app=app,
+        task=noop,
+    )
+    assert "wq_secret_key_of_a_producer" in request.kwargsrepr  # as the producer wrote it
+    assert "wq_secret_key_of_a_producer" in str(request.info(safe=True))
+    compat.hide_arguments(request, ("api_key",))
+    assert "wq_secret" not in request.kwargsrepr and "'language': 'en'" in request.kwargsrepr
+    assert "wq_secret" not in str(request.info(safe=True)) and "/a.wav" in request.argsrepr
+
+
 # --- faster-whisper ---------------------------------------------------------------------------------
 
 

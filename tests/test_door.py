@@ -86,7 +86,7 @@ def test_a_raw_message_naming_a_finished_job_changes_nothing_and_returns_nothing
     done = wait_for_job(client, resp.get_json()["job_id"])
     assert done["status"] == "COMPLETED"
     send(settings, message(done["job_id"], str(FOX), language="en"))
-    wait_for_line(worker, f"job {done['job_id']} already COMPLETED; duplicate delivery ignored")
+    wait_for_line(worker, f"a whisperq.transcribe message (id {done['job_id']}) was dropped unread: it names a job")
     answer = celery_app.AsyncResult(done["job_id"])  # the broker's result backend holds no transcript
     assert answer.state != "SUCCESS" and "text" not in (answer.result if isinstance(answer.result, dict) else {})
     again = client.get(f"/v1/jobs/{done['job_id']}").get_json()
@@ -290,18 +290,27 @@ def test_an_owner_token_names_only_the_job_and_key_it_was_sealed_for(door_rt):
 
 
 def test_an_inference_message_naming_samples_not_its_own_is_dropped(door_rt, monkeypatch):
-    from celery.exceptions import Reject
+    """Unsigned, an inference or shadow message is dropped unread; signed by this deployment (a
+    message replayed, or a bug), one naming samples not its job's own is rejected all the same."""
+    from celery.exceptions import Ignore, Reject
 
     from models.pipeline.messages import Prepared
+    from models.security.signing import HEADER, sign
     from models.speech.windows import Window
     from tasks import transcription
 
     monkeypatch.setattr(transcription, "runtime", lambda: door_rt)
     theirs = Prepared(str(uuid.uuid4()), f"prepared/ab/{uuid.uuid4()}.npy", 1.0, (Window(((0, 16000),)),))
-    with pytest.raises(Reject, match="not its own"):
-        transcription.infer.run(theirs.to_message())
-    with pytest.raises(Reject, match="not its own"):
-        transcription.shadow.run(theirs.to_message())
+    message = theirs.to_message()
+    for task in (transcription.infer, transcription.shadow):
+        with pytest.raises(Ignore):
+            task.run(message)
+        task.push_request(args=[message], kwargs={}, headers={HEADER: sign(task.name, [message], {})})
+        try:
+            with pytest.raises(Reject, match="not its own"):
+                task.run(message)
+        finally:
+            task.pop_request()
 
 
 def test_every_way_in_builds_its_caller_with_the_one_rule(door_rt):

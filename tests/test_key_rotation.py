@@ -12,6 +12,8 @@ from helpers import make_job
 from keyrings import FOX, A, B, assert_not_plain, key, legacy_token, ring
 from sqlalchemy import text
 
+LEGACY = "1e0acb00-0000-4000-8000-000000000000"  # a job from before encryption: its audio kept its suffix
+
 pytestmark = pytest.mark.usefixtures("keyring_restored")  # tests here switch the process's keys
 
 
@@ -38,29 +40,29 @@ def test_rotation(private_rt, monkeypatch):
             "segments": [{"start": 0.0, "end": 4.3, "text": "the quick brown fox"}],
         },
     )
-    legacy = rt.storage.root / "audio" / "le" / "legacy.flac"  # stored before encryption existed
+    legacy = rt.storage.root / "audio" / "1e" / f"{LEGACY}.flac"  # stored before encryption existed
     legacy.parent.mkdir(parents=True)
     legacy.write_bytes(FOX)
     with rt.db.session() as s:
         s.add(
             Job(
-                id="1e9acy00-0000-4000-8000-000000000000",
-                audio_ref="audio/le/legacy.flac",
+                id=LEGACY,
+                audio_ref=f"audio/1e/{LEGACY}.flac",
                 priority="normal",
                 status="PENDING",
             )
         )
-        s.add(Job(id="2e9acy00-0000-4000-8000-000000000000", audio_ref="", priority="normal", status="PENDING"))
+        s.add(Job(id="2e0acb00-0000-4000-8000-000000000000", audio_ref="", priority="normal", status="PENDING"))
     with rt.db.engine.begin() as conn:
         conn.execute(
             text(
                 "UPDATE jobs SET status = 'COMPLETED', result_text = 'old plain words', "
-                "result_segments = '[]' WHERE id LIKE '1e9acy%'"
+                "result_segments = '[]' WHERE id LIKE '1e0acb%'"
             )
         )
         # written under key a by a version whose values were not bound to their row
         conn.execute(
-            text("UPDATE jobs SET status = 'COMPLETED', result_text = :t WHERE id LIKE '2e9acy%'"),
+            text("UPDATE jobs SET status = 'COMPLETED', result_text = :t WHERE id LIKE '2e0acb%'"),
             {"t": legacy_token("older sealed words", ring(A))},
         )
 
@@ -78,7 +80,7 @@ def test_rotation(private_rt, monkeypatch):
 
     refused = whisperq("rotate", keys=A, plaintext="")  # without the flag, what is plaintext stays unread
     assert refused.exit_code == 1 and refused.output.count("WHISPERQ_ALLOW_PLAINTEXT_ROWS=1") == 2, refused.output
-    assert "legacy.flac is plaintext" in refused.output and "jobs.result_text of row 1e9acy" in refused.output
+    assert f"{LEGACY}.flac is plaintext" in refused.output and "jobs.result_text of row 1e0acb" in refused.output
 
     status = json.loads(whisperq("status", "--json", keys=f"{B},{A}").output)
     assert status["active"] == "b" and status["files"] == {"a": 2, "(unencrypted)": 1}
@@ -94,14 +96,14 @@ def test_rotation(private_rt, monkeypatch):
     status = json.loads(whisperq("status", "--json", keys=B).output)
     assert status["files"] == {"b": 3} and status["transcripts"] == {"b": 3}
     rt_b = private_rt(B)  # the old key and the plaintext flag dropped: everything still reads
-    for ref in (job.audio_ref, "audio/le/legacy.flac"):
+    for ref in (job.audio_ref, f"audio/1e/{LEGACY}.flac"):
         assert_not_plain(rt_b.storage.path(ref), FOX)
         with rt_b.storage.open(ref) as fh:
             assert fh.read() == FOX
     assert rt_b.storage.load_samples(f"prepared/{job.id[:2]}/{job.id}.npy").size > 60_000
     assert jobs.get_job(rt_b, job.id).result()["text"] == "the quick brown fox"
-    assert jobs.get_job(rt_b, "1e9acy00-0000-4000-8000-000000000000").result_text == "old plain words"
-    assert jobs.get_job(rt_b, "2e9acy00-0000-4000-8000-000000000000").result_text == "older sealed words"
+    assert jobs.get_job(rt_b, LEGACY).result_text == "old plain words"
+    assert jobs.get_job(rt_b, "2e0acb00-0000-4000-8000-000000000000").result_text == "older sealed words"
     with rt_b.db.engine.connect() as conn:  # rewritten bound to their rows
         assert all(
             v.startswith("wqe2:b:")

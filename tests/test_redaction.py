@@ -299,3 +299,114 @@ def test_digit_groups_as_whisper_writes_spoken_digits_are_a_run(text, hidden):
 def test_quantities_are_not_digit_runs(text):
     _, out = redacted(transcript(text))
     assert out["text"] == text
+
+
+# -- fails closed: where the transcript is stored (models.jobs.analyses.hide_before_storing) ----------
+
+SECRET = "Call me on four one five, five five five, zero one three two. Mail bob@example.com."
+
+
+@pytest.fixture()
+def redacting_job(settings, database):
+    """A job asking for redaction, as a worker takes it for inference (its run is the caller's)."""
+    from helpers import make_job
+
+    from models.jobs.operations import begin_inference
+    from models.runtime import Runtime
+
+    rt = Runtime(settings)
+    job = make_job(rt, audio_url="https://files.example.com/a.flac", analyses={"redact": {"kinds": list(DEFAULT)}})
+    with rt.db.session() as session:
+        from models.jobs.record import Job
+
+        row = session.get(Job, job.id)
+        row.start("w@test", "w1")
+        row.stage = "queued"
+    claim, _ = begin_inference(rt, job.id, "w@test", "w1", "host-a:1", 60)
+    return rt, job.id, claim
+
+
+def _stored_words(rt, job_id: str) -> str:
+    """Everything the job's row holds of words, decrypted: its text, segments and extra."""
+    from models.jobs.record import Job
+
+    with rt.db.session() as session:
+        job = session.get(Job, job_id)
+        return json.dumps([job.result_text, job.result_segments, job.result_extra, job.correction])
+
+
+def test_a_redacted_transcript_is_redacted_before_it_is_stored(redacting_job):
+    from models.jobs.operations import complete_job, get_job
+
+    rt, job_id, claim = redacting_job
+    result, stored = complete_job(rt, job_id, transcript(SECRET), claim)
+    kept = _stored_words(rt, job_id)
+    assert stored and result["job_id"] == job_id
+    assert "bob@example.com" not in kept and "four one five" not in kept and "[EMAIL_ADDRESS]" in kept
+    job = get_job(rt, job_id)
+    assert job.status == "COMPLETED" and job.result()["redacted"]["count"] >= 2  # no analysis pool needed
+    assert job.result()["analyses"]["redact"]["status"] == "DONE"
+
+
+def test_a_partial_transcript_of_a_cancelled_job_is_redacted_before_it_is_kept(redacting_job):
+    from models.jobs.operations import cancel_running, get_job
+
+    rt, job_id, claim = redacting_job
+    partial = cancel_running(rt, job_id, transcript(SECRET), claim)
+    assert partial["partial"] is True and "bob@example.com" not in json.dumps(partial)
+    assert "bob@example.com" not in _stored_words(rt, job_id) and get_job(rt, job_id).status == "CANCELLED"
+
+
+def test_a_redaction_that_fails_fails_the_job_and_keeps_no_text(redacting_job, monkeypatch):
+    from models.errors import PermanentJobError
+    from models.jobs.operations import complete_job, get_job
+
+    rt, job_id, claim = redacting_job
+    monkeypatch.setattr(redaction, "find", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("phonenumbers broke")))
+    with pytest.raises(PermanentJobError, match=r"redact failed .*no transcript was kept"):
+        complete_job(rt, job_id, transcript(SECRET), claim)
+    job = get_job(rt, job_id)
+    assert job.status == "FAILED" and "redact failed" in job.error and job.result() is None
+    assert "bob" not in _stored_words(rt, job_id) and "four" not in _stored_words(rt, job_id)
+
+
+def test_a_failed_redaction_of_a_partial_transcript_keeps_nothing(redacting_job, monkeypatch):
+    from models.jobs.operations import cancel_running, get_job
+
+    rt, job_id, claim = redacting_job
+    monkeypatch.setattr(redaction, "find", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("phonenumbers broke")))
+    assert cancel_running(rt, job_id, transcript(SECRET), claim) is None
+    assert get_job(rt, job_id).status == "CANCELLED" and "bob" not in _stored_words(rt, job_id)
+
+
+def settings_models() -> str:
+    import os
+
+    return os.environ["WHISPERQ_MODELS"]
+
+
+def test_a_job_asking_for_redaction_is_never_shadowed_nor_exported(settings, database, tmp_path):
+    from types import SimpleNamespace
+
+    from config import Settings
+    from models.jobs.operations import job_row
+    from models.maintenance.dataset import _left_out
+
+    shadowing = SimpleNamespace(
+        settings=Settings.from_env(
+            {
+                "WHISPERQ_DATA_DIR": str(tmp_path),
+                "WHISPERQ_MODELS": settings_models(),
+                "WHISPERQ_SHADOW": "tiny.en=base:50",
+            }
+        )
+    )
+    ids = [f"{n:08x}-0000-4000-8000-000000000000" for n in range(60)]
+    plain = [job_row(shadowing, i, "", duration=1.0, model="tiny.en") for i in ids]
+    asked = [job_row(shadowing, i, "", duration=1.0, model="tiny.en", analyses={"redact": {}}) for i in ids]
+    assert any(r.shadow for r in plain) and not any(r.shadow for r in asked)
+    row = SimpleNamespace(
+        deleted_at=None, audio_purged_at=None, result_purged_at=None, status="COMPLETED", audio_ref="x"
+    )
+    assert _left_out(SimpleNamespace(**vars(row), analyses={"redact": {}})) == "asked for redaction"
+    assert _left_out(SimpleNamespace(**vars(row), analyses={"speakers": {}})) is None

@@ -137,10 +137,12 @@ def test_without_boto3_s3_storage_stops_at_start_saying_what_to_install(tmp_path
 
 
 def test_a_reference_never_leaves_the_prefix(s3_rt):
-    assert s3_rt.storage.key("audio/ab/abc") == "wq/audio/ab/abc"
-    for bad in ("../other/x", "audio/../../x", "audio//x", "audio/./x", "/etc/passwd"):
-        with pytest.raises(ValueError, match="is not a name under s3://"):
-            s3_rt.storage.key(bad)
+    job_id = str(uuid.uuid4())
+    assert s3_rt.storage.key(f"audio/{job_id[:2]}/{job_id}") == f"wq/audio/{job_id[:2]}/{job_id}"
+    bad = ("../other/x", "audio/../../x", "audio//x", "audio/./x", "/etc/passwd", "audio/ab/abc", f"audio/zz/{job_id}")
+    for ref in bad:
+        with pytest.raises(ValueError, match="is not one this service makes"):
+            s3_rt.storage.key(ref)
 
 
 # -- reading and writing ------------------------------------------------------------------------

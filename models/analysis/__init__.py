@@ -33,6 +33,11 @@ def analysis(name: str) -> Analysis:
     return cast("Analysis", import_module(MODULES[name]))
 
 
+def hides(names: Mapping[str, Any] | None) -> list[str]:
+    """Those of `names` (a job's analyses) that hide what the transcript said (redaction)."""
+    return [name for name in MODULES if name in (names or {}) and analysis(name).HIDES]
+
+
 def requested(form: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """The analyses a submission's fields ask for, name -> parameters, each value checked by its
     module; one not installed on this deployment is refused with what to install."""

@@ -7,6 +7,10 @@ An analysis runs after a job's transcript is stored, as its own task on the `ana
   the OpenAI endpoint, gRPC), and its key under the result's ``analyses``;
 - ``VERSION``: recorded with its output, so a result says which version made it;
 - ``NEEDS_AUDIO``: whether ``run`` gets the prepared samples (16 kHz mono float32);
+- ``HIDES``: whether it hides what the transcript said (redaction). Such an analysis runs
+  where the transcript is stored, before it is (models.jobs.analyses.hide_before_storing), a
+  partial one too: the words it hides are kept nowhere, and where it fails the job keeps no
+  text at all; a job that asks for it is never shadowed and never exported for training;
 - ``EXTRA``: the pip extra that installs what it needs (None: always installed);
 - ``missing()``: None when it can run here, else what to install (a sentence for the client);
 - ``parse(value)``: the option as a door received it (a string from a form, a JSON value) ->
@@ -29,6 +33,7 @@ class Analysis(Protocol):
     NAME: str
     VERSION: str
     NEEDS_AUDIO: bool
+    HIDES: bool
     EXTRA: str | None
 
     def missing(self) -> str | None: ...

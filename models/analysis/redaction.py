@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 NAME = "redact"
 VERSION = "1"
 NEEDS_AUDIO = False
+HIDES = True  # run before the transcript is stored (models.analysis.base)
 # phonenumberslite is in the main install (install_requires): pure Python, ~5 MB, no dependencies.
 EXTRA: str | None = None
 

@@ -27,6 +27,7 @@ from models.errors import InvalidRequest
 NAME = "speakers"
 VERSION = "2"
 NEEDS_AUDIO = True
+HIDES = False
 EXTRA = "speakers"
 
 TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off", "")

@@ -1,5 +1,10 @@
 """Each analysis (models.analysis) a job asked for, run once after its transcript is stored (a JobAnalysis row).
 
+An analysis that hides what the transcript said (redaction: `HIDES`) is the exception: it runs
+where the transcript is stored, before it is (`hide_before_storing`), for a partial transcript
+(a cancel mid-job) too, so the words it hides are never stored; where it fails, the job fails
+and keeps no text. Its row is DONE from the start, and the analysis pool never runs it.
+
 The inference pool stores the transcript of a job that asked for analyses without finishing
 the job (stage `analysis`), makes a PENDING row per analysis and publishes one
 `whisperq.analyze` message each (tasks.analysis). The analysis pool runs one: RUNNING, the
@@ -20,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
-from models.analysis import analysis, merged
+from models.analysis import analysis, hides, merged
 from models.errors import PermanentJobError
 from models.jobs import metrics
 from models.jobs.record import AnalysisStatus, Job, JobAnalysis, JobStatus, Stage, utcnow
@@ -50,6 +55,43 @@ def begin_analyses(job: Job) -> list[str]:
             )
     job.stage = Stage.ANALYSIS.value
     return [run.name for run in job.analysis_runs if not run.finished]
+
+
+# What a transcript is, as the engine gives it; what an analysis adds beside it goes to result_extra.
+TRANSCRIPT = ("text", "language", "duration", "segments", "model", "language_probability")
+
+
+def hide_before_storing(job: Job, data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`data` (a transcript about to be stored, whole or partial) with every analysis of `job`
+    that hides (redaction) applied, each one's row DONE with its output (in the job's session,
+    locked by the caller); and what they add beside the transcript (its `redacted` counts).
+    Raises PermanentJobError where one fails: the caller stores no text at all."""
+    extra: dict[str, Any] = {}
+    for name in hides(job.analyses):
+        module, params = analysis(name), dict((job.analyses or {})[name] or {})
+        started = time.perf_counter()
+        try:
+            output = module.run(data, params, None)
+            data = module.apply(data, output, params)
+        except Exception as exc:
+            log.warning("job %s: %s failed before the transcript was stored; none is kept", job.id, name, exc_info=True)
+            raise PermanentJobError(
+                f"{name} failed ({type(exc).__name__}: {str(exc)[:200]}); no transcript was kept, since a job that "
+                f"asks for {name} keeps no text it could not {name}"
+            ) from None
+        run = next((r for r in job.runs() if r.name == name), None)
+        if run is None:
+            run = JobAnalysis(job_id=job.id, name=name, params=params, queued_at=utcnow())
+            job.analysis_runs.append(run)
+        run.status, run.output, run.version, run.error = AnalysisStatus.DONE.value, output, module.VERSION, None
+        run.started_at, run.finished_at = run.started_at or utcnow(), utcnow()
+        run.seconds, run.attempts, run.runs = (
+            time.perf_counter() - started,
+            (run.attempts or 0) + 1,
+            (run.runs or 0) + 1,
+        )
+        extra.update({k: v for k, v in data.items() if k not in TRANSCRIPT})
+    return data, extra
 
 
 def needs_audio(job: Job) -> bool:
@@ -128,10 +170,16 @@ def _finish_if_done(rt: Runtime, session: Session, job: Job) -> None:
         return
     if not all(run.finished for run in job.analysis_runs):
         return
-    done = {run.name: (run.params or {}, run.output or {}) for run in job.analysis_runs if run.status == "DONE"}
+    hidden = set(hides(job.analyses))  # applied before the transcript was stored: in it already
+    done = {
+        run.name: (run.params or {}, run.output or {})
+        for run in job.analysis_runs
+        if run.status == "DONE" and run.name not in hidden
+    }
     out = merged(_transcript(job), done)
     job.replace_transcript(out["text"], out["segments"])
-    job.result_extra = {k: v for k, v in out.items() if k not in ("text", "language", "duration", "segments")} or None
+    added = {k: v for k, v in out.items() if k not in ("text", "language", "duration", "segments")}
+    job.result_extra = {**(job.result_extra or {}), **added} or None
     if needs_audio(job):
         rt.storage.delete(prepared_ref(job.id))
     job.finish()

@@ -101,6 +101,13 @@ class _Metrics:
             ["analysis", "status"],
             registry=registry,
         )
+        self.dropped = Counter(
+            "whisperq_messages_dropped",
+            "Messages a worker dropped unread: not signed by this deployment, or not for its queues "
+            "(tasks.broker.signing), by task and reason",
+            ["task", "reason"],
+            registry=registry,
+        )
         self.analysis_seconds = histogram(
             "whisperq_analysis_seconds", "Time of one analysis's run, by analysis", _SHORT, ["analysis"]
         )
@@ -218,6 +225,16 @@ def observe_analysis(name: str, status: str, seconds: float | None = None) -> No
             m.analysis_seconds.labels(name).observe(seconds)
     except Exception:
         log.warning("metrics: analysis not recorded", exc_info=True)
+
+
+def observe_dropped(task: str, reason: str) -> None:
+    """A message dropped before it was read (tasks.broker.signing)."""
+    if not _enabled:
+        return
+    try:
+        _get().dropped.labels(task, reason).inc()
+    except Exception:
+        log.warning("metrics: dropped message not recorded", exc_info=True)
 
 
 def count_purged(counts: dict[str, int]) -> None:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard, cast
 from sqlalchemy import select, update
 
 from config import LANGUAGES, PRIORITIES
+from models.analysis import hides
 from models.errors import (
     AttemptsExhausted,
     ClaimLost,
@@ -26,7 +27,7 @@ from models.errors import (
     WhisperqError,
 )
 from models.jobs import metrics
-from models.jobs.analyses import begin_analyses
+from models.jobs.analyses import begin_analyses, hide_before_storing
 from models.jobs.claims import Claim, claim_locked, holds
 from models.jobs.record import Job, JobOptions, JobStatus, Stage, new_job_id, utcnow
 from models.jobs.shadows import forget_shadows, score_waiting_shadows
@@ -129,8 +130,11 @@ def job_row(
     audio_owned: bool = True,
     **fields: Any,
 ) -> Job:
-    """A PENDING job's row (not yet added to a session): its model chosen here, once."""
+    """A PENDING job's row (not yet added to a session): its model chosen here, once. A job that
+    asks for redaction is never shadowed: no other model's transcript of it is kept."""
     model, route, shadow = rt.settings.choose(model, job_id)
+    if hides(fields.get("analyses")):
+        shadow = None
     return Job(
         id=job_id,
         status=JobStatus.PENDING.value,
@@ -196,6 +200,7 @@ def complete_job(
         if stored.state is JobStatus.COMPLETED:
             return cast("dict[str, Any]", stored.result()), False  # a COMPLETED job's result is never None
         refused: WhisperqError | None = None
+        scored: list[tuple[str | None, str, float]] = []
         if stored.deleted_at is not None:
             refused = JobCancelled(f"job {job_id} was deleted; its transcript was not stored")
         elif stored.state.finished:
@@ -203,27 +208,37 @@ def complete_job(
         elif stored.stage == Stage.ANALYSIS.value:  # stored by another delivery; its analyses run
             return stored.analysing(), False
         else:
-            stored.store_transcript(
-                data["text"],
-                data["language"],
-                data["segments"],
-                data["duration"],
-                data.get("model"),
-                data.get("language_probability"),
-            )
-            if stored.analyses:  # COMPLETED once its analyses are done (models.jobs.analyses)
-                begin_analyses(stored)
-                result = stored.analysing()
+            try:  # redaction before anything is stored: the words it hides are kept nowhere
+                data, extra = hide_before_storing(stored, data)
+            except PermanentJobError as exc:
+                stored.fail(str(exc))
+                refused = exc
             else:
-                stored.finish()
-                result = cast("dict[str, Any]", stored.result())  # COMPLETED now
-            # shadow transcripts that came first are scored against this one now
-            scored = score_waiting_shadows(session, stored) if stored.shadow else []
+                result = _store(stored, data, extra)
+                # shadow transcripts that came first are scored against this one now
+                scored = score_waiting_shadows(session, stored) if stored.shadow else []
     if refused is not None:  # raised once the run is counted
         raise refused
     for primary, candidate, wer in scored:
         metrics.observe_shadow(primary, candidate, wer)
     return result, True
+
+
+def _store(job: Job, data: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """The transcript stored on its (locked) row: the job COMPLETED, or waiting for its analyses."""
+    job.store_transcript(
+        data["text"],
+        data["language"],
+        data["segments"],
+        data["duration"],
+        data.get("model"),
+        data.get("language_probability"),
+    )
+    job.result_extra = extra or None
+    if job.analyses and begin_analyses(job):  # COMPLETED once they are done (models.jobs.analyses)
+        return job.analysing()
+    job.finish()
+    return cast("dict[str, Any]", job.result())  # COMPLETED now
 
 
 def mark_held(rt: Runtime, job_id: str, worker_id: str | None) -> None:
@@ -323,7 +338,16 @@ def cancel_running(
         _fenced(job, claim)
         if job.state.finished:
             return job.result()
-        job.cancel(None if job.deleted_at is not None else partial)
+        kept: dict[str, Any] | None = None if job.deleted_at is not None else partial
+        extra: dict[str, Any] = {}
+        if kept is not None:
+            try:  # what was transcribed is redacted before it is kept, or not kept
+                kept, extra = hide_before_storing(job, kept)
+            except PermanentJobError:
+                kept = None
+        job.cancel(kept)
+        if extra:
+            job.result_extra = {**(job.result_extra or {}), **extra}
         return job.result()
 
 

@@ -36,6 +36,7 @@ import numpy as np
 from sqlalchemy import or_, select
 
 from config import private_dir
+from models.analysis import hides
 from models.errors import InvalidRequest, UnsupportedAudio
 from models.jobs.record import Job, JobStatus
 from models.security.crypto import DecryptionError
@@ -155,9 +156,9 @@ def _candidates(
 ) -> Iterator[str]:
     """The ids of the collected jobs to export, oldest first; those that cannot be are
     counted in `skipped`, by reason."""
-    query = select(Job.id, Job.status, Job.deleted_at, Job.audio_purged_at, Job.result_purged_at, Job.audio_ref).where(
-        Job.collect.is_(True)
-    )
+    query = select(
+        Job.id, Job.status, Job.deleted_at, Job.audio_purged_at, Job.result_purged_at, Job.audio_ref, Job.analyses
+    ).where(Job.collect.is_(True))
     if since is not None:
         query = query.where(Job.created_at >= since)
     if model is not None:
@@ -177,6 +178,8 @@ def _candidates(
 def _left_out(row: Any) -> str | None:
     if row.deleted_at is not None:
         return "deleted"
+    if hides(row.analyses):  # its redacted text must never be paired with the audio that says it
+        return "asked for redaction"
     if row.status != JobStatus.COMPLETED.value:
         return "not completed"
     if row.result_purged_at is not None:

@@ -35,6 +35,7 @@ from models.registry.catalog import check_language
 from models.security.sealed import open_stored
 from models.speech import audio as audio_io
 from models.speech.windows import split_windows
+from models.storage import check_job_id
 
 if TYPE_CHECKING:
     import numpy as np
@@ -47,22 +48,37 @@ LENGTH_SLACK = 1.0  # seconds a decode may run past its header's length before t
 
 
 def _claim(
-    rt: Runtime, job_id: str, audio_ref: str, options: dict[str, Any], worker: str | None, worker_id: str | None
+    rt: Runtime,
+    job_id: str,
+    audio_ref: str,
+    options: dict[str, Any],
+    worker: str | None,
+    worker_id: str | None,
+    trusted: bool = True,
 ) -> Job | None:
     """Begin an attempt: mark the job PROCESSING and count it.
 
     A message naming a job this service does not know (transcribe.delay(), or a raw producer)
-    goes through the one door first (`_admit_message`). Returns None when the job is already
-    COMPLETED (a duplicate delivery, or a message naming someone else's job): nothing is run
-    and nothing is answered. Raises JobExpired for a job past its time-to-live,
+    goes through the one door first (`_admit_message`); its id must be a job id (a lower-case
+    UUID). A producer's message (unsigned: not `trusted`) naming a job that exists changes
+    nothing. Returns None then, and when the job is already COMPLETED (a duplicate delivery):
+    nothing is run and nothing is answered. Raises JobExpired for a job past its time-to-live,
     PermanentJobError for a FAILED one, and AttemptsExhausted when a redelivery finds no
     attempts left (a job whose workers keep dying is a poison job: it goes to the
     dead-letter store).
     """
+    try:
+        check_job_id(job_id)
+    except ValueError as exc:  # never a row, never a file of that name: nothing is made
+        _dropped(job_id, f"its job id is not one: {exc}")
+        return None
     with rt.db.session() as session:
         known = session.get(Job, job_id) is not None
     if not known:
         _admit_message(rt, job_id, audio_ref, options)
+    elif not trusted:  # a producer's message names a job that exists: it changes nothing
+        _dropped(job_id, "it names a job that exists, and a producer's message may only create one")
+        return None
     with rt.db.session(write=True) as session:
         job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one()
         if job.state is JobStatus.COMPLETED or job.stage == Stage.ANALYSIS.value:
@@ -97,6 +113,13 @@ def _claim(
         session.flush()
         session.expunge(job)
         return job
+
+
+def _dropped(job_id: str, why: str) -> None:
+    from models.jobs.metrics import observe_dropped
+
+    log.warning("a whisperq.transcribe message (id %s) was dropped unread: %s", str(job_id)[:64], why)
+    observe_dropped("whisperq.transcribe", "names an existing job" if "exists" in why else "bad job id")
 
 
 def _message_principal(rt: Runtime, job_id: str, options: dict[str, Any]) -> tuple[Principal, str]:
@@ -210,15 +233,18 @@ def prepare_job(
     options: dict[str, Any] | None = None,
     worker: str | None = None,
     worker_id: str | None = None,
+    trusted: bool = True,
 ) -> Prepared | Finished:
     """Decode, resample to 16 kHz mono, measure and split into windows; store the samples.
 
     Returns the inference pool's message (models.pipeline.messages) — references and sample
-    offsets, never audio — or Finished when the job is already COMPLETED (a duplicate delivery).
+    offsets, never audio — or Finished when the job is already COMPLETED (a duplicate delivery)
+    or the message may not act on it. `trusted`: the message is signed by this deployment
+    (tasks.broker.signing); a producer's (raw) message may only create a new job.
     Permanent problems mark the job FAILED and raise PermanentJobError; transient ones
     raise TransientJobError for the task to retry.
     """
-    job = _claim(rt, job_id, audio_ref, options or {}, worker, worker_id)
+    job = _claim(rt, job_id, audio_ref, options or {}, worker, worker_id, trusted)
     if job is None:
         return Finished(job_id)
     try:

@@ -115,6 +115,13 @@ class Keyring:
     def file_key(self, key_id: str, salt: bytes, what: str) -> bytes:
         return _derive(self.key(key_id, what), b"whisperq file v1", salt)
 
+    def mac_key(self, key_id: str) -> bytes:
+        """The key that signs the messages the service sends itself (models.security.signing)."""
+        cache: dict[str, bytes] = self.__dict__.setdefault("_mac_keys", {})
+        if key_id not in cache:
+            cache[key_id] = _derive(self.key(key_id, "a message"), b"whisperq message v1")
+        return cache[key_id]
+
     def value_cipher(self, key_id: str, what: str = "a stored transcript") -> AESGCM:
         cache: dict[str, AESGCM] = self.__dict__.setdefault("_value_ciphers", {})
         if key_id not in cache:

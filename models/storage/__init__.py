@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from models.storage.base import Storage, StoredFile, prepared_ref
+from models.storage.base import Storage, StoredFile, check_job_id, check_ref, prepared_ref
 from models.storage.local import LocalStorage
 from models.storage.postgres import PostgresStorage, StoredObject
 from models.storage.s3 import S3Storage
@@ -35,6 +35,8 @@ __all__ = [
     "StoredFile",
     "StoredObject",
     "caller_file",
+    "check_job_id",
+    "check_ref",
     "clean_filename",
     "open_caller_file",
     "open_storage",

@@ -1,14 +1,18 @@
 """The storage interface and what every backend shares.
 
 A reference is a relative name the service chose: `audio/<id[:2]>/<id>` for a job's audio,
-`prepared/<id[:2]>/<id>.npy` for its decoded samples. An absolute reference is a file the
-caller owns (`transcribe.delay("/path")`): read in place, as it is, and never deleted.
+`prepared/<id[:2]>/<id>.npy` for its decoded samples (`<id>.shadow.npy` for a shadow's copy),
+where the id is a job's, a canonical lower-case UUID. Each is checked where it is built
+(`audio_ref`, `prepared_ref`) and again wherever a backend opens, writes or deletes one
+(`check_ref`): no name a message carries can reach another file. An absolute reference is a
+file the caller owns (`transcribe.delay("/path")`): read in place, as it is, and never deleted.
 Each host keeps its own tmp/ under its data dir for spools and fetches in progress.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Callable, Iterator
@@ -26,15 +30,49 @@ if TYPE_CHECKING:
     from models.storage.spool import SealedSpool
 
 
+_UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+JOB_ID = re.compile(rf"^{_UUID}$")
+# An audio reference of an earlier version kept the client's suffix (`<id>.flac`): still read.
+REF = re.compile(
+    rf"^(?:audio/([0-9a-f]{{2}})/({_UUID})(?:\.[A-Za-z0-9]{{1,10}})?|prepared/([0-9a-f]{{2}})/({_UUID})(?:\.shadow)?\.npy)$"
+)
+
+
+def check_job_id(job_id: object) -> str:
+    """A job id as the service makes them: a canonical, lower-case UUID; ValueError otherwise."""
+    if not isinstance(job_id, str) or not JOB_ID.match(job_id):
+        raise ValueError(f"{str(job_id)[:80]!r} is not a job id (a lower-case UUID such as {uuid.uuid4()})")
+    return job_id
+
+
+# What a write cut short leaves beside the file it was writing (models.security.sealed's writer).
+PART = re.compile(r"^((?:audio|prepared)/[0-9a-f]{2}/)\.([^/]+)\.[A-Za-z0-9_]{1,16}\.part$")
+
+
+def check_ref(ref: str) -> str:
+    """A reference the service chose, exactly, or what a write of one cut short left (ValueError
+    for any other name: a path, `..`, a name from a message)."""
+    part = PART.match(ref) if isinstance(ref, str) else None
+    name = part.group(1) + part.group(2) if part else ref
+    found = REF.match(name) if isinstance(name, str) else None
+    if found is None or (found.group(1) or found.group(3)) != (found.group(2) or found.group(4))[:2]:
+        raise ValueError(f"storage reference {str(ref)[:120]!r} is not one this service makes")
+    return ref
+
+
 def prepared_ref(job_id: str) -> str:
     """Where a job's decoded samples are kept (`<id>.shadow` for a shadow model's copy)."""
-    return f"prepared/{job_id[:2]}/{job_id}.npy"
+    base, dot, kind = job_id.partition(".")
+    check_job_id(base)
+    if dot and kind != "shadow":
+        raise ValueError(f"prepared samples are a job's own or its shadow's, not {job_id!r}")
+    return f"prepared/{base[:2]}/{job_id}.npy"
 
 
 def audio_ref(job_id: str) -> str:
     """Where a job's audio is kept: under its id alone (no client suffix: FFmpeg must learn
     nothing from a name)."""
-    return f"audio/{job_id[:2]}/{job_id}"
+    return f"audio/{check_job_id(job_id)[:2]}/{job_id}"
 
 
 @dataclass(frozen=True)
@@ -91,12 +129,12 @@ class Storage:
             from models.storage.spool import open_caller_file  # spool imports this module
 
             return open_caller_file(ref)
-        return self._open(ref)
+        return self._open(check_ref(ref))
 
     def exists(self, ref: str) -> bool:
         if not self.owns(ref):
             return os.path.lexists(ref)  # a link there is refused when it is opened, not waited for
-        return self._exists(ref)
+        return self._exists(check_ref(ref))
 
     def store_audio(self, tmp: Path, job_id: str, session: Session | None = None) -> str:
         """Move a sealed local file into the store as the job's audio; returns its reference.

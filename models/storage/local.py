@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from models.security.sealed import EncryptedWriter, file_key_id, open_stored
-from models.storage.base import Storage, StoredFile
+from models.storage.base import Storage, StoredFile, check_ref
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -27,7 +27,7 @@ class LocalStorage(Storage):
     def path(self, ref: str) -> Path:
         if os.path.isabs(ref):
             return Path(ref)
-        path = (self.root / ref).resolve()
+        path = (self.root / check_ref(ref)).resolve()
         if self.root.resolve() not in path.parents:
             raise ValueError(f"storage reference {ref!r} points outside the data directory")
         return path

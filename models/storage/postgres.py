@@ -20,7 +20,7 @@ from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from models.db import Base, Database, UTCDateTime, utcnow
 from models.security.sealed import CHUNK_BYTES, DecryptedFile, EncryptedWriter, header_key_id
-from models.storage.base import Storage, StoredFile
+from models.storage.base import Storage, StoredFile, check_ref
 
 CHUNK = 1 << 20
 
@@ -87,6 +87,7 @@ class PostgresStorage(Storage):
         Path(tmp).unlink(missing_ok=True)
 
     def _put(self, session: Session, tmp: Path, ref: str) -> None:
+        check_ref(ref)
         conn = session.connection()
         old = conn.execute(text("SELECT oid FROM stored_objects WHERE ref = :ref FOR UPDATE"), {"ref": ref}).scalar()
         oid, size = _upload(conn, tmp)
@@ -103,7 +104,7 @@ class PostgresStorage(Storage):
 
     def _row(self, ref: str) -> StoredObject | None:
         with self.db.session() as session:
-            return session.get(StoredObject, ref)
+            return session.get(StoredObject, check_ref(ref))
 
     def _open(self, ref: str) -> BinaryIO:
         row = self._row(ref)
@@ -118,6 +119,7 @@ class PostgresStorage(Storage):
     def delete(self, ref: str) -> None:
         if not self.owns(ref):
             return
+        check_ref(ref)
         with self.db.session() as session:
             conn = session.connection()
             for oid in (

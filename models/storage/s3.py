@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from config import ConfigError
 from config.settings import S3_INSTALL, s3_location
 from models.security.sealed import CHUNK_BYTES, DecryptedFile, EncryptedWriter, RandomAccess, header_key_id
-from models.storage.base import Storage, StoredFile
+from models.storage.base import Storage, StoredFile, check_ref
 
 if TYPE_CHECKING:
     from boto3.s3.transfer import TransferConfig
@@ -178,11 +178,11 @@ class S3Storage(Storage):
         return self._client.get()
 
     def key(self, ref: str) -> str:
-        """The object key of a reference (a relative name the service chose)."""
-        parts = ref.split("/")
-        if not self.owns(ref) or any(part in ("", ".", "..") for part in parts):
-            raise ValueError(f"storage reference {ref!r} is not a name under s3://{self.bucket}/{self.prefix}")
-        return f"{self.prefix}/{ref}" if self.prefix else ref
+        """The object key of a reference (a name the service chose: check_ref)."""
+        return self._under(check_ref(ref))
+
+    def _under(self, name: str) -> str:
+        return f"{self.prefix}/{name}" if self.prefix else name
 
     def _ref(self, key: str) -> str:
         return key[len(self.prefix) + 1 :] if self.prefix else key
@@ -218,7 +218,7 @@ class S3Storage(Storage):
         pages = self.client.get_paginator("list_objects_v2")
         for folder in folders:
             for page in pages.paginate(
-                Bucket=self.bucket, Prefix=self.key(folder) + "/", PaginationConfig={"PageSize": self.page_size}
+                Bucket=self.bucket, Prefix=self._under(folder) + "/", PaginationConfig={"PageSize": self.page_size}
             ):
                 for item in page.get("Contents", []):
                     if item["Key"].endswith("/"):

@@ -21,6 +21,7 @@ from celery import Celery
 from config import NOTIFY_QUEUE, PREPARE_QUEUE, Settings, broker_priority
 from config.celeryconfig import ANALYSIS_QUEUE, PUBLISH_RETRY, inference_queue, route
 
+from . import signing as _signing  # noqa: F401 - signs what this process publishes
 from .transport import Transport, transport_for
 
 log = logging.getLogger(__name__)
