@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers import CLIPS, make_job, proto_stubs, word_error_rate
+from helpers import CLIPS, make_job, proto_stubs, wait_until, word_error_rate
 
 grpc = pytest.importorskip("grpc")
 pytest.importorskip("grpc_tools")
@@ -56,11 +56,13 @@ def door(settings, database, client_stubs):
     pb, pb_grpc = client_stubs
     started: list = []
 
-    def build(tls: tuple[Path, Path] | None = None, **changes) -> Door:
+    def build(tls: tuple[Path, Path] | None = None, door: dict | None = None, **changes) -> Door:
+        """`door`: the gRPC door's own settings (config.grpc) over the test's defaults."""
         app = create_app({"SETTINGS": dataclasses.replace(settings, **changes), "TESTING": True})
         rt = app.extensions["whisperq"]
         cert, key = tls or (None, None)
-        server = start(rt, GrpcSettings(address="127.0.0.1", port=0, tls_cert=cert, tls_key=key, threads=8))
+        own = {"threads": 8, "streams": 4, **(door or {})}
+        server = start(rt, GrpcSettings(address="127.0.0.1", port=0, tls_cert=cert, tls_key=key, **own))
         if tls:
             creds = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
             channel = grpc.secure_channel(f"localhost:{server.port}", creds)
@@ -256,6 +258,14 @@ def test_settings_have_loopback_defaults_and_say_what_to_set(tmp_path):
         GrpcSettings.from_env(
             {"WHISPERQ_GRPC_TLS_CERT": str(tmp_path / "none.pem"), "WHISPERQ_GRPC_TLS_KEY": str(tmp_path / "none.key")}
         )
+    # plaintext beyond this machine only when an operator says a proxy or mesh does TLS
+    with pytest.raises(ConfigError, match=r"in plaintext: set WHISPERQ_GRPC_TLS_CERT .* or WHISPERQ_GRPC_PLAINTEXT"):
+        GrpcSettings.from_env({"WHISPERQ_GRPC_ADDRESS": "0.0.0.0"})
+    assert GrpcSettings.from_env({"WHISPERQ_GRPC_ADDRESS": "0.0.0.0", "WHISPERQ_GRPC_PLAINTEXT": "true"}).port == 50051
+    assert GrpcSettings.from_env({"WHISPERQ_GRPC_ADDRESS": "::1"}).address == "::1"  # loopback: plaintext is fine
+    assert (default.streams, default.streams_per_client, default.reflection) == (16, 4, False)
+    with pytest.raises(ConfigError, match="WHISPERQ_GRPC_READ_RATE='often' is not a rate"):
+        GrpcSettings.from_env({"WHISPERQ_GRPC_READ_RATE": "often"})
 
 
 def test_the_command_and_whisperq_run_start_it(tmp_path):
@@ -290,11 +300,15 @@ def test_the_domain_knows_nothing_of_grpc():
 # --- health, reflection, TLS --------------------------------------------------------------------
 
 
-def test_health_is_serving_and_reflection_lists_the_service(door):
+def test_health_is_serving_and_reflection_lists_the_service_only_where_turned_on(door):
     from grpc_health.v1 import health_pb2, health_pb2_grpc
     from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-    d = door()
+    closed = reflection_pb2_grpc.ServerReflectionStub(door().channel)
+    ask = reflection_pb2.ServerReflectionRequest(list_services="")
+    off = refused(lambda: list(closed.ServerReflectionInfo(iter([ask]), timeout=10)))
+    assert off.code() == grpc.StatusCode.UNIMPLEMENTED  # WHISPERQ_GRPC_REFLECTION is off by default
+    d = door(door={"reflection": True})
     health = health_pb2_grpc.HealthStub(d.channel)
     for service in ("", "whisperq.v1.Transcription"):
         answer = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
@@ -561,3 +575,116 @@ def test_a_50_mb_upload_streams_in_chunks(door, celery_app):
     finally:
         assert status_name(pb, d.call("Cancel", pb.CancelRequest(id=job.id))) in ("CANCELLED", "PROCESSING")
     assert not [p for p in stored_files(d.rt.settings) if "upload-" in p]  # the spool moved into the store
+
+
+# --- held, as an attacker would hold it: a real `whisperq grpc` ------------------------------------
+
+
+@pytest.fixture()
+def grpc_process(settings, database, tmp_path):
+    """`whisperq grpc` as its own process on the suite's database, on a free port, idle uploads
+    ended after 5 s: (target, its log)."""
+    import os
+    import subprocess
+    import sys
+
+    from helpers import free_port
+
+    port = free_port()
+    env = dict(os.environ, WHISPERQ_GRPC_PORT=str(port), WHISPERQ_GRPC_IDLE_SECONDS="5", WHISPERQ_LOG_FORMAT="text")
+    log = tmp_path / "grpc.log"
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).with_name("whisperq")), "grpc"],
+        env=env,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        wait_until(lambda: "gRPC server listening" in log.read_text() or proc.poll() is not None, 60, "the server")
+        assert proc.poll() is None, log.read_text()
+        yield f"127.0.0.1:{port}", log
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+@pytest.mark.timeout(180)
+def test_sixty_four_idle_streams_leave_health_and_uploads_answering_within_a_second(
+    grpc_process, client_stubs, settings
+):
+    """64 Upload streams that send their head and then nothing, from one client and from 16
+    keys: a client holds 4 at most, the server 16 (half its 32 threads); the rest are refused at
+    once (RESOURCE_EXHAUSTED, come back in a second). Meanwhile Check and a whole upload answer
+    within a second; the idle streams are ended after WHISPERQ_GRPC_IDLE_SECONDS."""
+    import time
+
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from models.access.apikeys import create_key
+    from models.runtime import Runtime
+
+    target, _log = grpc_process
+    pb, rpc = client_stubs
+    rt = Runtime(settings)
+    tokens = [create_key(rt, f"holder-{n}", "premium")[1] for n in range(16)]
+    release = threading.Event()
+
+    def idle():
+        yield pb.UploadChunk(head=pb.SubmitRequest(filename="hold.flac"), data=b"fLaC")
+        release.wait(60)  # then nothing more
+
+    def hold(token: str | None):
+        channel = grpc.insecure_channel(target)
+        metadata = [("authorization", f"Bearer {token}")] if token else None
+        return channel, rpc.TranscriptionStub(channel).Upload.future(idle(), metadata=metadata, timeout=60)
+
+    def outcome(future) -> grpc.StatusCode | None:
+        try:
+            future.result(timeout=0.2)
+        except grpc.FutureTimeoutError:
+            return None  # still held
+        except grpc.RpcError as exc:
+            return exc.code()
+        return grpc.StatusCode.OK
+
+    one_client = [hold(None) for _ in range(64)]
+    wait_until(lambda: sum(outcome(f) is not None for _, f in one_client) >= 60, 30, "the refusals")
+    codes = [outcome(f) for _, f in one_client]
+    assert codes.count(None) == 4 and codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) == 60, codes
+    keyed = [hold(tokens[n % 16]) for n in range(64)]
+    wait_until(lambda: sum(outcome(f) is not None for _, f in keyed) >= 52, 30, "the server-wide refusals")
+    held = sum(outcome(f) is None for _, f in one_client + keyed)
+    assert held == 16, held  # the server's streams, all taken
+
+    channel = grpc.insecure_channel(target)
+    started = time.monotonic()
+    health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+    checked = time.monotonic() - started
+    started = time.monotonic()
+    job = rpc.TranscriptionStub(channel).Submit(clip_request(pb, language="en"), timeout=5)
+    submitted = time.monotonic() - started
+    assert health.status == health_pb2.HealthCheckResponse.SERVING and job.id
+    assert checked < 1.0 and submitted < 1.0, (checked, submitted)
+
+    # The idle ones are ended once they sent nothing for 5 s: the threads come back.
+    wait_until(lambda: all(outcome(f) is not None for _, f in one_client + keyed), 30, "the idle streams ended")
+    assert {outcome(f) for _, f in one_client + keyed} <= {
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.CANCELLED,
+    }
+    release.set()
+    for ch, _ in one_client + keyed:
+        ch.close()
+    channel.close()
+
+
+def test_reads_are_rated_per_client(door):
+    d = door(door={"read_rate": "5/second"})
+    codes = []
+    for _ in range(12):
+        try:
+            d.call("GetJob", d.pb.GetJobRequest(id=str(uuid.uuid4())))
+        except grpc.RpcError as exc:
+            codes.append(exc.code())
+    assert codes.count(grpc.StatusCode.NOT_FOUND) == 5, codes
+    assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) == 7, codes

@@ -65,7 +65,7 @@ from models.jobs.operations import get_job
 from models.jobs.record import Job, JobOptions
 from models.pipeline.options import check_served, parse_options
 from models.pipeline.request import DOORS
-from models.security.crypto import DecryptionError, decrypt_value, seal_value
+from models.security.crypto import DecryptionError, decrypt_value, seal_value, value_is_bound
 from models.speech import audio as audio_io
 from models.storage import SealedSpool, caller_file, open_caller_file
 
@@ -204,6 +204,11 @@ def owner_from_token(job_id: str, token: object) -> str:
     this job by this deployment."""
     if not isinstance(token, str):
         raise InvalidRequest("owner_token must be the string transcribe.delay() sent")
+    if not value_is_bound(token):  # sealed for no place at all: it would name any job
+        raise InvalidRequest(
+            "owner_token was not issued by this deployment for this job id; submit with "
+            "transcribe.delay(api_key=...) or give the message's api_key"
+        )
     try:
         return decrypt_value(token, place=_OWNER_TOKEN + job_id)
     except (DecryptionError, ValueError):

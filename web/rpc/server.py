@@ -81,18 +81,28 @@ def start(rt: Runtime, grpc_settings: GrpcSettings) -> Server:
         ("grpc.max_receive_message_length", MAX_MESSAGE),
         ("grpc.max_send_message_length", MAX_MESSAGE),
         ("grpc.so_reuseport", 0),
+        # Keepalive: a peer that vanished (a lost host, a cut network) is found out and its
+        # calls end; a client may ping no more often than every 30 s; an idle connection goes.
+        ("grpc.keepalive_time_ms", 60_000),
+        ("grpc.keepalive_timeout_ms", 20_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", 30_000),
+        ("grpc.max_connection_idle_ms", 300_000),
     ]
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=grpc_settings.threads, thread_name_prefix="grpc"),
         options=options,
-        maximum_concurrent_rpcs=None,
+        # Past this many calls in progress (running or waiting for a thread), a new one is
+        # refused at once (RESOURCE_EXHAUSTED) rather than queued without end.
+        maximum_concurrent_rpcs=2 * grpc_settings.threads,
     )
-    service = Transcription(rt)
+    service = Transcription(rt, grpc_settings)
     pb_grpc.add_TranscriptionServicer_to_server(service, server)
     health_servicer = Health(rt)
     health_servicer.refresh()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection((SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    if grpc_settings.reflection:  # WHISPERQ_GRPC_REFLECTION: off unless an operator turns it on
+        reflection.enable_server_reflection((SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
     if grpc_settings.tls:
         assert grpc_settings.tls_cert is not None and grpc_settings.tls_key is not None
         credentials = grpc.ssl_server_credentials(

@@ -8,16 +8,18 @@ from __future__ import annotations
 import functools
 import io
 import logging
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
 
+from config.grpc import GrpcSettings
 from models.access.apikeys import Principal
 from models.errors import InvalidRequest
 from models.jobs.operations import cancel_job, get_job
 from models.pipeline import intake
-from models.pipeline.door import Submission, gate
+from models.pipeline.door import Submission, client_bucket, gate
 from models.pipeline.request import FIELDS
 from models.runtime import Runtime
 from models.storage import SealedSpool
@@ -27,6 +29,7 @@ from ..uploads import check_filename
 from ..waits import JobWatch
 from . import auth
 from .errors import UploadTooLarge, status_of
+from .holds import Holds
 from .jobs import job_message
 from .v1 import transcription_pb2 as pb
 from .v1 import transcription_pb2_grpc as pb_grpc
@@ -116,14 +119,22 @@ def _sealed(spool: SealedSpool) -> SealedSpool:
 
 
 class Transcription(pb_grpc.TranscriptionServicer):
-    def __init__(self, rt: Runtime):
+    def __init__(self, rt: Runtime, settings: GrpcSettings | None = None):
         self.rt = rt
+        self.settings = settings or GrpcSettings(address="127.0.0.1", port=0)
+        self.holds = Holds(self.settings)  # streams capped, idle uploads ended, reads rated (web.rpc.holds)
         self.watch = JobWatch(_job_state, StatusCache())  # one reader for every WatchJob of this server
 
     # -- who, and what is refused before the audio is read ---------------------------------------
 
     def _who(self, context: grpc.ServicerContext) -> Principal:
         return auth.principal(self.rt, context.invocation_metadata())
+
+    def _reader(self, context: grpc.ServicerContext) -> Principal:
+        """The caller of a read (GetJob, WatchJob, Cancel), its read counted at its rate."""
+        who = self._who(context)
+        self.holds.read(client_bucket(who, peer_address(context)))
+        return who
 
     def _admit(self, who: Principal, context: grpc.ServicerContext, request: pb.SubmitRequest) -> None:
         key = request.idempotency_key if request.HasField("idempotency_key") else None
@@ -165,6 +176,10 @@ class Transcription(pb_grpc.TranscriptionServicer):
     @_answered
     def Upload(self, request_iterator: Iterator[pb.UploadChunk], context: grpc.ServicerContext) -> pb.Job:
         who = self._who(context)
+        with self.holds.stream(client_bucket(who, peer_address(context))):
+            return self._upload(who, self.holds.watched(request_iterator, context), context)
+
+    def _upload(self, who: Principal, request_iterator: Iterator[pb.UploadChunk], context: grpc.ServicerContext):
         first = next(request_iterator, None)
         if first is None or not first.HasField("head"):
             raise InvalidRequest("the first chunk must carry `head`: the file's name and the job's options")
@@ -192,20 +207,25 @@ class Transcription(pb_grpc.TranscriptionServicer):
 
     @_answered
     def GetJob(self, request: pb.GetJobRequest, context: grpc.ServicerContext) -> pb.Job:
-        who = self._who(context)
+        who = self._reader(context)
         return job_message(self.rt, get_job(self.rt, request.id, owner=auth.scope(who)))
 
     @_answered
     def Cancel(self, request: pb.CancelRequest, context: grpc.ServicerContext) -> pb.Job:
-        who = self._who(context)
+        who = self._reader(context)
         # CANCELLED at once if it was waiting; a running job stops at its next window.
         return job_message(self.rt, cancel_job(self.rt, request.id, owner=auth.scope(who)))
 
     @_streamed
     def WatchJob(self, request: pb.WatchJobRequest, context: grpc.ServicerContext) -> Iterator[pb.Job]:
-        who = self._who(context)
+        who = self._reader(context)
+        with self.holds.stream(client_bucket(who, peer_address(context))):
+            yield from self._watch(who, request, context)
+
+    def _watch(self, who: Principal, request: pb.WatchJobRequest, context: grpc.ServicerContext) -> Iterator[pb.Job]:
         owner, sent = auth.scope(who), None
-        while context.is_active():
+        ends = time.monotonic() + self.settings.call_seconds  # then the client watches again
+        while context.is_active() and time.monotonic() < ends:
             job = get_job(self.rt, request.id, owner=owner)  # NOT_FOUND once it is deleted, too
             state = _job_state(self.rt, job)
             if state != sent:
