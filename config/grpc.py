@@ -20,7 +20,7 @@ THREADS_VARIABLE = "WHISPERQ_GRPC_THREADS"
 STREAMS_VARIABLE = "WHISPERQ_GRPC_STREAMS"
 PER_CLIENT_VARIABLE = "WHISPERQ_GRPC_STREAMS_PER_CLIENT"
 IDLE_VARIABLE = "WHISPERQ_GRPC_IDLE_SECONDS"
-CALL_VARIABLE = "WHISPERQ_GRPC_CALL_SECONDS"
+CALL_SECONDS_VARIABLE = "WHISPERQ_GRPC_CALL_SECONDS"
 READS_VARIABLE = "WHISPERQ_GRPC_READ_RATE"
 PLAINTEXT_VARIABLE = "WHISPERQ_GRPC_PLAINTEXT"
 REFLECTION_VARIABLE = "WHISPERQ_GRPC_REFLECTION"
@@ -82,7 +82,7 @@ class GrpcSettings:
         streams = env.int(STREAMS_VARIABLE, threads // 2, 1, threads - 1)
         per_client = env.int(PER_CLIENT_VARIABLE, min(DEFAULT_PER_CLIENT, streams), 1, streams)
         idle = env.float(IDLE_VARIABLE, DEFAULT_IDLE, 1.0)
-        call = env.float(CALL_VARIABLE, DEFAULT_CALL, 10.0)
+        call = env.float(CALL_SECONDS_VARIABLE, DEFAULT_CALL, 10.0)
         reads = (env.str(READS_VARIABLE, DEFAULT_READS) or "").strip() or None
         if reads is not None and reads.lower() not in ("off", "none"):
             _check_rate(reads)

@@ -363,3 +363,11 @@ def proto_stubs(out: Path):
         sys.path.remove(str(out))
     assert Path(messages.__file__).is_relative_to(out)
     return messages, services
+
+
+def signed(task: str, args: list, kwargs: dict | None = None) -> dict:
+    """What Task.apply needs to run `task` in this process as a worker runs a message the
+    service sent itself: its signature in the headers (models.security.signing)."""
+    from models.security.signing import HEADER, sign
+
+    return {"headers": {HEADER: sign(task, args, kwargs or {})}}

@@ -106,6 +106,7 @@ def test_every_path_that_publishes_an_api_job_keeps_it_out_of_the_result_backend
     from models.jobs.operations import get_job
     from models.jobs.record import Job, JobStatus
     from models.jobs.sweeper import sweep
+    from models.security.signing import HEADER, sign
     from tasks import transcribe
     from tasks.broker import CeleryBroker, publish_transcribe
 
@@ -122,8 +123,12 @@ def test_every_path_that_publishes_an_api_job_keeps_it_out_of_the_result_backend
         stored = rt.storage.path(job.audio_ref)
         away = stored.rename(stored.with_name(stored.name + ".away"))  # shared storage has not caught up yet
         try:
+            kwargs = {"language": job.language, "priority": job.priority}
             transcribe.apply(
-                args=[job.audio_ref], kwargs={"language": job.language, "priority": job.priority}, task_id=job_id
+                args=[job.audio_ref],
+                kwargs=kwargs,
+                task_id=job_id,
+                headers={HEADER: sign("whisperq.transcribe", [job.audio_ref], kwargs)},  # as the service sent it
             )  # the task as a worker runs it, here
         finally:
             away.rename(stored)

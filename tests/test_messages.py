@@ -4,6 +4,7 @@ checked where the inference pool takes it."""
 import json
 
 import pytest
+from helpers import signed
 
 from models.errors import PermanentJobError, TransientJobError
 from models.pipeline.messages import SCHEMA, MalformedMessage, Prepared
@@ -120,11 +121,11 @@ def test_the_inference_task_fails_a_job_whose_message_is_malformed(database):
 
     rt, job_id = queued_job()
     bad = dict(prepared(job_id=job_id).to_message(), windows="0-10")
-    result = infer.apply(args=[bad], task_id=job_id)  # run here, as a worker would run it
+    result = infer.apply(args=[bad], task_id=job_id, **signed("whisperq.infer", [bad]))  # as a worker runs it
     assert result.failed() and isinstance(result.result, MalformedMessage)
     job = get_job(rt, job_id)
     assert job.status == "FAILED" and "'windows' is '0-10'" in job.error and job.attempts == 1
-    nameless = infer.apply(args=[{"windows": []}])
+    nameless = infer.apply(args=[{"windows": []}], **signed("whisperq.infer", [{"windows": []}]))
     assert nameless.state == "REJECTED" and "without a job_id was dropped" in str(nameless.result)
 
 
@@ -136,7 +137,8 @@ def test_a_message_for_a_model_this_deployment_does_not_serve_fails_its_job(data
     from tasks import infer
 
     rt, job_id = queued_job(model="large-v9")
-    result = infer.apply(args=[prepared(job_id=job_id, model="large-v9").to_message()], task_id=job_id)
+    message = prepared(job_id=job_id, model="large-v9").to_message()
+    result = infer.apply(args=[message], task_id=job_id, **signed("whisperq.infer", [message]))
     assert result.failed() and isinstance(result.result, PermanentJobError)
     job = get_job(rt, job_id)
     assert job.status == "FAILED" and "model 'large-v9' is not served here; the models are: tiny.en, base" in job.error
