@@ -35,6 +35,10 @@ def parse_keys(text: str) -> list[tuple[str, bytes]]:
                 f"key {key_id!r} is {got}; a key is {KEY_BYTES} random bytes in base64 (44 characters): "
                 + GENERATE_HINT
             )
+        if len(set(key)) < 8:  # all zeros, one byte repeated, a pattern: no key at all
+            raise ValueError(
+                f"key {key_id!r} is not random (its {KEY_BYTES} bytes take fewer than 8 values); " + GENERATE_HINT
+            )
         if any(key_id == seen for seen, _ in out):
             raise ValueError(f"key id {key_id!r} appears twice; give each key its own id")
         out.append((key_id, key))

@@ -386,7 +386,7 @@ def test_every_declared_secret_is_masked(tmp_path):
         "WHISPERQ_SECRET_KEY": GOOD + "s",
         "WHISPERQ_METRICS_TOKEN": GOOD + "m",
         "WHISPERQ_WEBHOOK_SECRET": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
-        "WHISPERQ_ENCRYPTION_KEYS": "k1:" + "Ab3d" * 10 + "Ab3=",
+        "WHISPERQ_ENCRYPTION_KEYS": "k1:4BhyR0TH0wSvs+Lxxn+GUw1KjIYpsahZajx2f5AvVsw=",
         "FLOWER_BASIC_AUTH": f"ops:{GOOD},admin:{GOOD}x",
     }
     described = Settings.from_env({"WHISPERQ_DATA_DIR": str(tmp_path), **values}).describe()

@@ -33,6 +33,8 @@ def test_parse_keys():
         ("a:" + base64.b64encode(os.urandom(16)).decode(), "16 bytes"),
         ("a:!!!!", "not base64"),
         (f"{A},{key('a')}", "appears twice"),
+        ("zero:" + base64.b64encode(bytes(32)).decode(), "not random"),  # all zeros: no key at all
+        ("abab:" + base64.b64encode(b"ab" * 16).decode(), "not random"),
     ]:
         with pytest.raises(ValueError, match=words) as err:
             parse_keys(bad)
