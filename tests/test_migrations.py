@@ -139,3 +139,51 @@ def test_the_revisions_go_down_and_up_again(database_url):
     db.upgrade()
     assert _differences(db) == []
     db.dispose()
+
+
+def test_what_a_client_said_is_sealed_by_the_upgrade_and_read_back(database_url):
+    """A database of revision 0011 holds callback URLs, presigned audio URLs, prompts, hotwords
+    and a dead letter's traceback in plaintext; 0012 seals each, bound to its row and column,
+    and the models read them back."""
+    from models.jobs.deadletter import DeadLetter
+    from models.jobs.record import Job
+    from models.security.crypto import value_is_bound
+
+    db = Database(database_url)
+    migrations.upgrade(db.engine, Base.metadata, "0011")
+    job_id = str(uuid.uuid4())
+    said = {
+        "callback_url": "https://hooks.example.com/done?token=s3cret",
+        "audio_url": "https://bucket.s3.amazonaws.com/a.mp3?X-Amz-Signature=abc",
+        "prompt": "Acme Corp, Siobhan",
+        "hotwords": "Siobhan, Kubernetes",
+    }
+    with db.engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO jobs (id, status, task, priority, audio_ref, audio_owned, attempts, created_at, "
+                "callback_url, audio_url, prompt, hotwords) VALUES (:id, 'FAILED', 'transcribe', 'normal', '', "
+                ":owned, 1, :at, :callback_url, :audio_url, :prompt, :hotwords)"
+            ),
+            {"id": job_id, "owned": True, "at": datetime.now(UTC), **said},
+        )
+        conn.execute(
+            text(
+                "INSERT INTO dead_letters (job_id, task, error, traceback, attempts, failed_at, replays) "
+                "VALUES (:id, 'whisperq.transcribe', 'gone', 'Traceback: /srv/calls/alice.wav', 1, :at, 0)"
+            ),
+            {"id": job_id, "at": datetime.now(UTC)},
+        )
+    db.upgrade()
+    with db.engine.connect() as conn:
+        raw = conn.execute(
+            text("SELECT callback_url, audio_url, prompt, hotwords FROM jobs WHERE id = :id"), {"id": job_id}
+        ).one()
+        trace = conn.execute(text("SELECT traceback FROM dead_letters WHERE job_id = :id"), {"id": job_id}).scalar()
+    assert all(value_is_bound(v) for v in (*raw, trace)), raw
+    assert not any(plain in " ".join((*raw, trace)) for plain in ("s3cret", "Signature", "Siobhan", "alice"))
+    with db.session() as session:
+        job = session.get(Job, job_id)
+        assert {name: getattr(job, name) for name in said} == said
+        assert session.get(DeadLetter, job_id).traceback == "Traceback: /srv/calls/alice.wav"
+    db.dispose()

@@ -41,7 +41,11 @@ STATE_FIELDS = (
     "audio_duration",
     "corrected_at",
 )
-_LOOKED_AT = [getattr(Job, name) for name in ("id", "deleted_at", "callback_url", *STATE_FIELDS)]
+# callback_url is sealed: whether it is set is all a state needs (its token, under the name).
+_LOOKED_AT = [
+    *(getattr(Job, name) for name in ("id", "deleted_at", *STATE_FIELDS)),
+    Job.callback_url_token.label("callback_url"),
+]
 
 
 class JobWatch:

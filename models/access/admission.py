@@ -100,7 +100,7 @@ def backlog(rt: Runtime, owner: object = _EVERYONE) -> Backlog:
     if owner is not _EVERYONE:
         waiting &= Job.owner == owner
     seconds = case(
-        (Job.audio_duration.is_(None) & Job.audio_url.is_not(None), rt.settings.unfetched_audio_seconds),
+        (Job.audio_duration.is_(None) & Job.audio_url_token.is_not(None), rt.settings.unfetched_audio_seconds),
         else_=func.coalesce(Job.audio_duration, 0.0),
     )
     with rt.db.session() as session:

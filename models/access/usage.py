@@ -107,7 +107,7 @@ def held_seconds(unfetched_seconds: float) -> ColumnElement[Any]:
     """What an unfinished job holds against a quota: its audio; a URL job not yet fetched,
     WHISPERQ_URL_AUDIO_ESTIMATE_SECONDS (its fetch checks the real length)."""
     return case(
-        (Job.audio_duration.is_(None) & Job.audio_url.is_not(None), unfetched_seconds),
+        (Job.audio_duration.is_(None) & Job.audio_url_token.is_not(None), unfetched_seconds),
         else_=func.coalesce(Job.audio_duration, 0.0),
     )
 

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 from models.db import Base
 from models.errors import AudioPurged, BrokerUnavailable, InvalidRequest, JobNotFound
 from models.jobs.record import Job, JobStatus, UTCDateTime, utcnow
+from models.security.crypto import SealedAttribute
 
 if TYPE_CHECKING:
     from models.runtime import Runtime
@@ -26,13 +27,16 @@ class DeadLetter(Base):
     job_id: Mapped[str] = mapped_column(String(36), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
     task: Mapped[str] = mapped_column(String(64))
     error: Mapped[str] = mapped_column(Text)
-    traceback: Mapped[str | None] = mapped_column(Text)
+    traceback_token: Mapped[str | None] = mapped_column("traceback", Text)  # sealed: read and write traceback
     attempts: Mapped[int] = mapped_column(Integer)
     worker: Mapped[str | None] = mapped_column(String(255))
     submitted_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     failed_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
     replays: Mapped[int] = mapped_column(Integer, default=0)
     message: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+    # A traceback may quote what a job said (a path, a URL, a value): sealed like the transcript.
+    traceback = SealedAttribute("traceback_token", "dead_letters.traceback", key="job_id")
 
     def to_dict(self) -> dict[str, Any]:
         def iso(v: datetime | None) -> str | None:

@@ -137,13 +137,16 @@ class Job(Base):
     held_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # When it last entered the queue (creation or replay): the time-to-live counts from here.
     queued_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    # Where to POST the job when it ends (see models.delivery.notify).
-    callback_url: Mapped[str | None] = mapped_column(Text)
-    # Submitted by URL: the preparation pool fetches it (see models.delivery.fetch).
-    audio_url: Mapped[str | None] = mapped_column(Text)
+    # Where to POST the job when it ends (see models.delivery.notify), sealed: read and write
+    # callback_url (a URL may carry a token of the receiver's).
+    callback_url_token: Mapped[str | None] = mapped_column("callback_url", Text)
+    # Submitted by URL: the preparation pool fetches it (see models.delivery.fetch); sealed, as
+    # a presigned URL carries its signature: read and write audio_url.
+    audio_url_token: Mapped[str | None] = mapped_column("audio_url", Text)
     word_timestamps: Mapped[bool | None] = mapped_column(default=False)
-    # Decoding options: Whisper's initial prompt, and the sampling temperature.
-    prompt: Mapped[str | None] = mapped_column(Text)
+    # Decoding options: Whisper's initial prompt (sealed: read and write prompt), and the
+    # sampling temperature.
+    prompt_token: Mapped[str | None] = mapped_column("prompt", Text)
     temperature: Mapped[float | None] = mapped_column(Float)
     # Audio seconds transcribed so far, and when inference began: progress and estimates.
     progress_seconds: Mapped[float | None] = mapped_column(Float)
@@ -193,7 +196,7 @@ class Job(Base):
     origin: Mapped[str | None] = mapped_column(String(16))
     # Words to listen for (the job's, else its key's), and the analyses asked for: name ->
     # parameters (models.analysis); each one's run is a JobAnalysis row.
-    hotwords: Mapped[str | None] = mapped_column(Text)
+    hotwords_token: Mapped[str | None] = mapped_column("hotwords", Text)  # sealed: read and write hotwords
     analyses: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     # How sure the model was: the transcript's mean token probability (models.speech.segments
     # .confidence), and of its language.
@@ -211,6 +214,11 @@ class Job(Base):
     result_text = SealedAttribute("result_text_token", "jobs.result_text")
     result_segments = SealedAttribute("result_segments_token", "jobs.result_segments", as_json=True)
     correction = SealedAttribute("correction_token", "jobs.correction", as_json=True)
+    # What a client said of its job that may name people or hold secrets: sealed like the transcript.
+    callback_url = SealedAttribute("callback_url_token", "jobs.callback_url")
+    audio_url = SealedAttribute("audio_url_token", "jobs.audio_url")
+    prompt = SealedAttribute("prompt_token", "jobs.prompt")
+    hotwords = SealedAttribute("hotwords_token", "jobs.hotwords")
 
     def runs(self) -> list[JobAnalysis]:
         """Its analyses' rows as loaded (none on a row detached before they were)."""

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import JSON, Text, or_, select, type_coerce
 
+from models.jobs.deadletter import DeadLetter
 from models.jobs.record import Job
 from models.jobs.shadows import ShadowResult
 from models.security.crypto import DecryptionError, current_keyring, value_is_bound, value_key_id
@@ -48,23 +49,30 @@ def stored_files(rt: Runtime) -> Iterator[str]:
         yield stored.ref
 
 
+# A job's sealed values (models.jobs.record), by column: JSON ones hold their token as a JSON string.
+JOB_SEALED = {
+    "result_text": Text,
+    "result_segments": JSON,
+    "correction": JSON,
+    "callback_url": Text,
+    "audio_url": Text,
+    "prompt": Text,
+    "hotwords": Text,
+}
+
+
 def _transcript_rows(rt: Runtime) -> Iterator[tuple[str, set[str], bool]]:
-    """(job id, the key ids of its transcript's values and of a client's correction, whether
-    all are bound to the row), reading the raw tokens."""
+    """(job id, the key ids of its sealed values: its transcript, a client's correction, what a
+    client said of it; whether all are bound to the row), reading the raw tokens."""
     table = Job.__table__
-    query = select(
-        table.c.id,
-        type_coerce(table.c.result_text, Text),
-        type_coerce(table.c.result_segments, JSON),
-        type_coerce(table.c.correction, JSON),
-    ).where(
-        or_(table.c.result_text.is_not(None), table.c.result_segments.is_not(None), table.c.correction.is_not(None))
+    query = select(table.c.id, *(type_coerce(table.c[name], kind) for name, kind in JOB_SEALED.items())).where(
+        or_(*(table.c[name].is_not(None) for name in JOB_SEALED))
     )
     with rt.db.session() as session:
-        for job_id, text, segments, correction in session.execute(query):
-            values = [v for v in (text, segments, correction) if v is not None]
+        for job_id, *raw in session.execute(query):
+            values = [v for v in raw if v is not None]
             kids = {value_key_id(v) or PLAIN for v in values}
-            if kids:  # (a JSON null is no transcript)
+            if kids:  # (a JSON null is no value)
                 yield job_id, kids, all(value_is_bound(v) for v in values)
 
 
@@ -91,6 +99,28 @@ def _shadow_rows(rt: Runtime) -> Iterator[tuple[str, str, bool]]:
             select(table.c.id, type_coerce(table.c.text, Text)).where(table.c.text.is_not(None))
         ):
             yield row_id, value_key_id(token) or PLAIN, value_is_bound(token)
+
+
+def _traceback_rows(rt: Runtime) -> Iterator[tuple[str, str, bool]]:
+    """(job id, key id, bound) of each dead letter's traceback (models.jobs.deadletter)."""
+    table = DeadLetter.__table__
+    with rt.db.session() as session:
+        for job_id, token in session.execute(
+            select(table.c.job_id, type_coerce(table.c.traceback, Text)).where(table.c.traceback.is_not(None))
+        ):
+            yield job_id, value_key_id(token) or PLAIN, value_is_bound(token)
+
+
+def _rotate_tracebacks(rt: Runtime, active: str, report: RotationReport) -> None:
+    stale = [job_id for job_id, kid, bound in _traceback_rows(rt) if kid != active or not bound]
+    for start in range(0, len(stale), BATCH):
+        with rt.db.session(write=True) as session:
+            query = select(DeadLetter).where(DeadLetter.job_id.in_(stale[start : start + BATCH])).with_for_update()
+            for row in session.execute(query).scalars():
+                try:
+                    row.traceback = row.traceback  # sealed again under the active key
+                except DecryptionError as exc:
+                    report.failures.append(f"dead letter {row.job_id}: {exc}")
 
 
 def _rotate_shadows(rt: Runtime, active: str, report: RotationReport) -> None:
@@ -132,6 +162,7 @@ def rotate(rt: Runtime, progress: Callable[[str], None] | None = None) -> Rotati
         else:
             stale.append(job_id)
     _rotate_shadows(rt, active, report)
+    _rotate_tracebacks(rt, active, report)
     for start in range(0, len(stale), BATCH):
         batch = stale[start : start + BATCH]
         try:
@@ -149,7 +180,7 @@ def _reencrypt_rows(rt: Runtime, ids: list[str]) -> int:
     done = 0
     with rt.db.session(write=True) as session:
         for job in session.execute(select(Job).where(Job.id.in_(ids)).with_for_update()).scalars():
-            for name in ("result_text", "result_segments", "correction"):
+            for name in JOB_SEALED:
                 value = getattr(job, name)
                 if value is not None:  # sealed again: under the active key, bound to its row
                     setattr(job, name, value)

@@ -237,16 +237,17 @@ class SealedAttribute:
         result_text = SealedAttribute("result_text_token", "jobs.result_text")
     """
 
-    def __init__(self, raw: str, place: str, as_json: bool = False):
-        self.raw, self.place, self.as_json = raw, place, as_json
+    def __init__(self, raw: str, place: str, as_json: bool = False, key: str = "id"):
+        self.raw, self.place, self.as_json, self.key = raw, place, as_json, key
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
 
     def _place(self, obj: Any) -> str:
-        if getattr(obj, "id", None) is None:
-            raise ValueError(f"set the row's id before {self.name}: the value is sealed to its row")
-        return f"{self.place}:{obj.id}"
+        row = getattr(obj, self.key, None)
+        if row is None:
+            raise ValueError(f"set the row's {self.key} before {self.name}: the value is sealed to its row")
+        return f"{self.place}:{row}"
 
     def __get__(self, obj: Any, owner: type | None = None) -> Any:
         if obj is None:
@@ -261,7 +262,7 @@ class SealedAttribute:
             value = json.loads(text) if self.as_json else text
         else:
             if token is not None:  # a value written before encryption, or by someone without the key
-                current_keyring().check_plaintext(f"{self.place} of row {getattr(obj, 'id', None)}")
+                current_keyring().check_plaintext(f"{self.place} of row {getattr(obj, self.key, None)}")
             value = token
         cache[self.name] = (token, value)
         return value
