@@ -160,6 +160,16 @@ def _sqs_prefix(value: str, _values: Values) -> str:
     return value
 
 
+def _account(value: str, _values: Values) -> str | None:
+    value = value.strip()
+    if value and not (len(value) == 12 and value.isdigit()):
+        raise ConfigError(
+            f"WHISPERQ_S3_EXPECTED_OWNER={value!r} is not an AWS account id: set it to the 12 digits of the "
+            "account that owns the buckets (`aws sts get-caller-identity`), or leave it unset"
+        )
+    return value or None
+
+
 def _tier_audio(tier: str) -> Any:
     return setting(
         f"WHISPERQ_MAX_AUDIO_SECONDS_{tier.upper()}",
@@ -971,6 +981,19 @@ class Settings:
         "over within it.",
     )
     # SQS (CELERY_BROKER_URL=sqs://): config.celeryconfig's queues, docs/deployment/sqs.md
+    # the account S3 requests must find owning the bucket (ExpectedBucketOwner), if set
+    s3_expected_owner: str | None = setting(
+        "WHISPERQ_S3_EXPECTED_OWNER",
+        group="Storage & data",
+        default="",
+        then=_account,
+        field_default=None,
+        shown_default="unset: not checked",
+        form="an AWS account id (12 digits)",
+        doc="Every request to S3 (s3:// storage, audio_url=s3://…) says which account must own its bucket; S3 "
+        "refuses it for a bucket of any other (a name deleted and taken by someone else). Set it to your "
+        "account's id on AWS.",
+    )
     sqs_queue_prefix: str = setting(
         "WHISPERQ_SQS_QUEUE_PREFIX",
         group="Broker & database",

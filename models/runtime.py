@@ -121,7 +121,7 @@ class Runtime:
 
         if isinstance(self.storage, S3Storage):
             return self.storage.client
-        return self._part(("s3", ""), ProcessClient).get()
+        return self._part(("s3", ""), lambda: ProcessClient(self.settings.s3_expected_owner)).get()
 
     @property
     def engine(self) -> SpeechEngine:

@@ -145,6 +145,47 @@ def test_a_reference_never_leaves_the_prefix(s3_rt):
             s3_rt.storage.key(ref)
 
 
+def test_with_an_expected_owner_every_bucket_request_names_it(settings, tmp_path, s3_bucket):
+    """WHISPERQ_S3_EXPECTED_OWNER goes out on every request that names a bucket, as S3's
+    x-amz-expected-bucket-owner header (S3 answers 403 for a bucket another account owns)."""
+    from models.storage.s3 import S3Storage
+
+    storage = S3Storage(tmp_path / "data", f"s3://{s3_bucket}/wq", owner="123456789012")
+    sent: list[tuple[str, str | None]] = []
+    storage.client.meta.events.register(
+        "before-send.s3",
+        lambda request, **_kw: sent.append((request.method, request.headers.get("x-amz-expected-bucket-owner"))),
+    )
+    spool = storage.spool(io.BytesIO(FOX))
+    ref = storage.store_audio(spool.path, str(uuid.uuid4()))
+    spool.release()
+    with storage.open(ref) as fh:
+        assert fh.read() == FOX
+    storage.delete(ref)
+    assert {method for method, _ in sent} >= {"PUT", "GET", "DELETE"}
+    assert {owner for _, owner in sent} == {b"123456789012"}, sent
+
+    unset = S3Storage(tmp_path / "data", f"s3://{s3_bucket}/wq")
+    seen: list[object] = []
+    unset.client.meta.events.register(
+        "before-send.s3", lambda request, **_kw: seen.append(request.headers.get("x-amz-expected-bucket-owner"))
+    )
+    assert not unset.exists(ref)
+    assert seen == [None]
+
+
+def test_an_expected_owner_must_be_an_account_id(tmp_path):
+    from config.settings import ConfigError, Settings
+
+    base = {"WHISPERQ_DATA_DIR": str(tmp_path)}
+    with pytest.raises(ConfigError, match="WHISPERQ_S3_EXPECTED_OWNER='my-account' is not an AWS account id"):
+        Settings.from_env({**base, "WHISPERQ_S3_EXPECTED_OWNER": "my-account"})
+    assert (
+        Settings.from_env({**base, "WHISPERQ_S3_EXPECTED_OWNER": " 123456789012 "}).s3_expected_owner == "123456789012"
+    )
+    assert Settings.from_env(base).s3_expected_owner is None
+
+
 # -- reading and writing ------------------------------------------------------------------------
 
 

@@ -49,5 +49,5 @@ def open_storage(settings: Settings, db: Database) -> Storage:
     if settings.storage == "postgres":
         return PostgresStorage(settings.data_dir, db)
     if settings.storage.startswith("s3://"):
-        return S3Storage(settings.data_dir, settings.storage)
+        return S3Storage(settings.data_dir, settings.storage, owner=settings.s3_expected_owner)
     return LocalStorage(settings.data_dir)

@@ -61,28 +61,39 @@ def _client_error() -> type[Exception]:
     return ClientError
 
 
-def new_client() -> S3Client:
+def new_client(owner: str | None = None) -> S3Client:
     """An S3 client configured by AWS's own variables and files only (AWS_ENDPOINT_URL,
-    AWS_DEFAULT_REGION, the credentials chain); ConfigError saying what to install without boto3."""
+    AWS_DEFAULT_REGION, the credentials chain); ConfigError saying what to install without boto3.
+    With `owner` (WHISPERQ_S3_EXPECTED_OWNER), every request that names a bucket says which
+    account must own it (ExpectedBucketOwner): S3 answers 403 for a bucket of another."""
     try:
         import boto3
     except ImportError:
         raise ConfigError(f"reading S3 needs boto3, which is not installed: {S3_INSTALL}") from None
-    return boto3.session.Session().client("s3")
+    client = boto3.session.Session().client("s3")
+    if owner is not None:
+
+        def expect(params: dict[str, Any], model: Any, **_kwargs: Any) -> None:
+            if "Bucket" in params and "ExpectedBucketOwner" in model.input_shape.members:
+                params.setdefault("ExpectedBucketOwner", owner)
+
+        client.meta.events.register("before-parameter-build.s3", expect)
+    return client
 
 
 class ProcessClient:
     """One S3 client per process, made on first use: a client (its connection pool) is never
     carried across a fork."""
 
-    def __init__(self) -> None:
+    def __init__(self, owner: str | None = None) -> None:
+        self.owner = owner
         self._made: tuple[int, S3Client] | None = None
         self._lock = threading.Lock()
 
     def get(self) -> S3Client:
         with self._lock:
             if self._made is None or self._made[0] != os.getpid():
-                self._made = (os.getpid(), new_client())
+                self._made = (os.getpid(), new_client(self.owner))
             return self._made[1]
 
 
@@ -158,7 +169,7 @@ class S3Storage(Storage):
     kind = "s3"
     page_size = 1000  # keys per ListObjectsV2 request (S3's most)
 
-    def __init__(self, root: str | Path, url: str, transfer: TransferConfig | None = None):
+    def __init__(self, root: str | Path, url: str, transfer: TransferConfig | None = None, owner: str | None = None):
         super().__init__(root)
         self.url = url
         self.bucket, self.prefix = s3_location(url)
@@ -170,7 +181,7 @@ class S3Storage(Storage):
             ) from None
         # boto3's managed transfer: multipart above its threshold (8 MiB), parts in parallel.
         self.transfer = transfer or TransferConfig()
-        self._client = ProcessClient()
+        self._client = ProcessClient(owner)
 
     @property
     def client(self) -> S3Client:
