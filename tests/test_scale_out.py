@@ -213,7 +213,7 @@ def test_jobs_sent_to_host_1_are_transcribed_on_host_2(cluster):
             assert expected in job.result_text.lower(), job.result_text
             # The audio is in the database, sealed; the samples went with the job's inference.
             assert cluster.rt.storage.exists(job.audio_ref) and not cluster.rt.storage.exists(prepared_ref(job.id))
-            assert cluster.rt.storage.raw(job.audio_ref).startswith(b"WQENC1")
+            assert cluster.rt.storage.raw(job.audio_ref).startswith(b"WQENC2")
         log = pools.prepare.output()
         assert all(f"job {i} prepared" in log for i in ids), log[-2000:]
         assert not any((cluster.settings.data_dir / "audio").rglob("*"))  # nothing on host 1's disk

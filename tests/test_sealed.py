@@ -1,6 +1,7 @@
 """The sealed file format (models.security.sealed): a round trip at every size, seeking,
 PyAV reading through it, tampering and unknown keys detected, a failed writer leaving nothing,
-and a plaintext file in the store refused unless allowed."""
+a file bound to its storage reference, the first format still read, and a plaintext file in
+the store refused unless allowed."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from keyrings import FOX, KIB, A, B, assert_not_plain, key, ring, seal
 
 from models.security import crypto
 from models.security.crypto import DecryptionError
-from models.security.sealed import CHUNK_BYTES, MAGIC, EncryptedWriter, open_decrypted
+from models.security.sealed import BINDING_BYTES, CHUNK_BYTES, MAGIC, EncryptedWriter, open_decrypted
 
 pytestmark = pytest.mark.usefixtures("keyring_restored")  # tests here switch the process's keys
 
@@ -26,7 +27,7 @@ def test_round_trip(tmp_path, size):
     data = os.urandom(size)
     path = seal(tmp_path / "f", data, keys, step=max(1, size // 7 or 1))
     chunks = max(1, -(-size // CHUNK_BYTES))
-    assert path.stat().st_size == len(MAGIC) + 1 + 1 + 16 + 7 + size + 16 * chunks
+    assert path.stat().st_size == len(MAGIC) + 1 + 1 + 16 + 7 + BINDING_BYTES + size + 16 * chunks
     assert_not_plain(path, data if size >= 64 else None)
     with open_decrypted(path, keys) as fh:
         assert fh.read() == data
@@ -109,7 +110,7 @@ def test_tampering_is_detected(tmp_path, damage):
     keys = ring(A)
     path, _ = _sealed_file(tmp_path, keys)
     raw = bytearray(path.read_bytes())
-    header, sealed = len(MAGIC) + 1 + 1 + 16 + 7, CHUNK_BYTES + 16
+    header, sealed = len(MAGIC) + 1 + 1 + 16 + 7 + BINDING_BYTES, CHUNK_BYTES + 16
     body = [bytes(raw[header + i * sealed : header + (i + 1) * sealed]) for i in range(4)]
     if damage == "flip-body":
         raw[header + sealed + 500] ^= 0x01
@@ -167,3 +168,70 @@ def test_a_plain_file_in_the_store_is_refused_unless_allowed(tmp_path):
     sealed = seal(tmp_path / "sealed", FOX, ring(A))
     with open_stored(sealed, ring(A)) as fh:
         assert fh.read() == FOX
+
+
+def legacy_seal(path: Path, data: bytes, keyring) -> Path:
+    """A file in the first format (b"WQENC1", no binding), as versions before the binding wrote."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    from models.security.sealed import LEGACY_MAGIC, _nonce
+
+    salt, prefix = os.urandom(16), os.urandom(7)
+    kid = keyring.active.encode()
+    header = LEGACY_MAGIC + bytes([len(kid)]) + kid + salt + prefix
+    aead = AESGCM(keyring.file_key(keyring.active, salt, "test"))
+    chunks = [data[i : i + CHUNK_BYTES] for i in range(0, len(data), CHUNK_BYTES)] or [b""]
+    if len(chunks[-1]) == CHUNK_BYTES:
+        chunks.append(b"")
+    body = [aead.encrypt(_nonce(prefix, i, i == len(chunks) - 1), c, header) for i, c in enumerate(chunks)]
+    path.write_bytes(header + b"".join(body))
+    return path
+
+
+def test_a_file_opens_only_under_the_reference_it_is_bound_to(tmp_path):
+    from models.security.sealed import bind, open_stored
+
+    keys = ring(A)
+    ref, other = "audio/0f/0f0e0d0c-0000-4000-8000-000000000001", "audio/aa/aa0e0d0c-0000-4000-8000-000000000002"
+    written = EncryptedWriter(tmp_path / "bound", keys, ref=ref)
+    with written as out:
+        out.write(FOX)
+    with open_stored(tmp_path / "bound", keys, ref=ref) as fh:
+        assert fh.read() == FOX
+    with pytest.raises(DecryptionError, match=f"is not bound to '{other}'.*not this job's file"):
+        open_stored(tmp_path / "bound", keys, ref=other)
+
+    spool = seal(tmp_path / "spool", FOX, keys)  # written before its name is known: unbound
+    with pytest.raises(DecryptionError, match="is not bound"):
+        open_stored(spool, keys, ref=ref)
+    with open_stored(spool, keys) as fh:  # a spool is read back without a reference
+        assert fh.read() == FOX
+    bind(spool, ref, keys)
+    with open_stored(spool, keys, ref=ref) as fh:
+        assert fh.read() == FOX
+    with pytest.raises(DecryptionError, match="is not bound"):
+        open_stored(spool, keys, ref=other)
+
+    # the binding cannot be moved from one file to another: each is keyed by its own salt
+    donor = (tmp_path / "bound").read_bytes()
+    start = len(MAGIC) + 1 + 1 + 16 + 7
+    forged = tmp_path / "forged"
+    forged.write_bytes(seal(tmp_path / "x", b"other audio" * 999, keys).read_bytes())
+    bind(forged, other, keys)
+    mixed = bytearray(forged.read_bytes())
+    mixed[start : start + BINDING_BYTES] = donor[start : start + BINDING_BYTES]
+    forged.write_bytes(bytes(mixed))
+    with pytest.raises(DecryptionError, match="is not bound"):
+        open_stored(forged, keys, ref=ref)
+
+
+def test_a_file_of_the_first_format_still_opens(tmp_path):
+    from models.security.sealed import bind, file_key_id, open_stored
+
+    keys = ring(A)
+    data = os.urandom(3 * CHUNK_BYTES + 5)
+    old = legacy_seal(tmp_path / "old", data, keys)
+    assert file_key_id(old) == "a"
+    bind(old, "audio/0f/0f0e0d0c-0000-4000-8000-000000000001", keys)  # nothing to bind: left as it is
+    with open_stored(old, keys, ref="audio/0f/0f0e0d0c-0000-4000-8000-000000000001") as fh:
+        assert fh.read() == data

@@ -15,8 +15,9 @@ from helpers import CLIPS, make_job, need_service
 from sqlalchemy import text
 
 from models.security.sealed import MAGIC
-from models.storage.base import audio_ref
+from models.storage.base import audio_ref, prepared_ref
 
+FOX = CLIPS["fox.flac"]["path"].read_bytes()
 TEST_POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/whisperq_test"
 
 
@@ -110,6 +111,44 @@ def test_same_bytes_in_same_bytes_out_and_sealed_at_rest(backend_rt):
     assert not backend_rt.storage.exists(ref)
     with pytest.raises(FileNotFoundError):
         backend_rt.storage.open(ref)
+
+
+def test_one_jobs_file_put_under_another_jobs_name_does_not_open_there(backend_rt, tmp_path):
+    """A sealed file is bound to its reference: its bytes copied under another job's name (a
+    traversal, a swapped object, a restored backup put in the wrong place) fail to open."""
+    from models.security.crypto import DecryptionError
+
+    mine, theirs = str(uuid.uuid4()), str(uuid.uuid4())
+    ref = backend_rt.storage.store_audio(spooled(backend_rt, FOX).path, theirs)
+    stolen = tmp_path / "stolen"
+    stolen.write_bytes(raw_bytes(backend_rt, ref))
+    backend_rt.storage._place(stolen, audio_ref(mine), None)  # the bytes as they are, no binding made
+    with pytest.raises(DecryptionError, match=f"is not bound to '{audio_ref(mine)}'"):
+        backend_rt.storage.open(audio_ref(mine))
+    samples = backend_rt.storage.save_samples(theirs, __import__("numpy").zeros(1600, dtype="float32"))
+    stolen.write_bytes(raw_bytes(backend_rt, samples))
+    backend_rt.storage._place(stolen, prepared_ref(mine), None)
+    with pytest.raises(DecryptionError, match="is not bound"):
+        backend_rt.storage.load_samples(prepared_ref(mine))
+    with backend_rt.storage.open(ref) as fh:  # the file under its own name opens
+        assert fh.read() == FOX
+
+
+def test_a_file_of_the_first_format_opens_and_rotation_binds_it(backend_rt, tmp_path):
+    from test_sealed import legacy_seal
+
+    from models.security.crypto import current_keyring
+    from models.security.sealed import LEGACY_MAGIC
+
+    ref = audio_ref(str(uuid.uuid4()))
+    backend_rt.storage._place(legacy_seal(tmp_path / "old", FOX, current_keyring()), ref, None)
+    assert raw_bytes(backend_rt, ref).startswith(LEGACY_MAGIC) and backend_rt.storage.key_id(ref) == "test"
+    with backend_rt.storage.open(ref) as fh:
+        assert fh.read() == FOX
+    assert backend_rt.storage.reseal(ref)
+    assert raw_bytes(backend_rt, ref).startswith(MAGIC)
+    with backend_rt.storage.open(ref) as fh:  # bound to its name now
+        assert fh.read() == FOX
 
 
 def test_samples_round_trip_and_are_replaced_in_place(backend_rt):

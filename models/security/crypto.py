@@ -112,8 +112,8 @@ class Keyring:
             missing_key=True,
         )
 
-    def file_key(self, key_id: str, salt: bytes, what: str) -> bytes:
-        return _derive(self.key(key_id, what), b"whisperq file v1", salt)
+    def file_key(self, key_id: str, salt: bytes, what: str, purpose: bytes = b"whisperq file v1") -> bytes:
+        return _derive(self.key(key_id, what), purpose, salt)
 
     def mac_key(self, key_id: str) -> bytes:
         """The key that signs the messages the service sends itself (models.security.signing)."""

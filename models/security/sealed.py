@@ -1,25 +1,35 @@
 """Encrypted files: chunked AES-256-GCM, the STREAM construction (as Tink's streaming
-AEAD and age use), readable with random access.
+AEAD and age use), readable with random access, each bound to the name it is stored under.
 
-    header  = b"WQENC1" || len(key id) (1 byte) || key id || salt (16) || nonce prefix (7)
+    header  = b"WQENC2" || len(key id) (1 byte) || key id || salt (16) || nonce prefix (7)
+    binding = HMAC-SHA256(bind key, header || storage reference) (32 bytes; zeros until bound)
     chunk i = AES-256-GCM(file key, nonce = prefix || i (4 bytes, big-endian) || last (1 byte),
                           64 KiB of plaintext (the last chunk 0..64 KiB), associated data = header)
     file key = HKDF-SHA256(master key, salt, "whisperq file v1")
+    bind key = HKDF-SHA256(master key, salt, "whisperq file ref v2")
 
 Each chunk is authenticated with its position and whether it is the last, and the header
 (key id, salt) with every chunk, so altering, reordering, truncating or extending a file,
 or splicing two files, fails authentication. The plaintext size follows from the file size,
 which is what makes seeking possible without reading the whole file (PyAV seeks, e.g. to
 an MP4's index at the end).
+
+The binding ties a stored file to its reference (`audio/ab/<job id>`): a file copied or
+moved under another job's name does not open there. A spool is written before its name is
+known, so its binding is filled in (`bind`) as the store takes it. Files of the first format
+(b"WQENC1", no binding) still open; key rotation rewrites them bound.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import io
 import os
 import secrets
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -28,11 +38,14 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from models.security.crypto import DecryptionError, Keyring, current_keyring
 
-MAGIC = b"WQENC1"
+MAGIC = b"WQENC2"
+LEGACY_MAGIC = b"WQENC1"  # the first format: no binding
 CHUNK_BYTES = 64 * 1024
 TAG_BYTES = 16
 SALT_BYTES = 16
 PREFIX_BYTES = 7
+BINDING_BYTES = 32
+UNBOUND = bytes(BINDING_BYTES)
 _SEALED = CHUNK_BYTES + TAG_BYTES
 
 
@@ -40,43 +53,81 @@ def _nonce(prefix: bytes, index: int, last: bool) -> bytes:
     return prefix + index.to_bytes(4, "big") + (b"\x01" if last else b"\x00")
 
 
-def _read_header(fh: IO[bytes], what: str) -> tuple[str, bytes, bytes, bytes] | None:
-    """(key id, salt, prefix, header bytes), or None for a file that is not encrypted."""
+@dataclass(frozen=True)
+class Header:
+    key_id: str
+    salt: bytes
+    prefix: bytes
+    header: bytes  # what every chunk is authenticated with
+    binding: bytes | None  # None in the first format
+
+    @property
+    def data_offset(self) -> int:
+        """Where the first chunk starts."""
+        return len(self.header) + (0 if self.binding is None else BINDING_BYTES)
+
+
+def _read_header(fh: IO[bytes], what: str) -> Header | None:
+    """The file's header, or None for a file that is not encrypted."""
     start = fh.read(len(MAGIC) + 1)
-    if start[: len(MAGIC)] != MAGIC:
+    if start[: len(MAGIC)] not in (MAGIC, LEGACY_MAGIC):
         return None
     if len(start) <= len(MAGIC) or not 1 <= start[-1] <= 32:
         raise DecryptionError(f"{what} has a damaged encryption header")
-    rest = fh.read(start[-1] + SALT_BYTES + PREFIX_BYTES)
-    if len(rest) != start[-1] + SALT_BYTES + PREFIX_BYTES:
+    bound = start[: len(MAGIC)] == MAGIC
+    want = start[-1] + SALT_BYTES + PREFIX_BYTES + (BINDING_BYTES if bound else 0)
+    rest = fh.read(want)
+    if len(rest) != want:
         raise DecryptionError(f"{what} is truncated inside its encryption header")
     try:
         key_id = rest[: start[-1]].decode("ascii")
     except UnicodeDecodeError:
         raise DecryptionError(f"{what} has a damaged encryption header") from None
     salt = rest[start[-1] : start[-1] + SALT_BYTES]
-    return key_id, salt, rest[-PREFIX_BYTES:], start + rest
+    end = start[-1] + SALT_BYTES + PREFIX_BYTES
+    return Header(key_id, salt, rest[end - PREFIX_BYTES : end], start + rest[:end], rest[end:] if bound else None)
+
+
+def _binding(keyring: Keyring, header: Header, ref: str, what: str) -> bytes:
+    key = keyring.file_key(header.key_id, header.salt, what, purpose=b"whisperq file ref v2")
+    return hmac.new(key, header.header + ref.encode("utf-8"), hashlib.sha256).digest()
+
+
+def bind(path: str | Path, ref: str, keyring: Keyring | None = None) -> None:
+    """Bind the sealed file at `path` (a spool about to be stored) to the reference `ref`:
+    after this it opens as `ref` only. A plain file, or one of the first format, is left."""
+    what = f"the file for {ref}"
+    with open(path, "r+b") as fh:
+        header = _read_header(fh, what)
+        if header is None or header.binding is None:
+            return
+        os.pwrite(fh.fileno(), _binding(keyring or current_keyring(), header, ref, what), len(header.header))
 
 
 def is_encrypted(path: str | Path) -> bool:
     with open(path, "rb") as fh:
-        return fh.read(len(MAGIC)) == MAGIC
+        return fh.read(len(MAGIC)) in (MAGIC, LEGACY_MAGIC)
 
 
 def file_key_id(path: str | Path) -> str | None:
     """The key id a file is encrypted under; None for a plain file."""
     with open(path, "rb") as fh:
         header = _read_header(fh, f"file {path}")
-    return header[0] if header else None
+    return header.key_id if header else None
 
 
 class EncryptedWriter:
     """Write a file encrypted under the active key. The bytes go to a temporary name beside
     `path`; close() renames it into place (`commit`, os.replace by default), an error inside
-    ``with`` or abort() removes it: a reader never sees half a file."""
+    ``with`` or abort() removes it: a reader never sees half a file. Given `ref`, the file is
+    bound to that storage reference as it is written; else it is unbound until `bind`."""
 
     def __init__(
-        self, path: str | Path, keyring: Keyring | None = None, commit: Callable[[Path, Path], object] | None = None
+        self,
+        path: str | Path,
+        keyring: Keyring | None = None,
+        commit: Callable[[Path, Path], object] | None = None,
+        ref: str | None = None,
     ):
         keyring = keyring or current_keyring()
         self.path = Path(path)
@@ -85,6 +136,10 @@ class EncryptedWriter:
         kid = self.key_id.encode("ascii")
         self._header = MAGIC + bytes([len(kid)]) + kid + salt + self._prefix
         self._aead = AESGCM(keyring.file_key(self.key_id, salt, str(self.path)))
+        binding = UNBOUND
+        if ref is not None:
+            header = Header(self.key_id, salt, self._prefix, self._header, UNBOUND)
+            binding = _binding(keyring, header, ref, str(self.path))
         self._commit = commit or os.replace
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".part")
         self.temp_path = Path(tmp)
@@ -94,7 +149,7 @@ class EncryptedWriter:
         self.size = 0  # plaintext bytes written
         self.closed = False
         try:
-            self._fh.write(self._header)
+            self._fh.write(self._header + binding)
         except BaseException:
             self.abort()
             raise
@@ -182,13 +237,13 @@ class FileSource:
         self._fh.close()
 
 
-_HEADER_MAX = len(MAGIC) + 1 + 32 + SALT_BYTES + PREFIX_BYTES
+HEADER_MAX = len(MAGIC) + 1 + 32 + SALT_BYTES + PREFIX_BYTES + BINDING_BYTES
 
 
 def header_key_id(head: bytes, what: str) -> str | None:
-    """The key id in the first bytes of a sealed file; None for a plain one."""
-    header = _read_header(io.BytesIO(head[:_HEADER_MAX]), what)
-    return header[0] if header else None
+    """The key id in the first bytes (HEADER_MAX of them) of a sealed file; None for a plain one."""
+    header = _read_header(io.BytesIO(head[:HEADER_MAX]), what)
+    return header.key_id if header else None
 
 
 class RandomAccess(io.RawIOBase):
@@ -219,21 +274,37 @@ class RandomAccess(io.RawIOBase):
 class DecryptedFile(RandomAccess):
     """Random-access reading of an encrypted file, one chunk decrypted (and cached) at a time.
     `path` is a local file, or a source with `name`, `size`, `read_at(offset, length)` and
-    `close()` (a large object in the database: models.storage.postgres)."""
+    `close()` (a large object in the database: models.storage.postgres). Given `ref`, the
+    file must be bound to that storage reference (or be of the first format, which has none)."""
 
-    def __init__(self, path: Any, keyring: Keyring | None = None, what: str | None = None):
+    def __init__(self, path: Any, keyring: Keyring | None = None, what: str | None = None, ref: str | None = None):
         super().__init__()
         self._src = path if hasattr(path, "read_at") else FileSource(path)
         self.name, self.mode = self._src.name, "rb"
         self._what = what or f"file {self.name}"
         try:
-            header = _read_header(io.BytesIO(self._src.read_at(0, _HEADER_MAX)), self._what)
+            header = _read_header(io.BytesIO(self._src.read_at(0, HEADER_MAX)), self._what)
             if header is None:
                 raise DecryptionError(f"{self._what} is not encrypted (no {MAGIC.decode()} header)")
-            key_id, salt, self._prefix, self._header = header
-            self.key_id = key_id
-            self._aead = AESGCM((keyring or current_keyring()).file_key(key_id, salt, self._what))
-            body = self._src.size - len(self._header)
+            keyring = keyring or current_keyring()
+            self.key_id, self._prefix, self._header, self._offset = (
+                header.key_id,
+                header.prefix,
+                header.header,
+                header.data_offset,
+            )
+            self._aead = AESGCM(keyring.file_key(header.key_id, header.salt, self._what))
+            if (
+                ref is not None
+                and header.binding is not None
+                and not hmac.compare_digest(header.binding, _binding(keyring, header, ref, self._what))
+            ):
+                raise DecryptionError(
+                    f"{self._what} is not bound to {ref!r}: it was stored under another name (or never stored) "
+                    "and is not this job's file",
+                    key_id=header.key_id,
+                )
+            body = self._src.size - self._offset
             if body < TAG_BYTES:
                 raise DecryptionError(f"{self._what} is truncated (no final chunk)")
             self._chunks = -(-body // _SEALED)
@@ -252,7 +323,7 @@ class DecryptedFile(RandomAccess):
             return self._cached[1]
         last = index == self._chunks - 1
         length = self._last_len if last else _SEALED
-        sealed = self._src.read_at(len(self._header) + index * _SEALED, length)
+        sealed = self._src.read_at(self._offset + index * _SEALED, length)
         if len(sealed) != length:
             raise DecryptionError(f"{self._what} changed size while it was read")
         try:
@@ -292,15 +363,19 @@ class DecryptedFile(RandomAccess):
         super().close()
 
 
-def open_decrypted(path: Any, keyring: Keyring | None = None, what: str | None = None) -> io.BufferedReader:
+def open_decrypted(
+    path: Any, keyring: Keyring | None = None, what: str | None = None, ref: str | None = None
+) -> io.BufferedReader:
     """A readable, seekable binary file of the plaintext (DecryptionError if it cannot be)."""
-    return io.BufferedReader(DecryptedFile(path, keyring, what), buffer_size=CHUNK_BYTES)
+    return io.BufferedReader(DecryptedFile(path, keyring, what, ref), buffer_size=CHUNK_BYTES)
 
 
-def open_stored(path: str | Path, keyring: Keyring | None = None, what: str | None = None) -> io.BufferedReader:
-    """A stored file's plaintext: decrypted; a plain file (written before encryption) only
-    where WHISPERQ_ALLOW_PLAINTEXT_ROWS allows it, else PlaintextRefused."""
+def open_stored(
+    path: str | Path, keyring: Keyring | None = None, what: str | None = None, ref: str | None = None
+) -> io.BufferedReader:
+    """A stored file's plaintext: decrypted (bound to `ref`, given one); a plain file (written
+    before encryption) only where WHISPERQ_ALLOW_PLAINTEXT_ROWS allows it, else PlaintextRefused."""
     if is_encrypted(path):
-        return open_decrypted(path, keyring, what)
+        return open_decrypted(path, keyring, what, ref)
     (keyring or current_keyring()).check_plaintext(what or f"file {path}")
     return open(path, "rb")

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, BinaryIO
 
 from config import private_dir
-from models.security.sealed import EncryptedWriter
+from models.security.sealed import EncryptedWriter, bind
 
 if TYPE_CHECKING:
     import numpy as np
@@ -144,7 +144,12 @@ class Storage:
         return ref
 
     def put(self, tmp: Path, ref: str, session: Session | None = None) -> None:
-        """Move the sealed local file `tmp` into the store under `ref` (replacing one there)."""
+        """Move the sealed local file `tmp` into the store under `ref` (replacing one there),
+        bound to `ref` (models.security.sealed): it opens under no other name."""
+        bind(tmp, check_ref(ref))
+        self._place(tmp, ref, session)
+
+    def _place(self, tmp: Path, ref: str, session: Session | None) -> None:
         raise NotImplementedError
 
     def _open(self, ref: str) -> BinaryIO:

@@ -32,13 +32,13 @@ class LocalStorage(Storage):
             raise ValueError(f"storage reference {ref!r} points outside the data directory")
         return path
 
-    def put(self, tmp: Path, ref: str, session: Session | None = None) -> None:
+    def _place(self, tmp: Path, ref: str, session: Session | None) -> None:
         dest = self.path(ref)
         dest.parent.mkdir(parents=True, exist_ok=True)
         os.replace(tmp, dest)
 
     def _open(self, ref: str) -> BinaryIO:
-        return open_stored(self.path(ref), what=f"stored file {ref}")
+        return open_stored(self.path(ref), what=f"stored file {ref}", ref=ref)
 
     def _exists(self, ref: str) -> bool:
         return self.path(ref).is_file()
@@ -76,7 +76,10 @@ class LocalStorage(Storage):
             _replace_if_unchanged(tmp, dest, inode)
 
         try:
-            with open_stored(path, what=f"stored file {ref}") as src, EncryptedWriter(path, commit=swap_in) as out:
+            with (
+                open_stored(path, what=f"stored file {ref}", ref=ref) as src,
+                EncryptedWriter(path, commit=swap_in, ref=ref) as out,
+            ):
                 shutil.copyfileobj(src, out, 1024 * 1024)
         except (_Gone, FileNotFoundError):
             return False

@@ -19,7 +19,7 @@ from sqlalchemy import BigInteger, Connection, String, or_, select, text
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from models.db import Base, Database, UTCDateTime, utcnow
-from models.security.sealed import CHUNK_BYTES, DecryptedFile, EncryptedWriter, header_key_id
+from models.security.sealed import CHUNK_BYTES, HEADER_MAX, DecryptedFile, EncryptedWriter, header_key_id
 from models.storage.base import Storage, StoredFile, check_ref
 
 CHUNK = 1 << 20
@@ -78,7 +78,7 @@ class PostgresStorage(Storage):
         super().__init__(root)
         self.db = db
 
-    def put(self, tmp: Path, ref: str, session: Session | None = None) -> None:
+    def _place(self, tmp: Path, ref: str, session: Session | None) -> None:
         if session is None:
             with self.db.session() as own:
                 self._put(own, tmp, ref)
@@ -111,7 +111,7 @@ class PostgresStorage(Storage):
         if row is None:
             raise FileNotFoundError(f"stored file {ref} is not in the database")
         source = LargeObjectSource(self.db, row.oid, row.size, f"stored file {ref}")
-        return io.BufferedReader(DecryptedFile(source, what=f"stored file {ref}"), buffer_size=CHUNK_BYTES)
+        return io.BufferedReader(DecryptedFile(source, what=f"stored file {ref}", ref=ref), buffer_size=CHUNK_BYTES)
 
     def _exists(self, ref: str) -> bool:
         return self._row(ref) is not None
@@ -145,7 +145,7 @@ class PostgresStorage(Storage):
         row = self._row(ref)
         if row is None:
             raise FileNotFoundError(f"stored file {ref} is not in the database")
-        head = LargeObjectSource(self.db, row.oid, row.size, f"stored file {ref}").read_at(0, 64)
+        head = LargeObjectSource(self.db, row.oid, row.size, f"stored file {ref}").read_at(0, HEADER_MAX)
         return header_key_id(head, f"stored file {ref}")
 
     def reseal(self, ref: str) -> bool:
@@ -155,7 +155,7 @@ class PostgresStorage(Storage):
         tmp = self.tmp_dir / f"reseal-{row.oid}"
         try:
             try:
-                with self._open(ref) as src, EncryptedWriter(tmp) as out:
+                with self._open(ref) as src, EncryptedWriter(tmp, ref=ref) as out:
                     while block := src.read(CHUNK):
                         out.write(block)
             except FileNotFoundError:

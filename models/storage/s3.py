@@ -31,7 +31,14 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from config import ConfigError
 from config.settings import S3_INSTALL, s3_location
-from models.security.sealed import CHUNK_BYTES, DecryptedFile, EncryptedWriter, RandomAccess, header_key_id
+from models.security.sealed import (
+    CHUNK_BYTES,
+    HEADER_MAX,
+    DecryptedFile,
+    EncryptedWriter,
+    RandomAccess,
+    header_key_id,
+)
 from models.storage.base import Storage, StoredFile, check_ref
 
 if TYPE_CHECKING:
@@ -41,7 +48,6 @@ if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
 BLOCK = 1 << 20  # read ahead when reading on; also the reseal's copy buffer
-HEAD = 64  # bytes that hold a sealed header (models.security.sealed)
 _GONE = {404}
 _CHANGED = {409, 412}  # a conditional request lost to a concurrent write, or a precondition that failed
 
@@ -198,7 +204,7 @@ class S3Storage(Storage):
     def _ref(self, key: str) -> str:
         return key[len(self.prefix) + 1 :] if self.prefix else key
 
-    def put(self, tmp: Path, ref: str, session: Session | None = None) -> None:
+    def _place(self, tmp: Path, ref: str, session: Session | None) -> None:
         # No transaction spans the bucket and the database: a caller that fails to write the
         # row deletes the object (models.jobs.operations), and retention sweeps what a crash left.
         self.client.upload_file(str(tmp), self.bucket, self.key(ref), Config=self.transfer)
@@ -209,7 +215,7 @@ class S3Storage(Storage):
 
     def _open(self, ref: str) -> BinaryIO:
         source = self._object(ref)
-        return io.BufferedReader(DecryptedFile(source, what=f"stored file {ref}"), buffer_size=CHUNK_BYTES)
+        return io.BufferedReader(DecryptedFile(source, what=f"stored file {ref}", ref=ref), buffer_size=CHUNK_BYTES)
 
     def _exists(self, ref: str) -> bool:
         try:
@@ -239,7 +245,7 @@ class S3Storage(Storage):
     def key_id(self, ref: str) -> str | None:
         what = f"stored file {ref}"
         with self._object(ref) as source:
-            head = source.read_at(0, HEAD)
+            head = source.read_at(0, HEADER_MAX)
         return header_key_id(head, what)
 
     def reseal(self, ref: str) -> bool:
@@ -251,8 +257,8 @@ class S3Storage(Storage):
         try:
             try:
                 with (
-                    io.BufferedReader(DecryptedFile(source, what=f"stored file {ref}"), CHUNK_BYTES) as src,
-                    EncryptedWriter(tmp) as out,
+                    io.BufferedReader(DecryptedFile(source, what=f"stored file {ref}", ref=ref), CHUNK_BYTES) as src,
+                    EncryptedWriter(tmp, ref=ref) as out,
                 ):
                     shutil.copyfileobj(src, out, BLOCK)
             except FileNotFoundError:
