@@ -19,10 +19,19 @@ AMQP = {"high": 9, "normal": 5, "low": 1}  # RabbitMQ: the message priority of e
 
 def message(job_id: str, audio: str, **options) -> dict:
     """The message as docs/producers.md writes it, in any language."""
-    message = {
+    message = envelope("whisperq.transcribe", job_id, [audio], options)
+    import jsonschema
+
+    jsonschema.validate(message, SCHEMA)
+    return message
+
+
+def envelope(task: str, job_id: str, args: list, kwargs: dict, headers: dict | None = None) -> dict:
+    """Any task's message in Celery's protocol 2, as a plain client writes it."""
+    return {
         "headers": {
             "lang": "py",
-            "task": "whisperq.transcribe",
+            "task": task,
             "id": job_id,
             "root_id": job_id,
             "parent_id": None,
@@ -31,16 +40,13 @@ def message(job_id: str, audio: str, **options) -> dict:
             "eta": None,
             "expires": None,
             "origin": "a-producer-in-another-language",
+            **(headers or {}),
         },
-        "body": [[audio], options, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}],
+        "body": [args, kwargs, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}],
     }
-    import jsonschema
-
-    jsonschema.validate(message, SCHEMA)
-    return message
 
 
-def send_redis(url: str, msg: dict, priority: str) -> None:
+def send_redis(url: str, msg: dict, priority: str, pool: str = "prepare") -> None:
     import redis
 
     envelope = {
@@ -52,19 +58,19 @@ def send_redis(url: str, msg: dict, priority: str) -> None:
             "correlation_id": msg["headers"]["id"],
             "reply_to": "",
             "delivery_mode": 2,
-            "delivery_info": {"exchange": "whisperq", "routing_key": "prepare"},
+            "delivery_info": {"exchange": "whisperq", "routing_key": pool},
             "priority": STEPS[priority],
             "body_encoding": "base64",
             "delivery_tag": str(uuid.uuid4()),
         },
     }
-    queue = "whisperq.prepare" + (f":{STEPS[priority]}" if STEPS[priority] else "")
+    queue = f"whisperq.{pool}" + (f":{STEPS[priority]}" if STEPS[priority] else "")
     client = redis.Redis.from_url(url)
     client.lpush(queue, json.dumps(envelope))
     client.close()
 
 
-def send_amqp(url: str, msg: dict, priority: str) -> None:
+def send_amqp(url: str, msg: dict, priority: str, pool: str = "prepare") -> None:
     import pika
 
     connection = pika.BlockingConnection(pika.URLParameters(url))
@@ -72,7 +78,7 @@ def send_amqp(url: str, msg: dict, priority: str) -> None:
     channel.confirm_delivery()
     channel.basic_publish(
         exchange="whisperq",
-        routing_key="prepare",
+        routing_key=pool,
         body=json.dumps(msg["body"]).encode(),
         mandatory=True,
         properties=pika.BasicProperties(
@@ -87,13 +93,14 @@ def send_amqp(url: str, msg: dict, priority: str) -> None:
     connection.close()
 
 
-def send(settings, msg: dict, priority: str = "normal") -> None:
+def send(settings, msg: dict, priority: str = "normal", pool: str = "prepare") -> None:
+    """`msg` written to the queue of `pool` (whisperq.<pool>) with the broker's plain client."""
     url = settings.broker_url
     if url.startswith("redis"):
-        send_redis(url, msg, priority)
+        send_redis(url, msg, priority, pool)
     elif url.startswith(("amqp", "pyamqp")):
         url = url.replace("pyamqp://", "amqp://")
-        send_amqp(url[:-2] + "/%2F" if url.endswith("//") else url, msg, priority)  # pika spells vhost / as %2F
+        send_amqp(url[:-2] + "/%2F" if url.endswith("//") else url, msg, priority, pool)  # pika spells vhost / as %2F
     else:
         pytest.skip(f"no plain client for a {url.split('://')[0]} broker")
 

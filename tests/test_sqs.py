@@ -187,6 +187,32 @@ def test_a_job_goes_through_sqs_end_to_end(sqs_stack):
     done = wait_for_job(stack.client, raw_id, timeout=240)
     assert done["status"] == "COMPLETED" and done["priority"] == "high", (done, stack.output())
     assert word_error_rate(CLIPS["fox.flac"]["text"], done["result"]["text"]) <= 0.2
+
+    # the prepare queue runs only the prepare pool's tasks: an infer message sent there (by a
+    # producer whose policy allows that queue alone) is dropped unread, and so is an unsigned
+    # sweep, which that queue does carry; the job they name is left as it was
+    from test_attacks import dropped, infer_message
+    from test_producers import envelope as celery_message
+
+    before = (stack.job(raw_id).status, stack.job(raw_id).attempts, stack.job(raw_id).engine_runs)
+    sent = {"whisperq.infer": str(uuid.uuid4()), "whisperq.sweep": str(uuid.uuid4())}
+    for task, message_id in sent.items():
+        args = [infer_message(raw_id, f"prepared/{raw_id[:2]}/{raw_id}.npy")] if task == "whisperq.infer" else []
+        body = celery_message(task, message_id, args, {})
+        wrapped = dict(
+            envelope, body=base64.b64encode(json.dumps(body["body"]).encode()).decode(), headers=body["headers"]
+        )
+        sqs.send_message(QueueUrl=stack.url("whisperq.prepare:high"), MessageBody=json.dumps(wrapped))
+    wait_until(
+        lambda: (
+            dropped("whisperq.infer", sent["whisperq.infer"]) + ": a task of the inference pool" in stack.output()
+            and dropped("whisperq.sweep", sent["whisperq.sweep"]) + ": unsigned" in stack.output()
+        ),
+        120,
+        "the prepare worker did not drop both messages",
+    )
+    assert (stack.job(raw_id).status, stack.job(raw_id).attempts, stack.job(raw_id).engine_runs) == before
+
     ready = stack.client.get("/readyz").get_json()  # the broker answers: kombu lists the prefix's queues
     assert ready["checks"]["broker"] == "ok" and ready["models"]["tiny.en"] == 1, ready
     metrics = stack.client.get("/metrics").get_data(as_text=True)  # the depths, one per tier, from SQS
