@@ -47,6 +47,7 @@ from models.errors import (
 from models.jobs import batches as _batches  # noqa: F401
 from models.jobs import deadletter as _deadletter  # noqa: F401
 from models.jobs import idempotency as _idempotency  # noqa: F401
+from models.jobs import ledger as _ledger  # noqa: F401
 from models.jobs import shadows as _shadows  # noqa: F401
 from models.jobs import workers as _workers  # noqa: F401
 from models.jobs.record import Job, JobStatus, Stage

@@ -36,13 +36,14 @@ def test_a_burst_of_500_with_two_worker_kills_completes_each_job_exactly_once(ap
         with database.session() as s:
             return s.scalar(select(func.count()).select_from(Job).where(Job.id.in_(job_ids), Job.status.in_(statuses)))
 
-    kills_at, kills, reports = (BURST // 5, BURST // 2), [], []
+    kills_at, kills, reports, killed = (BURST // 5, BURST // 2), [], [], set()
     deadline = time.monotonic() + 1800
     while time.monotonic() < deadline:
         done = count("COMPLETED", "FAILED", "EXPIRED")
         if done == BURST:
             break
         if len(kills) < len(kills_at) and done >= kills_at[len(kills)]:
+            killed.add(worker.inference.proc.pid)
             worker.kill_inference()
             kills.append(done)
             worker.restart_inference()
@@ -66,3 +67,13 @@ def test_a_burst_of_500_with_two_worker_kills_completes_each_job_exactly_once(ap
     # counted, and its transcript was not stored.
     runs = {job.id: job.engine_runs for job in rows}
     assert all(n == 1 for n in runs.values()), {job_id: n for job_id, n in runs.items() if n != 1}
+    # And as the engine ledger has it, written where the engine ran: one stored pass per job,
+    # any other one a pass of a killed worker that never ended (models.jobs.ledger).
+    from models.jobs.ledger import Explained, passes, problems
+
+    ledger = passes(database, job_ids)
+    assert problems(ledger, Explained(killed=frozenset(killed))) == {}
+    print(
+        f"burst: engine passes {sum(map(len, ledger.values()))} for {BURST} jobs, killed mid-pass: "
+        f"{sum(p.outcome is None for rows in ledger.values() for p in rows)}"
+    )

@@ -2,12 +2,16 @@
 
 The operations themselves against the suite's database (take, renew, the fence at commit, a
 lapsed lease taken over); then two real inference worker processes handed the same job's
-inference message, and a holder killed with SIGKILL whose job the other worker takes over.
+inference message, a holder killed with SIGKILL whose job the other worker takes over, and a
+live holder stalled (SIGSTOP) past its lease, whose pass the engine ledger shows discarded:
+the check the burst, scale-out, SQS and soak runs make (models.jobs.ledger.problems) fails on it.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import socket
 import uuid
 from datetime import timedelta
@@ -154,6 +158,18 @@ def _publish(celery_app, message: dict, queue: str) -> None:
     )
 
 
+def ledger_of(rt, job_id: str):
+    from models.jobs.ledger import passes
+
+    return passes(rt.db, [job_id])[job_id]
+
+
+def ledger_problems(rt, job_ids, killed=()) -> dict[str, str]:
+    from models.jobs.ledger import Explained, passes, problems
+
+    return problems(passes(rt.db, job_ids), Explained(killed=frozenset(killed)))
+
+
 def _drop(celery_app, *queues: str) -> None:
     """Delete this module's queues from the broker (the killed worker's message is left in one)."""
     with celery_app.connection_for_write() as conn:
@@ -207,6 +223,9 @@ def test_two_worker_processes_given_the_same_job_run_the_engine_once(worker_rt, 
     job = row(worker_rt, job_id)
     assert job.status == "COMPLETED" and "fox" in job.result_text.lower(), (job.status, job.error)
     assert job.engine_runs == 1
+    assert ledger_problems(worker_rt, [job_id]) == {}
+    passes = ledger_of(worker_rt, job_id)
+    assert len(passes) == 1 and passes[0].outcome == "stored" and passes[0].windows >= 1  # the engine ran once
     text = logs()
     assert text.count(f"job {job_id}: transcript stored") == 1
     # No second run went through the engine, stored or not (a run whose claim was taken over
@@ -255,7 +274,60 @@ def test_a_holder_killed_mid_run_is_taken_over_once_its_lease_lapses(worker_rt, 
         _drop(celery_app, first_queue, second_queue)
     job = row(worker_rt, job_id)
     assert job.worker.startswith("claims-taker@") and job.engine_runs == 1 and job.attempts == 2
+    # the engine ledger: the killed holder's pass never ended, the taker's was stored
+    passes = ledger_of(worker_rt, job_id)
+    assert [(p.process, p.outcome) for p in passes] == [
+        (mine, None),
+        (f"{socket.gethostname()}:{taker.proc.pid}", "stored"),
+    ]
+    assert ledger_problems(worker_rt, [job_id], killed={holder.proc.pid}) == {}
+    assert job_id in ledger_problems(worker_rt, [job_id])  # a pass without an end and no kill to explain it
     assert "fishing boats" in job.result_text.lower()
     # It found the dead holder's claim live, came back once its lease had lapsed, and ran once.
     assert f"job {job_id} is being transcribed by {mine}" in taker.output()
     assert taker.output().count(f"job {job_id}: transcript stored") == 1
+
+
+@pytest.mark.integration
+@pytest.mark.brokers
+def test_a_live_holder_stalled_past_its_lease_leaves_a_discarded_pass_that_the_check_finds(
+    worker_rt, celery_app, tmp_path
+):
+    """Duplicate engine work the stored transcript cannot show: a holder that is alive but
+    stalled (SIGSTOP: a process starved on a busy machine) past its lease is taken over; when it
+    runs again its pass ends discarded. engine_runs stays 1; the ledger's check does not pass."""
+    env = {"WHISPERQ_CLAIM_LEASE_SECONDS": str(LEASE)}
+    prepared = _prepared(worker_rt, "bilingual.opus")
+    job_id, first_queue, second_queue = prepared.job_id, _queue(), _queue()
+    taker = start_worker(
+        celery_app, tmp_path, "stall-taker", second_queue, pool="threads", concurrency=1, extra_env=env
+    )
+    holder = None
+    try:
+        holder = start_worker(
+            celery_app, tmp_path, "stall-holder", first_queue, pool="threads", concurrency=1, extra_env=env
+        )
+        _publish(celery_app, prepared.to_message(), first_queue)
+        mine = f"{socket.gethostname()}:{holder.proc.pid}"
+        wait_until(lambda: ledger_of(worker_rt, job_id), 120, "the holder's engine pass never started")
+        os.kill(holder.proc.pid, signal.SIGSTOP)  # alive, holding its claim, renewing nothing
+        try:
+            _publish(celery_app, prepared.to_message(), second_queue)
+            wait_until(lambda: row(worker_rt, job_id).status == "COMPLETED", 240, "the taker never stored the job")
+        finally:
+            os.kill(holder.proc.pid, signal.SIGCONT)
+        wait_until(
+            lambda: all(p.outcome for p in ledger_of(worker_rt, job_id)), 240, "the stalled holder's pass never ended"
+        )
+    finally:
+        if holder is not None:
+            stop_worker(holder)
+        stop_worker(taker)
+        _drop(celery_app, first_queue, second_queue)
+    job = row(worker_rt, job_id)
+    assert job.engine_runs == 1 and "fishing boats" in job.result_text.lower()  # what was stored looks fine
+    passes = {p.process: p for p in ledger_of(worker_rt, job_id)}
+    assert passes[mine].outcome == "discarded" and "taken over" in passes[mine].detail
+    assert passes[f"{socket.gethostname()}:{taker.proc.pid}"].outcome == "stored"
+    found = ledger_problems(worker_rt, [job_id], killed={holder.proc.pid})
+    assert found and "ended discarded" in found[job_id], found

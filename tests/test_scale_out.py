@@ -99,6 +99,14 @@ class Cluster:
             time.sleep(0.2 if during is not None else 2)
 
 
+def ledger_problems(cluster, ids, hosts=()) -> dict[str, str]:
+    """What the engine ledger (models.jobs.ledger) finds wrong with these jobs: other than one
+    stored pass each, only passes left unended on a host whose every process was killed."""
+    from models.jobs.ledger import Explained, passes, problems
+
+    return problems(passes(cluster.rt.db, ids), Explained(hosts=frozenset(hosts)))
+
+
 def host_of(job) -> str:
     return (job.worker or "").rsplit("@", 1)[-1]
 
@@ -263,6 +271,7 @@ def test_with_both_hosts_running_jobs_spread_over_both_and_a_host_killed_mid_bur
         jobs = cluster.wait(ids)
         assert [j.status for j in jobs] == ["COMPLETED"] * 16, [(j.status, j.error) for j in jobs]
         assert [j.engine_runs for j in jobs] == [1] * 16
+        assert ledger_problems(cluster, ids) == {}
         hosts = {host_of(j) for j in jobs}
         assert hosts == {cluster.host2.hostname, __import__("socket").gethostname()}, [j.worker for j in jobs]
 
@@ -291,6 +300,8 @@ def test_with_both_hosts_running_jobs_spread_over_both_and_a_host_killed_mid_bur
         # (models.jobs.claims), whichever host finished it: host 2's killed runs never finished,
         # and host 1 took their jobs over only once their claims' leases had lapsed.
         assert {j.id: j.engine_runs for j in jobs} == {i: 1 for i in ids}
+        # and the engine ledger: one stored pass per job; any other one is host 2's, which never ended
+        assert ledger_problems(cluster, ids, hosts={cluster.host2.hostname}) == {}
     finally:
         one.stop()
         if two is not None:

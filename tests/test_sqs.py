@@ -149,6 +149,9 @@ def test_a_job_goes_through_sqs_end_to_end(sqs_stack):
     assert job["status"] == "COMPLETED", (job, stack.output())
     assert word_error_rate(CLIPS["fox.flac"]["text"], job["result"]["text"]) <= 0.2, job["result"]["text"]
     assert stack.job(job_id).engine_runs == 1
+    from models.jobs.ledger import passes
+
+    assert [p.outcome for p in passes(stack.rt.db, [job_id])[job_id]] == ["stored"]
 
     # the queues as the workers declared them: one per tier, each its pool's visibility timeout,
     # and the redrive policy to the dead-letter queue
@@ -295,6 +298,13 @@ def test_a_held_message_stays_hidden_while_its_worker_lives_and_comes_back_soon_
     assert job["status"] == "COMPLETED", (job, stack.output())
     assert handed_back <= visibility * 2, handed_back
     assert engine_runs(stack, job_id) == 1, stack.output()
+    # the engine ledger: the killed worker's pass (its batch waited: it may not have begun) never
+    # ended; the other's was stored; nothing else went through the engine
+    from models.jobs.ledger import Explained, passes, problems
+
+    ledger = passes(stack.rt.db, [job_id])
+    assert problems(ledger, Explained(killed=frozenset({slow.proc.pid}))) == {}, ledger
+    assert [p.outcome for p in ledger[job_id]][-1] == "stored"
     assert job["attempts"] >= 2, job  # the killed run cost an attempt
     assert other.output().count(f"job {job_id}: transcript stored") == 1
     assert word_error_rate(text, job["result"]["text"]) <= 0.25

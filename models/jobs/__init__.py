@@ -12,6 +12,8 @@
   error rate) and compared per model pair.
 - ``analyses`` - the analyses a job asked for (models.analysis), each run once after its
   transcript is stored, merged into it, and the job finished then.
+- ``ledger`` - every pass of the engine over a job's windows and how it ended, written
+  where the engine runs: what "inference runs once per job" is checked on.
 - ``workers`` - heartbeats; ``throughput`` - the speed an inference worker's batches reach,
   which its heartbeat carries; ``eta`` - a job's place and finish estimate; ``metrics`` -
   worker-side metrics.

@@ -101,6 +101,13 @@ class _Metrics:
             ["analysis", "status"],
             registry=registry,
         )
+        self.engine_passes = Counter(
+            "whisperq_engine_passes",
+            "Engine passes over a job's windows, by how they ended (models.jobs.ledger): stored, discarded "
+            "(duplicate work: a claim taken over, a transcript already stored), cancelled, failed",
+            ["model", "outcome"],
+            registry=registry,
+        )
         self.dropped = Counter(
             "whisperq_messages_dropped",
             "Messages a worker dropped unread: not signed by this deployment, or not for its queues "
@@ -225,6 +232,16 @@ def observe_analysis(name: str, status: str, seconds: float | None = None) -> No
             m.analysis_seconds.labels(name).observe(seconds)
     except Exception:
         log.warning("metrics: analysis not recorded", exc_info=True)
+
+
+def observe_engine_pass(model: str, outcome: str) -> None:
+    """An engine pass ended (models.jobs.ledger)."""
+    if not _enabled:
+        return
+    try:
+        _get().engine_passes.labels(model, outcome).inc()
+    except Exception:
+        log.warning("metrics: engine pass not recorded", exc_info=True)
 
 
 def observe_dropped(task: str, reason: str) -> None:

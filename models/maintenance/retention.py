@@ -36,6 +36,7 @@ from sqlalchemy import func, select, update
 from models.db import delete_of_jobs
 from models.delivery.notify import WebhookDelivery
 from models.jobs.deadletter import DeadLetter
+from models.jobs.ledger import EnginePass
 from models.jobs.record import Job, JobAnalysis, JobStatus, utcnow
 from models.jobs.shadows import forget_shadows
 from models.storage import prepared_ref
@@ -192,6 +193,7 @@ def _purge_results(
                 counts["webhook_deliveries_deleted"] += delete_of_jobs(session, WebhookDelivery, ids)
                 counts["dead_letters_deleted"] += delete_of_jobs(session, DeadLetter, ids)
                 delete_of_jobs(session, JobAnalysis, ids)  # what the analyses found goes with the transcript
+                delete_of_jobs(session, EnginePass, ids)  # and the engine's passes over it
                 forget_shadows(session, ids)  # transcripts too
             if theirs:  # the caller's own path goes with the transcript; an owned one with its audio
                 session.execute(

@@ -15,7 +15,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from models.errors import ClaimLost, JobTimeLimitExceeded, TransientJobError
+from models.errors import ClaimLost, JobCancelled, JobTimeLimitExceeded, TransientJobError
+from models.jobs import ledger
 from models.jobs.analyses import needs_audio
 from models.jobs.claims import Claim, holder_id, kept, release_claim
 from models.jobs.metrics import observe_batch
@@ -124,20 +125,56 @@ def _infer(
             log.info("job %s already COMPLETED; duplicate delivery ignored", job_id)
             return done
         with kept(rt, claim, rt.settings.time_limit(prepared.duration)):
-            return _transcribe(rt, prepared, batcher, claim)
+            return _transcribe(rt, prepared, batcher, claim, worker)
     finally:
         release_claim(rt, claim)
 
 
-def _transcribe(rt: Runtime, prepared: Prepared, batcher: Batcher, claim: Claim) -> dict[str, Any] | None:
-    job_id = prepared.job_id
-    duration = prepared.duration
-    limit = rt.settings.time_limit(duration)
-    futures: list[Any] = []
+def _transcribe(
+    rt: Runtime, prepared: Prepared, batcher: Batcher, claim: Claim, worker: str | None = None
+) -> dict[str, Any] | None:
+    """The engine's pass over the job's windows, recorded in the engine ledger as it starts
+    and as it ends, however it ends (models.jobs.ledger); a killed process leaves it unended."""
     try:
         samples = rt.storage.load_samples(prepared.samples_ref)
     except FileNotFoundError as exc:
         raise TransientJobError("the prepared audio is missing; the job will be prepared again") from exc
+    model = rt.settings.model(prepared.model).name
+    pass_id = ledger.begin(
+        rt,
+        prepared.job_id,
+        windows=len(prepared.windows),
+        audio_seconds=prepared.duration,
+        model=model,
+        worker=worker,
+        claim_token=claim.token,
+    )
+    outcome, detail = ledger.FAILED, ""
+    try:
+        result, outcome = _pass(rt, prepared, batcher, claim, samples)
+        detail = "" if outcome != ledger.DISCARDED else "the job's transcript was stored by another pass"
+        return result
+    except ClaimLost as exc:
+        outcome, detail = ledger.DISCARDED, str(exc)
+        raise
+    except JobCancelled as exc:
+        outcome, detail = ledger.CANCELLED, str(exc)
+        raise
+    except BaseException as exc:
+        detail = f"{type(exc).__name__}: {exc}"
+        raise
+    finally:
+        ledger.end(rt, pass_id, outcome, detail, model)
+
+
+def _pass(
+    rt: Runtime, prepared: Prepared, batcher: Batcher, claim: Claim, samples: Any
+) -> tuple[dict[str, Any] | None, str]:
+    """Transcribe and store: (the result, how the pass ended: stored, discarded or cancelled)."""
+    job_id = prepared.job_id
+    duration = prepared.duration
+    limit = rt.settings.time_limit(duration)
+    futures: list[Any] = []
     windows = prepared.windows
     chunks = [(w.samples(samples), w.time_map()) for w in windows]
     engine = rt.engine_for(prepared.model)
@@ -177,7 +214,7 @@ def _transcribe(rt: Runtime, prepared: Prepared, batcher: Batcher, claim: Claim)
                 log.info(
                     "job %s: cancelled after %.1f of %.1f s; partial transcript kept", job_id, done_seconds, duration
                 )
-                return result
+                return result, ledger.CANCELLED
     except FutureTimeout:
         batcher.cancel(futures)
         raise JobTimeLimitExceeded(f"the job passed its time limit of {limit:.0f} s") from None
@@ -192,7 +229,7 @@ def _transcribe(rt: Runtime, prepared: Prepared, batcher: Batcher, claim: Claim)
         log.info("job %s: transcript stored (%.1f s of audio, %d windows)", job_id, duration, len(futures))
     else:
         log.info("job %s: transcript already stored by another delivery; kept that one", job_id)
-    return result
+    return result, ledger.STORED if stored else ledger.DISCARDED
 
 
 def window_languages(engine: Any, chunks: Sequence[Any], asked: str | None) -> tuple[list[str], list[float]]:
