@@ -50,6 +50,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import real_voices  # noqa: E402
 
 from models.analysis import diarization, speakers  # noqa: E402
 from models.speech import audio as speech_audio  # noqa: E402
@@ -328,7 +331,7 @@ def main() -> None:
     if speakers.missing():
         raise SystemExit(speakers.missing())
     began = time.perf_counter()
-    convs = conversations(args.size, args.seed)
+    convs = conversations(args.size, args.seed) + real_voices.conversations(args.size, args.seed, Conversation)
     print(
         f"{len(convs)} conversations, {sum(len(c.samples) for c in convs) / RATE / 60:.1f} min of audio, "
         f"made in {time.perf_counter() - began:.0f} s",
