@@ -7,6 +7,10 @@ at once, through every way a user could have it transcribed on this machine, sid
        one `WhisperModel(cpu_threads=1)` per loop, or one `WhisperModel(cpu_threads=1,
        num_workers=<cores>)` shared by the loops. This, not (a), is what the service must beat:
        (a) leaves the parallelism a user could script to the service;
+  (a″) the same fastest script (as many loops as cores, one thread each) decoding as the service
+       does: this project's engine (speech windows packed by VAD, no timestamp tokens, one
+       temperature, no conditioning on earlier text) one file at a time, no batching. (a′) to
+       (a″) is what the decoder gains; (a″) to (b) and (c) what batching and the queue gain;
   (b)  the engine's batched ceiling: all the burst's windows through the real batcher and engine
        in one process, every job waiting from the start;
   (c)  the service as `make run` starts it (`whisperq run`), the uploads sent at once, each client
@@ -36,14 +40,15 @@ answer's `Server-Timing: cpu;dur=`), status reads during the burst (a prober rea
 accepted last every 100 ms, its Retry-After after a 429, until it is finished), the requests
 the web answered, the CPU each kind of process used, the batch sizes seen, and prepare's CPU per
 audio-second; with both client modes, the share of the long-poll's throughput that naive
-polling keeps. The table is printed in Markdown; every run's numbers go to var/bench/load.json. `make bench-load`:
+polling keeps. The table is printed in Markdown; every run's numbers, with the commit, date and machine,
+go to bench/results/load.json at the full size (kept in the repository), else var/bench/load.json
+(bench/results.py). `make bench-load`:
 
     BENCH_JOBS=60,200 BENCH_RUNS=3 python bench/load.py
 """
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import re
@@ -64,6 +69,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import knobs  # noqa: E402
+import results  # noqa: E402
 from service import below, free_port, process_cpu, running_service, stop  # noqa: E402
 
 KNOBS = knobs.read(__doc__, "60,200", runs=3, many_jobs=True, what="uploads per burst")
@@ -75,7 +81,6 @@ WITHIN = 60.0  # an answer later than this is one a gateway (and most users) gav
 GIVE_UP = float(os.environ.get("BENCH_TIMEOUT", "900"))  # a (c) client stops following its job after this
 POLL_EVERY = 0.5
 FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "EXPIRED")
-RESULTS = ROOT / "var" / "bench" / "load.json"
 KINDS = (
     ("redis-server", "broker"),
     ("prepare@", "prepare"),
@@ -135,6 +140,17 @@ class Scripts:
         def model(threads: int, workers: int = 1):
             return WhisperModel(path, device=device, compute_type=compute, cpu_threads=threads, num_workers=workers)
 
+        def own(threads: int):  # the service's engine and decoding, as the inference pool builds it
+            from models.speech.engines import FasterWhisperEngine
+
+            return FasterWhisperEngine(
+                path,
+                device=settings.device,
+                compute_type=settings.compute_type,
+                cpu_threads=threads,
+                beam_size=settings.beam_size,
+            )
+
         shared = model(1, self.cores)
         # name -> the model each of its loops uses
         self.ways: dict[str, list] = {
@@ -142,11 +158,19 @@ class Scripts:
             f"{self.cores} models x 1 thread, {self.cores} loops": [model(1) for _ in range(self.cores)],
             f"1 model x 1 thread, num_workers={self.cores}, {self.cores} loops": [shared] * self.cores,
         }
+        # (a″): not a candidate for (a′); the service's decoder in the same loops
+        self.own = f"(a″) {self.cores} loops x 1 thread, the service's decoding, file by file"
+        self.ways[self.own] = [own(1) for _ in range(self.cores)]
         for models in self.ways.values():
             for m in set(models):
                 self._one(m)  # warm: the first call allocates
 
     def _one(self, model) -> None:
+        if hasattr(model, "transcribe_batch"):  # the service's engine: decode the file, then its windows
+            from models.speech import audio
+
+            model.transcribe(audio.decode(CLIP), language="en")
+            return
         segments, _info = model.transcribe(str(CLIP), beam_size=self.beam, language="en")
         list(segments)
 
@@ -507,7 +531,7 @@ def main() -> None:
     report(
         runs,
         seconds,
-        script_ways,
+        [w for w in script_ways if w != scripts.own] + [scripts.own],
         [ceiling_way] + [service_ways[m] for m in MODES] + [sync_way, sync_fw_way],
         scripts.cores,
     )
@@ -522,16 +546,20 @@ def report(runs: list[dict], seconds: float, script_ways: list[str], other_ways:
         f"Bursts of {', '.join(map(str, KNOBS.jobs))} uploads of the {seconds:.1f} s clip, sent at once; "
         f"{cores} cores; median of {KNOBS.runs} run(s)\n"
     )
-    print("| way | uploads | audio-s/s | vs (a′) | answered within 60 s | latency p50 | latency p99 |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| way | uploads | audio-s/s | vs (a′) | vs (a″) | vs (b) | answered within 60 s | latency p50 | latency p99 |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    own = script_ways[-1]  # (a″)
     for jobs in KNOBS.jobs:
-        loops = script_ways[1:]
+        loops = script_ways[1:-1]
         fastest = max(loops, key=lambda name: median(name, jobs, "rate"))
-        base = median(fastest, jobs, "rate")
+        base, decoder = median(fastest, jobs, "rate"), median(own, jobs, "rate")
+        ceiling = median(other_ways[0], jobs, "rate")  # (b)
         rows = [(script_ways[0], script_ways[0])] + [
             (name, f"(a′) {name}" if name == fastest else f"(also tried for (a′)) {name}") for name in loops
         ]
-        rows += [(name, name) for name in other_ways]
+        rows += [(own, own)] + [(name, name) for name in other_ways]
         for name, label in rows:
             rate = median(name, jobs, "rate")
             row = {
@@ -539,13 +567,16 @@ def report(runs: list[dict], seconds: float, script_ways: list[str], other_ways:
                 "uploads": jobs,
                 "audio_s_per_s": rate,
                 "vs_a_prime": rate / base,
+                "vs_a_second": rate / decoder,
+                "vs_b": rate / ceiling,
                 "answered_within_60s": median(name, jobs, "within"),
                 "p50_s": median(name, jobs, "p50"),
                 "p99_s": median(name, jobs, "p99"),
             }
             table.append(row)
             print(
-                f"| {label} | {jobs} | {rate:.1f} | {rate / base:.2f}× | {row['answered_within_60s']:.0f}/{jobs} | "
+                f"| {label} | {jobs} | {rate:.1f} | {rate / base:.2f}× | {rate / decoder:.2f}× | {rate / ceiling:.2f}× "
+                f"| {row['answered_within_60s']:.0f}/{jobs} | "
                 f"{row['p50_s']:.1f} s | {row['p99_s']:.1f} s |"
             )
     print()
@@ -589,25 +620,21 @@ def report(runs: list[dict], seconds: float, script_ways: list[str], other_ways:
                 f"{within[poll] / max(within[sync_fw], 1):.1f}x and "
                 f"long-poll {within[longpoll] / max(within[sync_fw], 1):.1f}x its answers)"
             )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(
-        json.dumps(
-            {
-                "clip": CLIP.name,
-                "clip_seconds": seconds,
-                "cores": cores,
-                "jobs": KNOBS.jobs,
-                "runs": KNOBS.runs,
-                "modes": MODES,
-                "table": table,
-                "every_run": runs,
-            },
-            indent=1,
-            default=str,
-        )
-        + "\n"
+    path = results.save(
+        "load",
+        {
+            "clip": CLIP.name,
+            "clip_seconds": seconds,
+            "cores": cores,
+            "jobs": KNOBS.jobs,
+            "runs": KNOBS.runs,
+            "modes": MODES,
+            "table": table,
+            "every_run": runs,
+        },
+        kept=KNOBS.jobs == (60, 200) and KNOBS.runs >= 3 and set(MODES) == {"poll", "longpoll"},
     )
-    print(f"\nevery run's numbers: {RESULTS.relative_to(ROOT)}")
+    print(f"\nevery run's numbers: {path.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

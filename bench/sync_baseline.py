@@ -5,9 +5,10 @@ as whisper services are commonly run. The same model and settings as the workers
 
 SYNC_ENGINE says what runs inside the request: `whisperq` (default) this project's engine,
 its windows read without timestamp tokens, one engine thread per process (run two);
-`faster-whisper` faster-whisper's own `WhisperModel.transcribe(path)` (beam 5) on every core,
-one request at a time behind a lock, as whisper-asr-webservice's faster-whisper engine runs it
-(run one process).
+`faster-whisper` faster-whisper's own `WhisperModel.transcribe(path)` on every core, one
+request at a time behind a lock, as whisper-asr-webservice's faster-whisper engine runs it
+(run one process). Both read the settings the service reads (the environment's
+WHISPERQ_MODELS, WHISPERQ_DEVICE, WHISPERQ_COMPUTE_TYPE, WHISPERQ_BEAM_SIZE).
 """
 
 from __future__ import annotations
@@ -32,15 +33,17 @@ ENGINE = os.environ.get("SYNC_ENGINE", "whisperq")
 if ENGINE not in ("whisperq", "faster-whisper"):
     raise SystemExit(f"SYNC_ENGINE={ENGINE!r}: say whisperq or faster-whisper")
 _engine = None
+_beam = 5
 _lock = threading.Lock()
 _model_lock = threading.Lock()  # faster-whisper: one transcription at a time
 
 
 def engine():
-    global _engine
+    global _engine, _beam
     with _lock:
         if _engine is None:
-            settings = Settings.from_env({})
+            settings = Settings.from_env()
+            _beam = settings.beam_size
             if ENGINE == "faster-whisper":
                 from faster_whisper import WhisperModel
 
@@ -50,7 +53,11 @@ def engine():
                 )
             else:  # two processes share the cores, as two inference processes would
                 _engine = FasterWhisperEngine(
-                    model_path(settings), cpu_threads=max(1, usable_cores() // 2), beam_size=settings.beam_size
+                    model_path(settings),
+                    device=settings.device,
+                    compute_type=settings.compute_type,
+                    cpu_threads=max(1, usable_cores() // 2),
+                    beam_size=settings.beam_size,
                 )
     return _engine
 
@@ -63,7 +70,7 @@ def transcribe():
         if ENGINE == "faster-whisper":
             model = engine()
             with _model_lock:
-                segments, info = model.transcribe(tmp.name, beam_size=5, language="en")
+                segments, info = model.transcribe(tmp.name, beam_size=_beam, language="en")
                 text = "".join(s.text for s in segments).strip()
             return jsonify({"text": text, "duration": info.duration})
         samples = audio.decode(tmp.name)

@@ -288,8 +288,7 @@ def test_a_holder_killed_mid_run_is_taken_over_once_its_lease_lapses(worker_rt, 
     assert taker.output().count(f"job {job_id}: transcript stored") == 1
 
 
-@pytest.mark.integration
-@pytest.mark.brokers
+@pytest.mark.integration  # the ledger and the claim are the database's: one setup is enough
 def test_a_live_holder_stalled_past_its_lease_leaves_a_discarded_pass_that_the_check_finds(
     worker_rt, celery_app, tmp_path
 ):
