@@ -231,8 +231,12 @@ def _sqs_held(transport: type, seconds: float) -> tuple[int, dict, dict]:
     finally:
         hub.close()
         set_event_loop(before)
-    time.sleep(4)  # two visibility timeouts, no heartbeat: SQS shows it again
-    return len(held), while_held, counts()
+    # once no heartbeat extends it, its visibility timeout (2 s) runs out and SQS shows it again
+    deadline = time.monotonic() + 30
+    after = counts()
+    while after["ApproximateNumberOfMessages"] == 0 and time.monotonic() < deadline:
+        after = counts()
+    return len(held), while_held, after
 
 
 def boto3_sqs():
