@@ -31,22 +31,12 @@ def dropped(task: str, job_id: str) -> str:
 def infer_message(job_id: str, samples_ref: str, windows: list | None = None) -> dict:
     """A well-formed inference message (models.pipeline.messages), as the preparation pool
     writes one: what a forger who read the docs would send."""
-    from models.pipeline.messages import Prepared
+    from test_messages import prepared
+
     from models.speech.windows import Window
 
-    prepared = Prepared(
-        job_id=job_id,
-        samples_ref=samples_ref,
-        duration=4.0,
-        windows=tuple(windows if windows is not None else [Window(((0, 64_000),))]),
-        language="en",
-        task="transcribe",
-        priority="normal",
-        word_timestamps=False,
-        prompt="attacker's words",
-        temperature=0.0,
-    )
-    return prepared.to_message()
+    chosen = tuple(windows if windows is not None else [Window(((0, 64_000),))])
+    return prepared(job_id=job_id, samples_ref=samples_ref, windows=chosen, prompt="attacker's words").to_message()
 
 
 def untouched(rt, job_id: str) -> tuple:

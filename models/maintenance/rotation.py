@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import JSON, Text, or_, select, type_coerce
 
@@ -91,24 +91,23 @@ def usage(rt: Runtime) -> Usage:
     return out
 
 
+def _sealed_rows(rt: Runtime, key: Any, column: Any) -> Iterator[tuple[str, str, bool]]:
+    """(row key, key id, bound) of each sealed value in `column` that is set."""
+    with rt.db.session() as session:
+        for row_id, token in session.execute(select(key, type_coerce(column, Text)).where(column.is_not(None))):
+            yield row_id, value_key_id(token) or PLAIN, value_is_bound(token)
+
+
 def _shadow_rows(rt: Runtime) -> Iterator[tuple[str, str, bool]]:
     """(row id, key id, bound) of each shadow transcript (models.jobs.shadows)."""
     table = ShadowResult.__table__
-    with rt.db.session() as session:
-        for row_id, token in session.execute(
-            select(table.c.id, type_coerce(table.c.text, Text)).where(table.c.text.is_not(None))
-        ):
-            yield row_id, value_key_id(token) or PLAIN, value_is_bound(token)
+    return _sealed_rows(rt, table.c.id, table.c.text)
 
 
 def _traceback_rows(rt: Runtime) -> Iterator[tuple[str, str, bool]]:
     """(job id, key id, bound) of each dead letter's traceback (models.jobs.deadletter)."""
     table = DeadLetter.__table__
-    with rt.db.session() as session:
-        for job_id, token in session.execute(
-            select(table.c.job_id, type_coerce(table.c.traceback, Text)).where(table.c.traceback.is_not(None))
-        ):
-            yield job_id, value_key_id(token) or PLAIN, value_is_bound(token)
+    return _sealed_rows(rt, table.c.job_id, table.c.traceback)
 
 
 def _rotate_tracebacks(rt: Runtime, active: str, report: RotationReport) -> None:
