@@ -48,6 +48,8 @@ def settings(torch, tmp_path_factory):
             "WHISPERQ_ENGINE": "openai-whisper",
             "WHISPERQ_DEVICE": "cpu",
             "WHISPERQ_INPUT_DIRS": os.environ["WHISPERQ_INPUT_DIRS"],
+            # The job below is a message without a key, as the suite's own stacks take them.
+            "WHISPERQ_ALLOW_ANONYMOUS": os.environ["WHISPERQ_ALLOW_ANONYMOUS"],
         }
     )
 
