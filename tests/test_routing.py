@@ -210,6 +210,63 @@ def test_swaps_stack_and_each_rollback_takes_one_off(settings, database, tmp_pat
             session.query(ModelWeights).filter(ModelWeights.model == name).delete()
 
 
+def test_threads_that_meet_a_swap_together_all_take_it_up(settings, database, monkeypatch):
+    """An inference worker's threads read the weights in force at once: one takes up the swap
+    (hashing the new weights) while another waits for it. The one that waited runs the new
+    weights too, and so does every job after: none puts back the weights it saw before."""
+    import threading
+
+    from models.registry import swaps
+    from models.registry.swaps import ActiveWeights, ModelWeights, swap
+
+    name = "next"
+    with database.session() as session:
+        session.query(ModelWeights).filter(ModelWeights.model == name).delete()
+    active = ActiveWeights(settings, database, every=0)
+    try:
+        assert active.spec(name).weights == "bundled:tiny.en"
+        swap(settings, database, name, "bundled:base")
+
+        hashing, go_on, waiting = threading.Event(), threading.Event(), threading.Event()
+        real_verify = swaps.verify_weights
+
+        def slow_verify(*args):
+            hashing.set()
+            assert go_on.wait(30)
+            real_verify(*args)
+
+        class Lock:  # the real lock, telling when a second thread waits on it
+            def __init__(self):
+                self.lock, self.entered = threading.Lock(), 0
+
+            def __enter__(self):
+                self.entered += 1
+                if self.entered == 2:
+                    waiting.set()
+                self.lock.acquire()
+
+            def __exit__(self, *exc):
+                self.lock.release()
+
+        monkeypatch.setattr(swaps, "verify_weights", slow_verify)
+        active._lock = Lock()
+        got = {}
+        first = threading.Thread(target=lambda: got.update(first=active.spec(name).weights))
+        first.start()
+        assert hashing.wait(30)
+        second = threading.Thread(target=lambda: got.update(second=active.spec(name).weights))
+        second.start()
+        assert waiting.wait(30)  # the second thread read the old entry and waits on the lock
+        go_on.set()
+        first.join(30)
+        second.join(30)
+        assert got == {"first": "bundled:base", "second": "bundled:base"}
+        assert active.spec(name).weights == "bundled:base"
+    finally:
+        with database.session() as session:
+            session.query(ModelWeights).filter(ModelWeights.model == name).delete()
+
+
 # --- with real workers -----------------------------------------------------------------------------
 
 

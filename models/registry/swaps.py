@@ -183,10 +183,16 @@ class ActiveWeights:
 
     def spec(self, name: str | None) -> ModelSpec:
         spec = self.settings.model(name)
-        now = time.monotonic()
         seen = self._seen.get(spec.name)
-        if seen is None or now - seen[0] >= self.every:
+        if seen is None or time.monotonic() - seen[0] >= self.every:
             with self._lock:
+                # Read again under the lock: a thread that waited here while another took up a
+                # swap must not hand the weights it saw before as those in force (it would put
+                # the old weights back, and keep them, the row being decided on).
+                now = time.monotonic()
+                seen = self._seen.get(spec.name)
+                if seen is not None and now - seen[0] < self.every:
+                    return replace(spec, weights=seen[1])
                 with self.db.session() as session:
                     row = session.execute(
                         select(ModelWeights.id, ModelWeights.weights, ModelWeights.version)
