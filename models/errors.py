@@ -83,6 +83,17 @@ class BrokerUnavailable(WhisperqError):
     http_status = 503
 
 
+class DatabaseUnavailable(WhisperqError):
+    """The database could not be reached, or refused the work for now (restarting, failing
+    over, its connections used up): what the request would have done is not done."""
+
+    code = "database_unavailable"
+    http_status = 503
+
+    def __init__(self, message: str = "the database is unreachable right now; nothing was done: try again shortly"):
+        super().__init__(message)
+
+
 class TransientJobError(WhisperqError):
     """A job that may succeed later (storage or broker hiccup, out of memory, time-out):
     retried with backoff up to WHISPERQ_MAX_ATTEMPTS, then dead-lettered."""

@@ -15,15 +15,17 @@ client) wait at once; the others get their `202` at once. Errors come in OpenAI'
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any, cast
 
 from flask import Blueprint, Response, current_app, jsonify, request, url_for
+from sqlalchemy.exc import InterfaceError, OperationalError
 from werkzeug.datastructures import MultiDict
 from werkzeug.exceptions import HTTPException
 
-from models.errors import AudioTooLong, BrokerUnavailable, InvalidRequest, UnsupportedAudio, WhisperqError
+from models.errors import AudioTooLong, DatabaseUnavailable, InvalidRequest, UnsupportedAudio, WhisperqError
 from models.jobs.operations import get_job
 from models.jobs.record import JobStatus
 from models.pipeline import intake
@@ -33,6 +35,8 @@ from models.speech.formats import render
 from .admission import admit_submission, client_key
 from .auth import current
 from .uploads import upload_submission
+
+log = logging.getLogger(__name__)
 
 bp = Blueprint("openai", __name__, url_prefix="/v1")
 
@@ -69,7 +73,7 @@ def _service_error(exc: WhisperqError):
     retry_after = getattr(exc, "retry_after", None)
     if retry_after is not None:
         headers["Retry-After"] = str(int(retry_after))
-    elif isinstance(exc, BrokerUnavailable):
+    elif exc.http_status == 503:  # the broker or the database away
         headers["Retry-After"] = "5"
     status = exc.http_status
     if isinstance(exc, (UnsupportedAudio, InvalidRequest)) and not isinstance(exc, AudioTooLong):
@@ -78,6 +82,13 @@ def _service_error(exc: WhisperqError):
     return openai_error(
         status, str(exc), param=param, code=exc.code, headers=headers, details=getattr(exc, "details", None)
     )
+
+
+@bp.errorhandler(OperationalError)
+@bp.errorhandler(InterfaceError)
+def _database_away(exc: Exception):
+    log.warning("the database is unreachable on %s %s: %s", request.method, request.path, str(exc).splitlines()[0])
+    return _service_error(DatabaseUnavailable())
 
 
 @bp.errorhandler(HTTPException)

@@ -72,7 +72,10 @@ def errors(*codes: int, schema: str = "Error") -> dict:
         429: "`rate_limited` (this client), `queue_full` (the queue's budget for this priority is used up) or "
         "`quota_exceeded` (the key's monthly audio quota: `quota` says how much is used and when it resets).",
         431: "`headers_too_large`: the request headers total more than 16 KiB.",
-        503: "`broker_unavailable` or `disk_full`: nothing was stored; try again after Retry-After.",
+        503: (
+            "`broker_unavailable`, `database_unavailable` or `disk_full`: nothing was stored; "
+            "try again after Retry-After."
+        ),
     }
     out = {}
     for code in codes:

@@ -27,7 +27,7 @@ from typing import Any
 import grpc
 from sqlalchemy.exc import InterfaceError, OperationalError
 
-from models.errors import IdempotencyConflict, WhisperqError
+from models.errors import DatabaseUnavailable, IdempotencyConflict, WhisperqError
 from models.security.crypto import DecryptionError
 
 log = logging.getLogger(__name__)
@@ -73,13 +73,8 @@ def status_of(exc: BaseException) -> grpc.Status:
             retry = UNAVAILABLE_RETRY
         return build(code, str(exc), exc.code, None if retry is None else int(retry), getattr(exc, "details", None))
     if isinstance(exc, (OperationalError, InterfaceError)):
-        log.warning("gRPC call failed: the database is unreachable (%s)", exc)
-        return build(
-            grpc.StatusCode.UNAVAILABLE,
-            "the database is unreachable right now; try again shortly",
-            "database_unavailable",
-            UNAVAILABLE_RETRY,
-        )
+        log.warning("gRPC call failed: the database is unreachable (%s)", str(exc).splitlines()[0])
+        return status_of(DatabaseUnavailable())
     if isinstance(exc, DecryptionError):
         log.error("gRPC call: stored data could not be decrypted: %s", exc)
         return build(
