@@ -59,8 +59,11 @@ $(addprefix bench-,$(BENCHES)): bench-%: $(STAMP)
 bench-ci: $(STAMP)
 	$(BIN)/python bench/ci.py
 
-# The stack under a steady stream with bursts while its processes are killed (bench/soak.py);
-# SOAK_MINUTES=3 is the CI-size run (bench-ci). Fails if a job was lost, run twice, wrong or failed unexpectedly.
+# The stack under a steady stream with bursts while its processes, its broker and PostgreSQL are
+# SIGKILLed in turn (bench/soak.py, docs/soak.md); on the broker and database of CELERY_BROKER_URL
+# and DATABASE_URL where set. SOAK_MINUTES=3 is the CI-size run (bench-ci). Fails if a job was lost,
+# wrong, failed unexpectedly, went through the engine other than once (the engine ledger) or missed
+# its webhook; from 20 minutes on, also if the stack's PSS grew over 10 % or /healthz was down over 2 s.
 SOAK_MINUTES ?= 60
 soak: $(STAMP)
 	@$(BIN)/python -c 'import matplotlib, psutil' 2>/dev/null || $(BIN)/python -m pip install --quiet -e '.[bench]'
