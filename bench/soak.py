@@ -548,16 +548,25 @@ def transcript(stack: Stack, client: Client, job_id: str, kind: str) -> str | No
 def engine_ledger(stack: Stack, chaos: Chaos, completed: list[str]) -> tuple[dict, dict[str, str]]:
     """The engine's passes over the completed jobs (models/jobs/ledger.py): their figures, and
     each job whose passes break "the engine went through it once", with why. A pass that never
-    ended is explained only by a kill of its process (the pid of every process Chaos killed);
-    one that ended `failed` only where the broker or PostgreSQL was killed during the run."""
+    ended is explained by a kill of its process (the pid of every process Chaos killed), or
+    by PostgreSQL killed while it ran (its end could not be written: it started at most a
+    pass's time limit before the kill and before PostgreSQL was back); one that ended
+    `failed` only where the broker or PostgreSQL was killed during the run."""
+    from datetime import UTC, datetime
+
     from models.jobs.ledger import Explained, passes, problems
 
     by_job = passes(stack.db, completed)
     failed_explained = bool(chaos.infra_killed)
+    longest = stack.settings.time_limit(60.0)  # every clip of the stream is under a minute
     explained = Explained(
         killed=frozenset(chaos.killed),
         hosts=frozenset(),
         outcomes=frozenset({"failed"}) if failed_explained else frozenset(),
+        unrecorded=tuple(
+            (datetime.fromtimestamp(killed - longest, UTC), datetime.fromtimestamp(back or time.time(), UTC))
+            for killed, back in chaos.db_away
+        ),
     )
     found = problems(by_job, explained)
     every = [p for rows in by_job.values() for p in rows]
@@ -571,6 +580,11 @@ def engine_ledger(stack: Stack, chaos: Chaos, completed: list[str]) -> tuple[dic
         "unended": outcomes.get("unended", 0),
         "unended_in_killed_processes": sum(
             1 for p in every if p.outcome is None and explained.kill_explains(p.process)
+        ),
+        "unended_in_database_outages": sum(
+            1
+            for p in every
+            if p.outcome is None and not explained.kill_explains(p.process) and explained.outage_explains(p.started_at)
         ),
         "killed_pids": len(chaos.killed),
         "failed_explained": failed_explained,

@@ -250,6 +250,8 @@ class Chaos(threading.Thread):
             self.targets.append("postgresql")
         self.killed: set[int] = set()
         self.infra_killed: set[str] = set()
+        # each PostgreSQL outage: (killed, listening again or None), as time.time()
+        self.db_away: list[tuple[float, float | None]] = []
         self.t0 = time.time()
 
     def run(self) -> None:
@@ -335,6 +337,7 @@ class Chaos(threading.Thread):
         version, name, data = cluster
         pid = int((Path(data) / "postmaster.pid").read_text().split()[0])
         below = descendants(pid)
+        killed_at = time.time()
         what = self.kill(pid)
         for child in below:  # they would exit on their own once they see the postmaster gone
             with contextlib.suppress(ProcessLookupError):
@@ -349,7 +352,9 @@ class Chaos(threading.Thread):
             wait_for(lambda: not Path(f"/proc/{pid}").exists(), 5)
             tries.append(run_command(start))
             if wait_for(lambda: _listening(port), 10):
+                self.db_away.append((killed_at, time.time()))
                 return f"{what}; {tries[-1]}" + (f" (try {len(tries)})" if len(tries) > 1 else "")
+        self.db_away.append((killed_at, None))
         return f"{what}; {tries[-1] if tries else start}; not listening after 120 s ({len(tries)} tries)"
 
 

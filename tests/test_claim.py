@@ -330,3 +330,26 @@ def test_a_live_holder_stalled_past_its_lease_leaves_a_discarded_pass_that_the_c
     assert passes[f"{socket.gethostname()}:{taker.proc.pid}"].outcome == "stored"
     found = ledger_problems(worker_rt, [job_id], killed={holder.proc.pid})
     assert found and "ended discarded" in found[job_id], found
+
+
+def test_a_pass_without_an_end_is_explained_by_its_process_killed_or_the_database_away_as_it_ran():
+    """The ledger's judge: a stored pass and a pass that never ended, in a process nobody killed,
+    is a problem, unless the database was killed while that pass ran (its end could not be
+    written); a pass that started after the database was back is not excused."""
+    from datetime import UTC, datetime, timedelta
+
+    from models.jobs.ledger import STORED, EnginePass, Explained, problems
+
+    at = datetime(2026, 12, 6, 20, 11, 3, tzinfo=UTC)
+
+    def ledger(started: datetime) -> dict[str, list[EnginePass]]:
+        unended = EnginePass(id=1, job_id="j", process="vm:10", windows=1, started_at=started, outcome=None)
+        stored = EnginePass(id=2, job_id="j", process="vm:10", windows=1, started_at=at + timedelta(minutes=10))
+        stored.outcome = STORED
+        return {"j": [unended, stored]}
+
+    away = ((at - timedelta(minutes=7), at + timedelta(minutes=2)),)  # killed at +1 s less the longest pass
+    assert problems(ledger(at)) == {"j": "pass 1 in vm:10 never ended, and that process was not killed"}
+    assert problems(ledger(at), Explained(killed=frozenset({10}))) == {}
+    assert problems(ledger(at), Explained(unrecorded=away)) == {}
+    assert problems(ledger(at + timedelta(minutes=3)), Explained(unrecorded=away)) != {}  # after it was back

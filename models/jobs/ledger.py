@@ -134,16 +134,23 @@ def passes(db: Database, job_ids: Iterable[str]) -> dict[str, list[EnginePass]]:
 class Explained:
     """What may explain a pass other than the stored one: a pass without an end whose process
     was killed (`killed`: the pid of every process killed; `hosts`: hosts whose every process
-    was killed; `killed=None` accepts any pass without an end), and the outcomes a caller
-    expects (a failure while a database it killed was down)."""
+    was killed; `killed=None` accepts any pass without an end), the outcomes a caller
+    expects (a failure while a database it killed was down), and spans in which a pass that
+    started may have ended with the database away, its end unrecorded (`unrecorded`: from,
+    to; a caller that killed the database gives from the kill less the longest pass, to when
+    it was back)."""
 
     killed: frozenset[int] | None = frozenset()
     hosts: frozenset[str] = frozenset()
     outcomes: frozenset[str] = frozenset()
+    unrecorded: tuple[tuple[datetime, datetime], ...] = ()
 
     def kill_explains(self, process: str) -> bool:
         host, _, pid = process.rpartition(":")
         return self.killed is None or host in self.hosts or (pid.isdigit() and int(pid) in self.killed)
+
+    def outage_explains(self, started_at: datetime) -> bool:
+        return any(since <= started_at <= until for since, until in self.unrecorded)
 
 
 def problems(by_job: dict[str, list[EnginePass]], explained: Explained = Explained()) -> dict[str, str]:
@@ -159,7 +166,7 @@ def problems(by_job: dict[str, list[EnginePass]], explained: Explained = Explain
             if p.outcome == STORED:
                 continue
             if p.outcome is None:
-                if explained.kill_explains(p.process):
+                if explained.kill_explains(p.process) or explained.outage_explains(p.started_at):
                     continue
                 found[job_id] = f"pass {p.id} in {p.process} never ended, and that process was not killed"
             elif p.outcome not in explained.outcomes:
