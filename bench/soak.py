@@ -70,6 +70,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from helpers import CLIPS, word_error_rate  # noqa: E402
 from service import free_port, stop  # noqa: E402
+from soak_report import markdown  # noqa: E402
 from soak_watch import Chaos, Health, Memory, memory_summary, plot  # noqa: E402
 
 CAPACITY_CLIP = "report.opus"
@@ -897,13 +898,8 @@ def main() -> int:
     if chaos is not None and health is not None:
         plot(args.out / "soak.png", memory, chaos, health)
     counts = results["counts"]
-    summary = {
-        k: results[k]
-        for k in ("capacity_jobs_per_minute", "rate_jobs_per_minute", "counts", "engine_ledger", "webhooks")
-    }
-    summary["latency_seconds"] = results["latency_seconds"]
-    print(json.dumps(summary | {"healthz": {k: v for k, v in results["healthz"].items() if k != "each"}}, indent=1))
-    print(json.dumps({"memory": results["memory"]}, indent=1))
+    print(f"capacity {results['capacity_jobs_per_minute']} jobs/min; stream {results['rate_jobs_per_minute']} jobs/min")
+    print(markdown(results), flush=True)  # the tables of docs/soak.md
     goal = results["targets"]
     print(
         f"targets: stack PSS growth after warm-up {goal['pss_growth_pct']} % (at most {args.max_growth:g} %); "
