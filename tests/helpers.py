@@ -3,6 +3,7 @@ API's own helpers, waiting for a job included, are in api.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -63,6 +65,31 @@ def need_service(reason: str) -> None:
     if REQUIRE_SERVICES:
         pytest.fail(f"required service unavailable: {reason}")
     pytest.skip(reason)
+
+
+PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+
+
+@contextlib.contextmanager
+def postgres_database(prefix: str):
+    """A PostgreSQL database of the test's own on the machine's cluster: (its URL, an admin
+    engine on the cluster); dropped after. Skipped (failed with REQUIRE_SERVICES=1) without one."""
+    from sqlalchemy import create_engine, text
+
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+    except Exception as exc:
+        admin.dispose()
+        need_service(f"PostgreSQL at 127.0.0.1:5432 ({exc.__class__.__name__})")
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}", admin
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
 
 
 def flite(tmp: Path, voice: str, text: str) -> Path:

@@ -18,39 +18,27 @@ from pathlib import Path
 import pytest
 import redis
 import requests
-from helpers import free_port, need_service, wait_until
-from sqlalchemy import create_engine, text
+from helpers import free_port, need_service, postgres_database, wait_until
+from sqlalchemy import text
 
 ROOT = Path(__file__).resolve().parent.parent
-PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 BROKER = "redis://127.0.0.1:6379/13"
 
 
 @pytest.fixture()
 def pg_database():
-    name = f"whisperq_outage_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
-    except Exception as exc:
-        admin.dispose()
-        need_service(f"PostgreSQL at 127.0.0.1:5432 ({exc.__class__.__name__})")
+    with postgres_database("whisperq_outage") as (url, admin):
+        name = url.rsplit("/", 1)[1]
 
-    def outage(on: bool) -> None:
-        with admin.connect() as conn:
-            conn.execute(text(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS {"false" if on else "true"}'))
-            if on:
-                conn.execute(
-                    text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"), {"n": name}
-                )
+        def outage(on: bool) -> None:
+            with admin.connect() as conn:
+                conn.execute(text(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS {"false" if on else "true"}'))
+                if on:
+                    conn.execute(
+                        text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"), {"n": name}
+                    )
 
-    try:
-        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}", outage
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+        yield url, outage
 
 
 def _procfile(process: str) -> str:

@@ -12,14 +12,13 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from helpers import need_service
-from sqlalchemy import create_engine, inspect, select, text
+from helpers import postgres_database
+from sqlalchemy import inspect, select, text
 
 from models import migrations
 from models.db import Base, Database
 
 FIXTURES = Path(__file__).parent / "fixtures" / "schema"
-PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -27,20 +26,8 @@ def database_url(request, tmp_path):
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'whisperq.db'}"
         return
-    name = f"whisperq_migrate_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
-    except Exception as exc:
-        admin.dispose()
-        need_service(f"PostgreSQL at 127.0.0.1:5432 ({exc.__class__.__name__})")
-    try:
-        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with postgres_database("whisperq_migrate") as (url, _admin):
+        yield url
 
 
 def _differences(db: Database) -> list:
