@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import ClassVar
 
+from sqlalchemy.exc import InterfaceError, OperationalError
+
 
 class WhisperqError(Exception):
     """Base class of the service's own errors."""
@@ -92,6 +94,11 @@ class DatabaseUnavailable(WhisperqError):
 
     def __init__(self, message: str = "the database is unreachable right now; nothing was done: try again shortly"):
         super().__init__(message)
+
+
+# What the database driver raises while the database is away (down, restarting, failing over,
+# out of connections): every door answers it as DatabaseUnavailable.
+DATABASE_AWAY: tuple[type[Exception], ...] = (OperationalError, InterfaceError)
 
 
 class TransientJobError(WhisperqError):

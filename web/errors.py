@@ -5,10 +5,9 @@ from __future__ import annotations
 import logging
 
 from flask import Flask, current_app, jsonify, make_response, render_template, request
-from sqlalchemy.exc import InterfaceError, OperationalError
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from models.errors import DatabaseUnavailable, WhisperqError
+from models.errors import DATABASE_AWAY, DatabaseUnavailable, WhisperqError
 from models.security.crypto import DecryptionError
 
 log = logging.getLogger(__name__)
@@ -40,13 +39,14 @@ def init_app(app: Flask) -> None:
             headers["Retry-After"] = "5"
         return error_response(exc.http_status, exc.code, str(exc), headers, getattr(exc, "details", None))
 
-    @app.errorhandler(OperationalError)
-    @app.errorhandler(InterfaceError)
     def _database_away(exc: Exception):
         # A database restart or failover is an outage to wait out, not a fault of the request:
         # 503 with Retry-After, as when the broker is away, and no traceback in the log.
         log.warning("the database is unreachable on %s %s: %s", request.method, request.path, str(exc).splitlines()[0])
         return _service_error(DatabaseUnavailable())
+
+    for away in DATABASE_AWAY:
+        app.register_error_handler(away, _database_away)
 
     @app.errorhandler(RequestEntityTooLarge)
     def _too_large(exc):

@@ -21,11 +21,17 @@ import time
 from typing import Any, cast
 
 from flask import Blueprint, Response, current_app, jsonify, request, url_for
-from sqlalchemy.exc import InterfaceError, OperationalError
 from werkzeug.datastructures import MultiDict
 from werkzeug.exceptions import HTTPException
 
-from models.errors import AudioTooLong, DatabaseUnavailable, InvalidRequest, UnsupportedAudio, WhisperqError
+from models.errors import (
+    DATABASE_AWAY,
+    AudioTooLong,
+    DatabaseUnavailable,
+    InvalidRequest,
+    UnsupportedAudio,
+    WhisperqError,
+)
 from models.jobs.operations import get_job
 from models.jobs.record import JobStatus
 from models.pipeline import intake
@@ -84,11 +90,13 @@ def _service_error(exc: WhisperqError):
     )
 
 
-@bp.errorhandler(OperationalError)
-@bp.errorhandler(InterfaceError)
 def _database_away(exc: Exception):
     log.warning("the database is unreachable on %s %s: %s", request.method, request.path, str(exc).splitlines()[0])
     return _service_error(DatabaseUnavailable())
+
+
+for _away in DATABASE_AWAY:
+    bp.register_error_handler(_away, _database_away)
 
 
 @bp.errorhandler(HTTPException)

@@ -11,13 +11,12 @@ the door's `mqtt` namespace: no HTTP client can name it.
 from __future__ import annotations
 
 from flask import Flask
-from sqlalchemy.exc import InterfaceError, OperationalError
 
 from config import ConfigError
 from config.mqtt import MqttSettings
 from models.access.apikeys import Principal, find_key
 from models.delivery.mqtt_replies import request_id
-from models.errors import BrokerUnavailable, WhisperqError
+from models.errors import DATABASE_AWAY, BrokerUnavailable, WhisperqError
 from models.jobs.record import Job
 from models.pipeline import door, intake
 from models.runtime import Runtime
@@ -25,7 +24,7 @@ from models.runtime import Runtime
 from .requests import Refused, Request
 
 # What passes by itself: the request is kept (not acknowledged) and tried again.
-TRANSIENT = (BrokerUnavailable, OperationalError, InterfaceError, ConnectionError, TimeoutError)
+TRANSIENT: tuple[type[Exception], ...] = (BrokerUnavailable, *DATABASE_AWAY, ConnectionError, TimeoutError)
 
 
 def resolve_keys(rt: Runtime, mq: MqttSettings) -> dict[str, str]:

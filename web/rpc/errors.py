@@ -25,9 +25,8 @@ import logging
 from typing import Any
 
 import grpc
-from sqlalchemy.exc import InterfaceError, OperationalError
 
-from models.errors import DatabaseUnavailable, IdempotencyConflict, WhisperqError
+from models.errors import DATABASE_AWAY, DatabaseUnavailable, IdempotencyConflict, WhisperqError
 from models.security.crypto import DecryptionError
 
 log = logging.getLogger(__name__)
@@ -72,7 +71,7 @@ def status_of(exc: BaseException) -> grpc.Status:
         if retry is None and exc.http_status == 503:
             retry = UNAVAILABLE_RETRY
         return build(code, str(exc), exc.code, None if retry is None else int(retry), getattr(exc, "details", None))
-    if isinstance(exc, (OperationalError, InterfaceError)):
+    if isinstance(exc, DATABASE_AWAY):
         log.warning("gRPC call failed: the database is unreachable (%s)", str(exc).splitlines()[0])
         return status_of(DatabaseUnavailable())
     if isinstance(exc, DecryptionError):
